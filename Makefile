@@ -24,7 +24,7 @@ demo: ## the smoke sweep on the toy world (CPU, 11 cells), then its Table 1
 	@# Table 1 is written even when a cell failed (it says so); the exit status is the sweep's.
 	$(GRIDRUN) sweep conf=smoke --max-parallel 2; status=$$?; $(GRIDRUN) collect conf=smoke && exit $$status
 
-table1: ## cells.parquet and table1.{md,csv,tex} under results/<sweep>/ (SWEEP=name for one)
+table1: ## cells.parquet, table1.{md,csv,tex} and figures/ under results/<sweep>/ (SWEEP=name for one)
 	$(GRIDRUN) collect $(if $(SWEEP),conf=$(SWEEP))
 
 bench: ## benchmarks, one JSON line each

@@ -11,6 +11,9 @@ means' standard errors combined with the smaller sample's t quantile, seeds not 
 Only finished (`done`) cells give numbers: a value without any is written as the state of
 its cells (`missing`, `running`, `failed`, ...), never as a number.
 
+figures/: validation accuracy and per-role gradient share vs step, per (task, scale), drawn
+from every cell's metrics so far (gridrun/grid/figures.py).
+
 The base check: a training cell's step-0 validation evaluates the same base model on the
 same problems as its `base` control (greedy), so the two should agree; a cell that differs
 by more than `tolerance_pp` points is flagged, because then its gains are measured against
@@ -28,6 +31,7 @@ from typing import Any
 import pandas as pd
 
 from gridrun.grid.console import track
+from gridrun.grid.figures import write_figures
 from gridrun.grid.status import sweep_rows
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.rundir import RunDir, atomic_write_text
@@ -282,7 +286,7 @@ def _write_parquet(frame: pd.DataFrame, path: Any) -> None:
 
 
 def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0) -> pd.DataFrame:
-    """Write cells.parquet and table1.{md,csv,tex}; print Table 1 (with any base mismatch)."""
+    """Write cells.parquet, table1.{md,csv,tex} and figures/; print Table 1 (with any base mismatch)."""
     cells = cell_frame(sweep, tolerance_pp)
     table, several = table1(cells)
     flagged = cells[cells["base_mismatch"]]
@@ -290,6 +294,7 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0) -> pd.Data
     atomic_write_text(sweep.table1("csv"), table.to_csv(index=False))
     atomic_write_text(sweep.table1("md"), to_markdown(table, several, flagged, sweep.name))
     atomic_write_text(sweep.table1("tex"), to_latex(table, several))
+    figures = write_figures(sweep, cells)
 
     from rich.markdown import Markdown
 
@@ -297,6 +302,7 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0) -> pd.Data
     counts = cells["state"].value_counts().to_dict()
     console.print(
         f"{len(cells)} cells ({', '.join(f'{n} {s}' for s, n in counts.items())}) -> "
-        f"{sweep.cells_parquet}, {sweep.table1('md')}, .csv, .tex"
+        f"{sweep.cells_parquet}, {sweep.table1('md')}, .csv, .tex, "
+        + (f"{sweep.figures_dir}/ ({len(figures)} figures)" if figures else "no figures (no cell has metrics yet)")
     )
     return table

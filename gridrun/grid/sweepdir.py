@@ -7,6 +7,7 @@
       replaced/    cells moved aside by `gridrun plan --replace`
       jobs/        the SLURM launcher's submitit folders: sbatch scripts, pickles, job logs
       cells.parquet  table1.md  table1.csv  table1.tex
+      figures/     PNGs drawn by `gridrun collect` (gridrun/grid/figures.py)
 
 Stdlib only (filelock is imported when a lock is taken): `gridrun status` goes through here.
 """
@@ -79,6 +80,13 @@ class SweepDir:
 
     def table1(self, suffix: str) -> Path:
         return self.root / f"table1.{suffix}"
+
+    @property
+    def figures_dir(self) -> Path:
+        return self.root / "figures"
+
+    def figure(self, name: str, task: str, scale: str) -> Path:
+        return self.figures_dir / f"{name}-{task}-{scale}.png"
 
     # --- sweep.json ----------------------------------------------------------------------
     def exists(self) -> bool:

@@ -14,12 +14,21 @@ from gridrun.grid.sweepdir import SweepDir
 from tests.grid.conftest import Gridrun
 
 
-def add_cell(sweep: SweepDir, data: dict, cell_id: str, kind: str, coords: dict, state: str, accs: dict[int, float]) -> None:
+def add_cell(
+    sweep: SweepDir, data: dict, cell_id: str, kind: str, coords: dict, state: str, accs: dict[int, float],
+    grad_shares: dict[int, dict[str, float]] | None = None,
+) -> None:
+    """A cell with validation accuracies by step and, for the figures, train rows with each
+    role's gradient share by step."""
     data["cells"].append({"id": cell_id, "kind": kind, "coords": coords, "fingerprint": "x", "total_steps": 20})
     run_dir = sweep.cell(cell_id)
     run_dir.root.mkdir(parents=True)
     run_dir.update_state(state=state, step=max(accs, default=0), total_steps=20, attempt=1)
-    run_dir.append_metrics([{"step": s, "split": "val", "val/acc": a} for s, a in sorted(accs.items())])
+    train = [
+        {"step": s, "split": "train", **{f"role/{role}/grad_share": v for role, v in shares.items()}}
+        for s, shares in sorted((grad_shares or {}).items())
+    ]
+    run_dir.append_metrics(train + [{"step": s, "split": "val", "val/acc": a} for s, a in sorted(accs.items())])
 
 
 def coords(workflow: str, policy: str | None = None, seed: int | None = 0, task: str = "math", scale: str = "1.7b") -> dict:
@@ -30,7 +39,10 @@ def coords(workflow: str, policy: str | None = None, seed: int | None = 0, task:
 def hand(results: Path) -> SweepDir:
     sweep = SweepDir(results, "hand")
     data: dict = {"name": "hand", "cells": [], "plans": []}
-    add_cell(sweep, data, "voting-ip-1.7b-math-s0", "train", coords("voting", "isolated"), "done", {0: 0.40, 10: 0.55, 20: 0.60})
+    add_cell(
+        sweep, data, "voting-ip-1.7b-math-s0", "train", coords("voting", "isolated"), "done", {0: 0.40, 10: 0.55, 20: 0.60},
+        grad_shares={1: {"voter": 0.8, "aggregator": 0.2}, 2: {"voter": 0.7, "aggregator": 0.3}},
+    )
     # Step 0 is 3 points above its base control (0.40): flagged.
     add_cell(sweep, data, "voting-sp-1.7b-math-s0", "train", coords("voting", "shared"), "done", {0: 0.43, 10: 0.52, 20: 0.48})
     add_cell(sweep, data, "eval_opt-ip-1.7b-math-s0", "train", coords("eval_opt", "isolated"), "done", {0: 0.30, 10: 0.56, 20: 0.50})
@@ -116,3 +128,47 @@ def test_several_seeds_give_means_counts_and_intervals(gridrun: Gridrun, results
     assert (row["ip_minus_sa"], row["ip_minus_sa_ci95"]) == ("13.0", "13.4")
     assert (row["sp"], row["sp_n"], row["sp_minus_sa"]) == ("failed", "0", "n/a")
     assert row["base"] == "missing"
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def test_figures_are_drawn_for_the_task_and_scale_with_metrics(gridrun: Gridrun, hand: SweepDir) -> None:
+    result = gridrun("collect", "conf=hand")
+    assert result.code == 0, result.err
+    written = sorted(p.name for p in hand.figures_dir.iterdir())
+    assert written == ["grad_share-math-1.7b.png", "val_acc-math-1.7b.png"]
+    for name in written:
+        assert (hand.figures_dir / name).read_bytes()[:8] == PNG_SIGNATURE
+    assert f"{hand.figures_dir}/ (2 figures)" in result.out
+
+
+def test_figures_skip_what_has_no_metrics(gridrun: Gridrun, results: Path) -> None:
+    sweep = SweepDir(results, "partial")
+    data: dict = {"name": "partial", "cells": [], "plans": []}
+    # math/1.7b: validation and gradient shares; math/8b: validation only; code/1.7b: not run yet.
+    add_cell(
+        sweep, data, "voting-ip-1.7b-math-s0", "train", coords("voting", "isolated"), "done", {0: 0.4, 10: 0.5},
+        grad_shares={1: {"voter": 0.6, "aggregator": 0.4}},
+    )
+    add_cell(sweep, data, "voting-ip-8b-math-s0", "train", coords("voting", "isolated", scale="8b"), "running", {0: 0.5})
+    add_cell(sweep, data, "voting-ip-1.7b-code-s0", "train", coords("voting", "isolated", task="code"), "planned", {})
+    add_cell(sweep, data, "base-voting-1.7b-code", "base", coords("voting", seed=None, task="code"), "queued", {})
+    sweep.write(data)
+    assert gridrun("collect", "conf=partial").code == 0
+    assert sorted(p.name for p in sweep.figures_dir.iterdir()) == [
+        "grad_share-math-1.7b.png", "val_acc-math-1.7b.png", "val_acc-math-8b.png",
+    ]
+
+
+def test_no_figure_for_a_sweep_without_metrics(gridrun: Gridrun, results: Path) -> None:
+    sweep = SweepDir(results, "fresh")
+    data: dict = {"name": "fresh", "cells": [], "plans": []}
+    add_cell(sweep, data, "voting-ip-1.7b-math-s0", "train", coords("voting", "isolated"), "planned", {})
+    add_cell(sweep, data, "sa_rl-1.7b-math-s0", "sa_rl", coords("single"), "queued", {})
+    add_cell(sweep, data, "base-voting-1.7b-math", "base", coords("voting", seed=None), "failed", {})
+    sweep.write(data)
+    result = gridrun("collect", "conf=fresh")
+    assert result.code == 0, result.err
+    assert not sweep.figures_dir.exists() or not any(sweep.figures_dir.iterdir())
+    assert "no figures (no cell has metrics yet)" in result.out
