@@ -20,9 +20,11 @@ install: ## create .venv/ with gridrun and its dev tools (torch first: CPU machi
 test: ## the fast test suite (slow, slurm, vllm and gpu tests are deselected)
 	$(VENV)/bin/pytest -q
 
-demo: ## the smoke sweep on the toy world (CPU, 11 cells), then its Table 1
+demo: ## the toy world, the smoke sweep on it (CPU, 11 cells), its status and Table 1
 	@# Table 1 is written even when a cell failed (it says so); the exit status is the sweep's.
-	$(GRIDRUN) sweep conf=smoke --max-parallel 2; status=$$?; $(GRIDRUN) collect conf=smoke && exit $$status
+	$(GRIDRUN) toy build
+	$(GRIDRUN) sweep conf=smoke --max-parallel 2; status=$$?; \
+		$(GRIDRUN) status conf=smoke && $(GRIDRUN) collect conf=smoke && exit $$status
 
 table1: ## cells.parquet, table1.{md,csv,tex} and figures/ under results/<sweep>/ (SWEEP=name for one)
 	$(GRIDRUN) collect $(if $(SWEEP),conf=$(SWEEP))

@@ -60,6 +60,18 @@ def _cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_toy(args: argparse.Namespace) -> int:
+    from gridrun.toy.build import ensure_toy_world
+    from gridrun.train.config import ToySpec
+
+    path = ensure_toy_world(ToySpec(seed=args.seed))
+    info = json.loads((path / "build.json").read_text())
+    print(f"toy world (seed {args.seed}): {path}")
+    print(f"warm start: {info['steps']} steps, greedy single accuracy {100 * info['accuracy']:.1f}% "
+          f"on held-out problems, built in {info['seconds']:.0f} s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gridrun", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -91,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     data_prepare.add_argument("--val-size", type=_val_size, default=None,
                               help="held out: a fraction or a count (default: 0.1 math, 1000 code)")
     data.set_defaults(func=_cmd_data)
+
+    toy = sub.add_parser("toy", help="the toy world (scale=toy): build it ahead of time, or find it in the cache")
+    toy_sub = toy.add_subparsers(dest="action", required=True, metavar="ACTION")
+    toy_build = toy_sub.add_parser("build", help="build (once, cached by recipe hash) and print where it is")
+    toy_build.add_argument("--seed", type=int, default=0, help="the toy world's seed (scale.toy.seed; default 0)")
+    toy.set_defaults(func=_cmd_toy)
 
     # The orchestration half: plan, sweep, status, resubmit, cancel, collect, show.
     from gridrun.grid.commands import add_commands

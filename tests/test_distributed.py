@@ -7,7 +7,6 @@ import os
 import pickle
 import random
 import signal
-import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import torch.multiprocessing as mp
 
 from gridrun.rundir import RunDir
 from gridrun.train.config import load_config
-from gridrun.train.distributed import Dist
+from gridrun.train.distributed import Dist, free_local_port
 from gridrun.train.policy import adapter_parameters
 from gridrun.train.trainer import Trainer, run_cell
 from gridrun.train.update import TrainSeq, update
@@ -73,12 +72,6 @@ def _rank_main(rank: int, cell: str, port: int, shards: list[list[TrainSeq]], ou
     dist.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.usefixtures("toy_world")
 def test_two_gloo_ranks_take_the_same_update_as_one_process(tmp_path: Path) -> None:
     # Orch-Workers under SP: three roles feed one adapter, 2 problems x n=2 episodes. Rank 0
@@ -99,7 +92,7 @@ def test_two_gloo_ranks_take_the_same_update_as_one_process(tmp_path: Path) -> N
     expected = _adapters(trainer)
 
     out = str(tmp_path / "rank")
-    mp.start_processes(_rank_main, args=(str(cell), _free_port(), shards, out), nprocs=2, start_method="spawn")
+    mp.start_processes(_rank_main, args=(str(cell), free_local_port(), shards, out), nprocs=2, start_method="spawn")
     ranks = [pickle.loads(Path(f"{out}.{r}").read_bytes()) for r in range(2)]
 
     # Summation order differs (two ranks' partial gradients), so equal up to float noise; Adam

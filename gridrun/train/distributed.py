@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -41,6 +42,13 @@ log = logging.getLogger("gridrun")
 T = TypeVar("T")
 # Seconds a rank waits for the others at a collective before giving up (a dead peer).
 TIMEOUT_S = 1800
+
+
+def free_local_port() -> int:
+    """A TCP port free on 127.0.0.1 right now, for a process group of processes on this machine."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @dataclass
