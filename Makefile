@@ -35,6 +35,7 @@ bench: ## benchmarks, one JSON line each
 	$(PY) bench/code_reward.py --json
 	$(PY) bench/rollout.py --json
 	$(PY) bench/steps.py --json
+	$(PY) bench/toy_build.py --json
 
 lint: ## ruff over the code, tests and benchmarks
 	$(VENV)/bin/ruff check gridrun tests bench

@@ -200,17 +200,18 @@ def _micro_batch_owner(index: int, world: int) -> int:
     return offset if lap % 2 == 0 else world - 1 - offset
 
 
-def build(spec: ToySpec, out: Path) -> None:
-    """Run the warm start as WARM_RANKS spawned processes; rank 0 writes `out`."""
+def build(spec: ToySpec, out: Path, ranks: int = WARM_RANKS) -> None:
+    """Run the warm start as `ranks` spawned processes; rank 0 writes `out`. The cached world
+    always uses WARM_RANKS; another count builds other weights (bench/toy_build.py times it)."""
     started = time.time()
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_local_port()), "WORLD_SIZE": str(WARM_RANKS)}
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_local_port()), "WORLD_SIZE": str(ranks)}
     context = multiprocessing.get_context("spawn")
     ranks = [
         context.Process(
             target=_build_rank, args=(spec, out, started, {**env, "RANK": str(rank)}, log.getEffectiveLevel()),
             name=f"toy-build-{rank}", daemon=True,
         )
-        for rank in range(WARM_RANKS)
+        for rank in range(ranks)
     ]
     for process in ranks:
         process.start()
@@ -316,5 +317,5 @@ def _build(spec: ToySpec, out: Path, started: float, dist: Dist) -> None:
     model.generation_config.do_sample = False
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    info = {"recipe": recipe(spec), "steps": step, "accuracy": accuracy, "curve": curve, "seconds": time.time() - started}
+    info = {"recipe": recipe(spec), "ranks": dist.world, "steps": step, "accuracy": accuracy, "curve": curve, "seconds": time.time() - started}
     (out / "build.json").write_text(json.dumps(info, indent=1))
