@@ -311,6 +311,9 @@ def _build(spec: ToySpec, out: Path, started: float, dist: Dist) -> None:
                 log.info("toy warm start step %d: loss %.3f, greedy accuracy %.3f", step, batch_loss, accuracy)
             if accuracy >= spec.target_accuracy:
                 break
+        elif step % EVAL_EVERY == 0 and dist.is_main:
+            # Before EVAL_FROM the model cannot add yet: say only that the build is moving.
+            log.info("toy warm start step %d (%.0f s)", step, time.time() - started)
     if not dist.is_main:
         return
     out.mkdir(parents=True)
