@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,18 @@ def start_run(cell: Path, until_step: int, stderr: Any = None) -> subprocess.Pop
     while RunDir(cell).read_state().get("step", 0) < until_step and time.time() < deadline:
         time.sleep(0.05)
     return proc
+
+
+def wait_until(predicate: Callable[[], Any], what: str, timeout: float, poll: float = 0.5) -> Any:
+    """Poll `predicate` until it returns something truthy (returned); fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(poll)
 
 
 def metric_rows(cell: Path) -> list[dict[str, Any]]:

@@ -15,13 +15,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from gridrun.rundir import RunDir
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -48,11 +47,6 @@ def start(results: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 900) -> None:
-    deadline = time.time() + timeout
-    while not condition():
-        assert time.time() < deadline, "timed out"
-        time.sleep(0.5)
 
 
 def status(results: Path) -> dict[str, dict]:
@@ -86,7 +80,8 @@ def test_kill_9_of_a_cell_then_resubmit_resumes_from_its_checkpoint(results: Pat
     args = ["conf=smoke", "kind=sa_rl", "train.total_steps=6", "train.save_every=2", "train.val_every=3", *TINY]
     launcher = start(results, "sweep", *args)
     cell = RunDir(results / "smoke" / "cells" / "sa_rl-toy-arith-s0")
-    wait_for(lambda: (cell.latest_checkpoint() or (0,))[0] >= 2 and cell.read_state().get("step", 0) >= 3)
+    wait_until(lambda: (cell.latest_checkpoint() or (0,))[0] >= 2 and cell.read_state().get("step", 0) >= 3,
+               "a checkpoint at step 2 and step 3 under way", 900)
     os.kill(cell.read_state()["pid"], signal.SIGKILL)
     assert launcher.wait(120) == 1, launcher.stdout.read() if launcher.stdout else ""
     state = cell.read_state()
@@ -109,11 +104,11 @@ def test_a_cell_whose_launcher_and_process_died_is_lost_and_resubmittable(result
     args = ["conf=smoke", "kind=sa_rl", "train.total_steps=4", "train.save_every=2", "train.val_every=2", *TINY]
     launcher = start(results, "sweep", *args)
     cell = RunDir(results / "smoke" / "cells" / "sa_rl-toy-arith-s0")
-    wait_for(lambda: (cell.latest_checkpoint() or (0,))[0] >= 2)
+    wait_until(lambda: (cell.latest_checkpoint() or (0,))[0] >= 2, "a checkpoint at step 2", 900)
     launcher.kill()
     launcher.wait(30)
     os.kill(cell.read_state()["pid"], signal.SIGKILL)
-    wait_for(lambda: status(results)["sa_rl-toy-arith-s0"]["state"] == "failed", timeout=30)
+    wait_until(lambda: status(results)["sa_rl-toy-arith-s0"]["state"] == "failed", "the cell marked failed", 30)
     row = status(results)["sa_rl-toy-arith-s0"]
     assert row["lost"] and row["error"].startswith("lost: ")
     # state.json itself still says running: nobody was alive to record the death.
@@ -128,7 +123,7 @@ def test_ctrl_c_cancels_running_and_waiting_cells(results: Path) -> None:
     args = ["conf=smoke", "kind=sa_rl,base", "train.total_steps=50", *TINY, "--max-parallel", "1"]
     launcher = start(results, "sweep", *args)
     cell = RunDir(results / "smoke" / "cells" / "sa_rl-toy-arith-s0")
-    wait_for(lambda: cell.read_state().get("step", 0) >= 1)
+    wait_until(lambda: cell.read_state().get("step", 0) >= 1, "step 1", 900)
     launcher.send_signal(signal.SIGINT)
     assert launcher.wait(120) == 130
     rows = status(results)

@@ -34,6 +34,7 @@ import pytest
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.slurm import executor_parameters, job_spec, sbatch_script
 from gridrun.rundir import RunDir
+from tests import conftest
 
 pytestmark = pytest.mark.slurm
 
@@ -46,14 +47,7 @@ ONE_CELL = ["workflow=voting", "policy=shared", "kind=train"]
 
 # ---------------------------------------------------------------- helpers
 def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 180.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.5)
+    return conftest.wait_until(predicate, what, timeout)
 
 
 class Gridrun:

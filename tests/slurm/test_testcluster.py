@@ -18,6 +18,8 @@ import pytest
 import submitit
 from submitit.core.utils import UncompletedJobError
 
+from tests.conftest import wait_until
+
 pytestmark = pytest.mark.slurm
 
 # Pickle this module's functions by value: the job then does not need to
@@ -29,14 +31,7 @@ TIMEOUT_S = 60.0
 
 # ---------------------------------------------------------------- helpers (test side)
 def _wait_until(predicate: Callable[[], object], what: str, timeout: float = TIMEOUT_S) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
+    return wait_until(predicate, what, timeout, poll=0.2)
 
 
 def _sacct_state(job_id: str) -> str:
