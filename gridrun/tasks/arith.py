@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import random
 
-from gridrun.tasks.base import Messages, Problem, RolePrompts
+from gridrun.tasks.base import Messages, Problem, RolePrompts, user_message
 from gridrun.tasks.math import BoxedAnswerTask
 
 LOW, HIGH = 10, 99
 
 
-def _user(text: str) -> Messages:
-    return [{"role": "user", "content": text}]
-
-
 class ArithPrompts(RolePrompts):
     def generator(self, question: str) -> Messages:
-        return _user(f"Solve: {question}")
+        return user_message(f"Solve: {question}")
 
     def revision(self, question: str, previous: str, critique: str) -> Messages:
         return [
@@ -34,21 +30,21 @@ class ArithPrompts(RolePrompts):
         ]
 
     def evaluator(self, question: str, solution: str) -> Messages:
-        return _user(f"Check: {question}\nSolution: {solution}")
+        return user_message(f"Check: {question}\nSolution: {solution}")
 
     def aggregator(self, question: str, candidates: list[str]) -> Messages:
         lines = "\n".join(f"Candidate {i + 1}: {c}" for i, c in enumerate(candidates))
-        return _user(f"Pick: {question}\n{lines}")
+        return user_message(f"Pick: {question}\n{lines}")
 
     def orchestrator(self, question: str, n_strategies: int) -> Messages:
-        return _user(f"Plan {n_strategies} ways: {question}")
+        return user_message(f"Plan {n_strategies} ways: {question}")
 
     def worker(self, question: str, strategy: str) -> Messages:
-        return _user(f"Solve: {question}\nMethod: {strategy}")
+        return user_message(f"Solve: {question}\nMethod: {strategy}")
 
     def synthesizer(self, question: str, solutions: list[str]) -> Messages:
         lines = "\n".join(f"Worker {i + 1}: {s}" for i, s in enumerate(solutions))
-        return _user(f"Combine: {question}\n{lines}")
+        return user_message(f"Combine: {question}\n{lines}")
 
 
 def make_problems(seed: int, n_train: int, n_val: int) -> tuple[list[Problem], list[Problem]]:

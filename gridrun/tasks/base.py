@@ -13,6 +13,11 @@ from typing import Any
 Messages = list[dict[str, str]]
 
 
+def user_message(text: str) -> Messages:
+    """A conversation of one user turn: what most role prompts are."""
+    return [{"role": "user", "content": text}]
+
+
 @dataclass(frozen=True)
 class Problem:
     id: str

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gridrun.tasks.base import Messages, Problem, RolePrompts, Score, Task
+from gridrun.tasks.base import Messages, Problem, RolePrompts, Score, Task, user_message
 from gridrun.tasks.code_reward import FLAG_NAMES, CodeScore, extract_code, score_code, score_code_batch
 from gridrun.tasks.prepared import read_split
 
@@ -38,10 +38,6 @@ _PROGRAM_SHAPE = (
     "Unless the problem asks for a specific function, the program reads the input from standard input "
     "and prints the answer to standard output. Give the complete program in one fenced ```python block."
 )
-
-
-def _user(text: str) -> Messages:
-    return [{"role": "user", "content": text}]
 
 
 def interface_note(tests: Sequence[dict[str, Any]]) -> str:
@@ -56,7 +52,7 @@ def interface_note(tests: Sequence[dict[str, Any]]) -> str:
 
 class CodePrompts(RolePrompts):
     def generator(self, question: str) -> Messages:
-        return _user(f"{question}\n\nWrite a Python 3 program that solves this problem. {_PROGRAM_SHAPE}")
+        return user_message(f"{question}\n\nWrite a Python 3 program that solves this problem. {_PROGRAM_SHAPE}")
 
     def revision(self, question: str, previous: str, critique: str) -> Messages:
         return self.generator(question) + [
@@ -70,7 +66,7 @@ class CodePrompts(RolePrompts):
         ]
 
     def evaluator(self, question: str, solution: str) -> Messages:
-        return _user(
+        return user_message(
             f"Problem:\n{question}\n\nProposed program:\n{solution}\n\n"
             "Review this program: does it give the right output for every valid input, fast enough? "
             "In a few sentences, point out the first bug if there is one. Do not write code. "
@@ -79,28 +75,28 @@ class CodePrompts(RolePrompts):
 
     def aggregator(self, question: str, candidates: list[str]) -> Messages:
         listed = "\n\n".join(f"### Candidate {i + 1}\n{c}" for i, c in enumerate(candidates))
-        return _user(
+        return user_message(
             f"Problem:\n{question}\n\n{listed}\n\n"
             "Which candidate's program solves the problem correctly? Reply only with its number as "
             f"\\boxed{{k}} (k from 1 to {len(candidates)})."
         )
 
     def orchestrator(self, question: str, n_strategies: int) -> Messages:
-        return _user(
+        return user_message(
             f"Problem:\n{question}\n\nDo not write code. Propose {n_strategies} different strategies "
             f"(algorithms or approaches) for solving it, one per line, numbered 1. to {n_strategies}., "
             "each a single sentence."
         )
 
     def worker(self, question: str, strategy: str) -> Messages:
-        return _user(
+        return user_message(
             f"{question}\n\nSolve the problem with this strategy: {strategy}\n"
             f"Write a Python 3 program. {_PROGRAM_SHAPE}"
         )
 
     def synthesizer(self, question: str, solutions: list[str]) -> Messages:
         listed = "\n\n".join(f"### Program {i + 1}\n{s}" for i, s in enumerate(solutions))
-        return _user(
+        return user_message(
             f"Problem:\n{question}\n\n{listed}\n\n"
             "Compare these programs and decide which one is correct, fixing it if none is. "
             "Give the final complete program in one fenced ```python block."

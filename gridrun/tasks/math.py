@@ -11,18 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from gridrun.tasks.answers import last_boxed
-from gridrun.tasks.base import Messages, Problem, RolePrompts, Score, Task
+from gridrun.tasks.base import Messages, Problem, RolePrompts, Score, Task, user_message
 from gridrun.tasks.math_reward import score_math
 from gridrun.tasks.prepared import read_split
 
 
-def _user(text: str) -> Messages:
-    return [{"role": "user", "content": text}]
-
-
 class MathPrompts(RolePrompts):
     def generator(self, question: str) -> Messages:
-        return _user(
+        return user_message(
             f"{question}\n\nWork through the problem step by step, then give the final answer "
             "on its own as \\boxed{answer}."
         )
@@ -38,7 +34,7 @@ class MathPrompts(RolePrompts):
         ]
 
     def evaluator(self, question: str, solution: str) -> Messages:
-        return _user(
+        return user_message(
             f"Problem:\n{question}\n\nProposed solution:\n{solution}\n\n"
             "Check this solution. Point out the first error if there is one, in a few sentences. "
             "End with exactly \\boxed{Correct} or \\boxed{Incorrect}."
@@ -46,27 +42,27 @@ class MathPrompts(RolePrompts):
 
     def aggregator(self, question: str, candidates: list[str]) -> Messages:
         listed = "\n\n".join(f"### Candidate {i + 1}\n{c}" for i, c in enumerate(candidates))
-        return _user(
+        return user_message(
             f"Problem:\n{question}\n\n{listed}\n\n"
             f"Which candidate's final answer is correct? Reply only with its number as \\boxed{{k}} "
             f"(k from 1 to {len(candidates)})."
         )
 
     def orchestrator(self, question: str, n_strategies: int) -> Messages:
-        return _user(
+        return user_message(
             f"Problem:\n{question}\n\nDo not solve it. Propose {n_strategies} different strategies "
             f"for solving it, one per line, numbered 1. to {n_strategies}., each a single sentence."
         )
 
     def worker(self, question: str, strategy: str) -> Messages:
-        return _user(
+        return user_message(
             f"{question}\n\nSolve the problem using this strategy: {strategy}\n"
             "Give the final answer as \\boxed{answer}."
         )
 
     def synthesizer(self, question: str, solutions: list[str]) -> Messages:
         listed = "\n\n".join(f"### Solution {i + 1}\n{s}" for i, s in enumerate(solutions))
-        return _user(
+        return user_message(
             f"Problem:\n{question}\n\n{listed}\n\n"
             "Compare these solutions, decide which final answer is right, and give it as \\boxed{answer}."
         )
