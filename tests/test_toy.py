@@ -29,6 +29,19 @@ def test_build_is_deterministic_per_seed_and_keyed_by_recipe(tmp_path: Path, mon
     assert build.ensure_toy_world(spec) == dirs[1]
 
 
+def test_a_failed_build_rank_fails_the_build_and_leaves_no_process(tmp_path: Path) -> None:
+    import multiprocessing
+
+    from gridrun.toy import build
+
+    taken = tmp_path / "world"
+    taken.mkdir()  # rank 0 creates `out` itself, so an existing one makes it fail
+    with pytest.raises(RuntimeError, match=r"toy-build-0 exited with 1 .*nothing was cached"):
+        build.build(ToySpec(seed=3, target_accuracy=2.0, max_warm_steps=2), taken)
+    assert list(taken.iterdir()) == []
+    assert not multiprocessing.active_children()
+
+
 def test_toy_build_command_reports_the_cached_world(toy_world: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from gridrun.cli import main
 

@@ -206,17 +206,17 @@ def build(spec: ToySpec, out: Path, ranks: int = WARM_RANKS) -> None:
     started = time.time()
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_local_port()), "WORLD_SIZE": str(ranks)}
     context = multiprocessing.get_context("spawn")
-    ranks = [
+    processes = [
         context.Process(
             target=_build_rank, args=(spec, out, started, {**env, "RANK": str(rank)}, log.getEffectiveLevel()),
             name=f"toy-build-{rank}", daemon=True,
         )
         for rank in range(ranks)
     ]
-    for process in ranks:
+    for process in processes:
         process.start()
     try:
-        pending = list(ranks)
+        pending = list(processes)
         while pending:
             multiprocessing.connection.wait([p.sentinel for p in pending])
             for process in [p for p in pending if not p.is_alive()]:
@@ -227,7 +227,7 @@ def build(spec: ToySpec, out: Path, ranks: int = WARM_RANKS) -> None:
                         f"nothing was cached, so the next run retries the build"
                     )
     finally:
-        for process in ranks:
+        for process in processes:
             if process.is_alive():
                 process.terminate()
             process.join()
