@@ -32,9 +32,16 @@ def _cmd_reward(args: argparse.Namespace) -> int:
 
         result = score_math_json(args.response, args.answer)
     else:
-        from gridrun.tasks.code_reward import score_program_json
+        from gridrun.tasks.code_reward import CodeInputError, score_program_json
+        from gridrun.tasks.sandbox import SandboxConfig, SandboxUnavailable
 
-        result = score_program_json(args.file, args.tests, args.mode)
+        sandbox = SandboxConfig(isolation="none" if args.no_sandbox else "bwrap")
+        try:
+            result = score_program_json(args.file, args.tests, args.mode, sandbox)
+        except CodeInputError as err:
+            raise UserError(str(err)) from None
+        except SandboxUnavailable as err:
+            raise UserError(f"{err}; or pass --no-sandbox to run the program unisolated") from None
     print(json.dumps(result))
     return 0
 
@@ -89,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     code.add_argument("--file", required=True, help="the program (PROG.py)")
     code.add_argument("--tests", required=True, help='JSON list of {"input": ..., "output": ...}')
     code.add_argument("--mode", choices=("pass_rate", "all_pass"), default="pass_rate")
+    code.add_argument("--no-sandbox", action="store_true",
+                      help="run the program WITHOUT isolation (trusted code only): it can read, write, "
+                      "kill and connect to whatever you can; the result's flags say unsandboxed")
     reward.set_defaults(func=_cmd_reward)
 
     data = sub.add_parser("data", help="prepare a task's data set for training")

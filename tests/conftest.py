@@ -52,6 +52,20 @@ def make_cell(root: Path, name: str = "cell", **overrides: Any) -> Path:
     return cell
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `sandbox` skip, saying why, on a machine where bubblewrap cannot isolate."""
+    marked = [item for item in items if item.get_closest_marker("sandbox")]
+    if not marked:
+        return
+    from gridrun.tasks.sandbox import isolation_status
+
+    ok, reason = isolation_status()
+    if not ok:
+        skip = pytest.mark.skip(reason=f"no working sandbox here: {reason}")
+        for item in marked:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def toy_world() -> Path:
     """The default toy world (built once per machine, then cached)."""

@@ -1,6 +1,7 @@
 """Tests for gridrun.tasks.code_reward: extraction, fixtures in both test formats and
-modes, scheduler == per-test baseline, and adversarial programs (each: contained,
-reward 0, the right flag, bounded wall time, healthy parent)."""
+modes, scheduler == per-test baseline, programs judged as `python3 main.py` would be,
+and adversarial programs (each: contained, reward 0, the right flag, bounded wall time,
+healthy parent). Every test here runs the real sandbox (marker `sandbox`)."""
 
 from __future__ import annotations
 
@@ -27,10 +28,12 @@ from gridrun.tasks.code_reward import (
 )
 from gridrun.tasks.sandbox import SandboxConfig, SandboxUnavailable
 
+pytestmark = pytest.mark.sandbox
+
 FIXTURES = Path(__file__).parent / "fixtures" / "code_problems.jsonl"
 PROBLEMS = [json.loads(line) for line in FIXTURES.read_text().splitlines() if line.strip()]
-ISOLATED = SandboxConfig(require_isolation=True)
-FALLBACK = SandboxConfig(force_fallback=True)
+ISOLATED = SandboxConfig()
+FALLBACK = SandboxConfig(isolation="none")
 ONE_TEST = [{"input": "1 2\n", "output": "3\n"}]
 TWO_TESTS = ONE_TEST + [{"input": "2 2\n", "output": "4\n"}]
 FAST: dict[str, Any] = {"timeout_s": 1.0, "memory_mb": 256, "output_bytes": 1 << 20, "nproc": 16, "sandbox": ISOLATED}
@@ -236,8 +239,8 @@ def test_output_that_is_correct_but_exits_nonzero_fails() -> None:
     _only(_adversarial("print(3)\nraise SystemExit(1)"), runtime_error=1)
 
 
-# --------------------------------------------------------------------- fallback
-def test_fallback_warns_flags_and_enforces_rlimits(caplog: pytest.LogCaptureFixture) -> None:
+# ---------------------------------------------------------------------- opt-out
+def test_opt_out_warns_flags_and_enforces_rlimits(caplog: pytest.LogCaptureFixture) -> None:
     sandbox._warned.clear()
     kw = {**FAST, "sandbox": FALLBACK}
     with caplog.at_level(logging.WARNING, logger="gridrun.tasks.sandbox"):
@@ -253,7 +256,12 @@ def test_fallback_warns_flags_and_enforces_rlimits(caplog: pytest.LogCaptureFixt
     _only(killer, runtime_error=2, unsandboxed=1)
 
 
-def test_require_isolation_refuses() -> None:
-    with pytest.raises(SandboxUnavailable) as err:
-        score_code(fenced("print(3)"), ONE_TEST, sandbox=SandboxConfig(force_fallback=True, require_isolation=True))
-    assert "\n" not in str(err.value)
+def test_missing_sandbox_refuses_before_anything_runs(tmp_path: Path) -> None:
+    # Fails closed even for a batch in which no program would reach the sandbox (no code).
+    missing = SandboxConfig(bwrap="/nonexistent/bwrap")
+    marker = tmp_path / "ran"
+    for response in (fenced(f"open({str(marker)!r}, 'w').write('x')"), "no code at all"):
+        with pytest.raises(SandboxUnavailable) as err:
+            score_code(response, ONE_TEST, sandbox=missing)
+        assert "\n" not in str(err.value) and "apt-get install bubblewrap" in str(err.value)
+    assert not marker.exists()

@@ -1,14 +1,20 @@
-"""Containment tests for gridrun.tasks.sandbox (needs bubblewrap: apt-get install bubblewrap).
+"""Containment tests for gridrun.tasks.sandbox, and fail-closed behaviour without it.
 
-Each adversarial program is checked for containment, a bounded wall time and a
-healthy parent (no leftover sandbox processes; the next sandbox still works).
+Tests marked `sandbox` need bubblewrap (apt-get install bubblewrap) and skip, saying why,
+where it cannot isolate. Each adversarial program is checked for containment, a bounded
+wall time and a healthy parent (no leftover sandbox processes; the next sandbox still works).
+The fail-closed tests run everywhere: they make bubblewrap missing or broken on purpose.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,8 +23,10 @@ import pytest
 from gridrun.tasks import sandbox
 from gridrun.tasks.sandbox import Limits, SandboxConfig, SandboxUnavailable, run, run_python
 
-ISOLATED = SandboxConfig(require_isolation=True)  # fails with the fix if bwrap cannot run
-FALLBACK = SandboxConfig(force_fallback=True)
+needs_sandbox = pytest.mark.sandbox
+
+ISOLATED = SandboxConfig()  # fails with the fix if bwrap cannot run
+FALLBACK = SandboxConfig(isolation="none")
 FAST = Limits(wall_s=3.0, cpu_s=2, memory_mb=256, nproc=16, stdout_bytes=1 << 20)
 
 
@@ -45,6 +53,7 @@ def _assert_healthy(marker: str) -> None:
     assert again.ok and again.stdout == b"still ok\n"
 
 
+@needs_sandbox
 def test_runs_isolated_as_unprivileged_user_without_proc() -> None:
     res = run_python("import os\nprint(os.getuid(), os.path.exists('/proc/1'), os.getcwd())",
                      limits=FAST, config=ISOLATED)
@@ -53,6 +62,7 @@ def test_runs_isolated_as_unprivileged_user_without_proc() -> None:
     assert int(uid) != 0 and has_proc == "False" and cwd == "/tmp"
 
 
+@needs_sandbox
 def test_environment_is_scrubbed(monkeypatch: pytest.MonkeyPatch) -> None:
     secrets = {"WANDB_API_KEY": "wandb-s3cret-123", "HF_TOKEN": "hf_s3cret", "AWS_SECRET_ACCESS_KEY": "aws-s3cret"}
     for key, value in secrets.items():
@@ -65,6 +75,7 @@ def test_environment_is_scrubbed(monkeypatch: pytest.MonkeyPatch) -> None:
     assert b"s3cret" not in fallback.stdout
 
 
+@needs_sandbox
 def test_timeout_sigkills_group_even_if_sigterm_ignored() -> None:
     marker = "gridrun-test-sigterm-7f3a"
     src = ("import os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
@@ -78,6 +89,7 @@ def test_timeout_sigkills_group_even_if_sigterm_ignored() -> None:
     _assert_healthy(marker)  # the detached sleeper died with the sandbox
 
 
+@needs_sandbox
 def test_stdout_cap_kills_a_gigabyte_printer() -> None:
     t0 = time.monotonic()
     res = run_python("import sys\nfor _ in range(1024):\n    sys.stdout.write('x' * (1 << 20))\n",
@@ -87,6 +99,7 @@ def test_stdout_cap_kills_a_gigabyte_printer() -> None:
     _assert_healthy("gridrun-none")
 
 
+@needs_sandbox
 def test_writes_outside_the_sandbox_fail(tmp_path: Path) -> None:
     targets = [tmp_path / "pwned", Path("/etc/gridrun-pwned"), Path(os.getcwd()) / "gridrun-pwned"]
     src = "import sys\nfor p in sys.argv[1:]:\n    try:\n        open(p, 'w').write('x')\n" \
@@ -97,6 +110,7 @@ def test_writes_outside_the_sandbox_fail(tmp_path: Path) -> None:
         assert not target.exists()
 
 
+@needs_sandbox
 def test_cannot_remount_read_only_binds() -> None:
     # Regression: with capabilities left, root inside could `mount -o remount,rw` the
     # host's filesystem and write through it.
@@ -106,12 +120,14 @@ def test_cannot_remount_read_only_binds() -> None:
     assert not Path("/usr/gridrun-pwned").exists()
 
 
+@needs_sandbox
 def test_project_and_home_are_not_visible() -> None:
     paths = [os.getcwd(), os.path.expanduser("~/.bashrc"), "/proc/self/environ"]
     res = run_python(f"import os\nprint([os.path.exists(p) for p in {paths!r}])", limits=FAST, config=ISOLATED)
     assert res.stdout.strip() == b"[False, False, False]"
 
 
+@needs_sandbox
 def test_no_network_to_the_host() -> None:
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
@@ -129,6 +145,7 @@ def test_no_network_to_the_host() -> None:
         listener.close()
 
 
+@needs_sandbox
 def test_fork_bomb_is_contained() -> None:
     marker = "gridrun-test-forkbomb-19c2"
     src = f"# {marker}\nimport os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
@@ -139,6 +156,7 @@ def test_fork_bomb_is_contained() -> None:
     _assert_healthy(marker)
 
 
+@needs_sandbox
 def test_nproc_limit_applies() -> None:
     src = ("import os, time\nn = 0\nfor _ in range(100):\n    try:\n        if os.fork() == 0:\n"
            "            time.sleep(2)\n            os._exit(0)\n        n += 1\n    except OSError:\n        break\nprint(n)\n")
@@ -146,11 +164,13 @@ def test_nproc_limit_applies() -> None:
     assert res.returncode == 0 and int(res.stdout) < 8
 
 
+@needs_sandbox
 def test_memory_bomb_gets_memory_error() -> None:
     res = run_python("x = bytearray(4 << 30)", limits=FAST, config=ISOLATED)
     assert res.returncode == 1 and b"MemoryError" in res.stderr
 
 
+@needs_sandbox
 def test_cpu_limit_kills_busy_loop() -> None:
     t0 = time.monotonic()
     res = run_python("while True:\n    pass\n", limits=Limits(wall_s=10.0, cpu_s=1), config=ISOLATED)
@@ -159,6 +179,7 @@ def test_cpu_limit_kills_busy_loop() -> None:
     assert not res.timed_out and res.returncode in (128 + 24, 128 + 9)
 
 
+@needs_sandbox
 def test_killing_its_parent_leaves_us_alive() -> None:
     src = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(-1, signal.SIGKILL)\nprint('after')"
     res = run_python(src, limits=FAST, config=ISOLATED)
@@ -166,35 +187,99 @@ def test_killing_its_parent_leaves_us_alive() -> None:
     _assert_healthy("gridrun-none")
 
 
-def test_fallback_warns_once_and_enforces_rlimits(caplog: pytest.LogCaptureFixture) -> None:
+def test_opt_out_warns_once_and_enforces_rlimits(caplog: pytest.LogCaptureFixture) -> None:
     sandbox._warned.clear()
     with caplog.at_level(logging.WARNING, logger="gridrun.tasks.sandbox"):
         mem = run_python("x = bytearray(4 << 30)", limits=FAST, config=FALLBACK)
         cpu = run_python("while True:\n    pass\n", limits=Limits(wall_s=10.0, cpu_s=1), config=FALLBACK)
     warnings = [r for r in caplog.records if "WITHOUT ISOLATION" in r.getMessage()]
-    assert len(warnings) == 1
+    assert len(warnings) == 1 and "--no-sandbox" in warnings[0].getMessage()
     assert not mem.isolated and mem.returncode == 1 and b"MemoryError" in mem.stderr
     assert cpu.returncode in (-24, -9) and not cpu.timed_out
 
 
-def test_fallback_timeout_still_sigkills() -> None:
+def test_opt_out_timeout_still_sigkills() -> None:
     src = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    time.sleep(0.05)\n"
     res = run_python(src, limits=Limits(wall_s=1.0), config=FALLBACK)
     assert res.timed_out and res.returncode == -9
 
 
-def test_require_isolation_refuses_with_one_line_fix() -> None:
-    with pytest.raises(SandboxUnavailable) as forced:
-        run_python("print(1)", config=SandboxConfig(force_fallback=True, require_isolation=True))
-    assert "\n" not in str(forced.value) and "require_isolation" in str(forced.value)
+def test_missing_bwrap_refuses_and_runs_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
     with pytest.raises(SandboxUnavailable) as missing:
-        run_python("print(1)", config=SandboxConfig(bwrap="/nonexistent/bwrap", require_isolation=True))
-    assert "\n" not in str(missing.value) and "apt-get install bubblewrap" in str(missing.value)
+        run_python(f"open({str(marker)!r}, 'w').write('x')", config=SandboxConfig(bwrap="/nonexistent/bwrap"))
+    message = str(missing.value)
+    assert "\n" not in message and "apt-get install bubblewrap" in message and "/nonexistent/bwrap" in message
+    assert not marker.exists()
 
 
-def test_missing_bwrap_falls_back_with_warning(caplog: pytest.LogCaptureFixture) -> None:
-    sandbox._warned.clear()
-    with caplog.at_level(logging.WARNING, logger="gridrun.tasks.sandbox"):
-        res = run_python("print(6 * 7)", limits=FAST, config=SandboxConfig(bwrap="/nonexistent/bwrap"))
-    assert res.ok and res.stdout == b"42\n" and not res.isolated
-    assert any("apt-get install bubblewrap" in r.getMessage() for r in caplog.records)
+def test_config_rejects_an_unknown_isolation() -> None:
+    with pytest.raises(ValueError, match="'bwrap', 'none'"):
+        SandboxConfig(isolation="off")  # type: ignore[arg-type]
+
+
+def _fake_bwrap(folder: Path, stderr_line: str) -> Path:
+    """An executable named bwrap that fails the way a kernel without namespaces makes it fail."""
+    folder.mkdir(exist_ok=True)
+    fake = folder / "bwrap"
+    fake.write_text(f"#!/bin/sh\necho '{stderr_line}' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    return fake
+
+
+def test_broken_bwrap_on_path_is_named_not_reported_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A bwrap that exists but cannot create namespaces: the hint must be about that binary,
+    # not "install bubblewrap" (it is installed).
+    fake = _fake_bwrap(tmp_path / "bin", "bwrap: No permissions to creating new namespace")
+    monkeypatch.setenv("PATH", str(fake.parent))
+    ok, reason = sandbox.isolation_status()
+    assert not ok and "\n" not in reason
+    assert f"bubblewrap at {fake} cannot create the sandbox" in reason and "No permissions" in reason
+    assert "apt-get install" not in reason
+
+
+@needs_sandbox
+def test_bwrap_outside_the_standard_folders_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = shutil.which("bwrap")
+    assert real is not None
+    (tmp_path / "opt").mkdir()
+    (tmp_path / "opt" / "bwrap").symlink_to(real)
+    monkeypatch.setenv("PATH", str(tmp_path / "opt"))  # none of /usr/local/bin, /usr/bin, /bin
+    assert sandbox.isolation_status() == (True, "")
+    res = run_python("print('inside')", limits=FAST)
+    assert res.ok and res.isolated and res.stdout == b"inside\n"
+
+
+def _run_without_working_bwrap(argv: list[str], replacement: Path | None) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` where the bwrap on PATH is unusable: ``replacement`` (or /dev/null, which is
+    not executable) is bind-mounted over it in a private mount namespace that nothing else sees."""
+    real = shutil.which("bwrap")
+    if real is None:  # nothing to hide: this machine has no bubblewrap
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True, check=False).returncode != 0:
+        pytest.skip("cannot create a private mount namespace here (needs root): unshare -m")
+    hide = f'mount --bind "{replacement or "/dev/null"}" "{os.path.realpath(real)}" && exec "$@"'
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", hide, "sh", *argv],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["missing", "broken"])
+def test_reward_code_fails_closed_without_a_working_sandbox(tmp_path: Path, broken: bool) -> None:
+    # The program would leave a file behind on the host if it ran at all.
+    marker = tmp_path / "ran"
+    prog = tmp_path / "prog.py"
+    prog.write_text(f"open({str(marker)!r}, 'w').write('x')\nprint(3)\n")
+    tests = tmp_path / "tests.json"
+    tests.write_text(json.dumps([{"input": "", "output": "3"}]))
+    fake = _fake_bwrap(tmp_path / "bin", "bwrap: Creating new namespace failed: Operation not permitted") if broken else None
+    res = _run_without_working_bwrap(
+        [sys.executable, "-m", "gridrun.cli", "reward", "code", "--file", str(prog), "--tests", str(tests)], fake)
+    assert res.returncode != 0 and res.stdout == ""
+    assert not marker.exists()
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("gridrun: error: no working sandbox for untrusted code") and "--no-sandbox" in lines[0]
+    if broken:
+        assert "cannot create the sandbox" in lines[0] and "Operation not permitted" in lines[0]
+    else:
+        assert "apt-get install bubblewrap" in lines[0]

@@ -3,8 +3,11 @@
 What it does:
 - Takes the LAST fenced block of a response tagged python/py/python3 or untagged
   (complete fences only: a truncated response has no code).
-- Checks syntax with ``compile()`` in the parent, then runs the tests in
-  ``gridrun.tasks.sandbox``. Two DeepCoder/PrimeIntellect test formats:
+- Checks syntax with ``compile()`` in the parent (from the program's UTF-8 bytes, as
+  ``python3 main.py`` reads a file: a BOM or coding cookie means what it means there), then
+  runs the tests in ``gridrun.tasks.sandbox``, which fails closed: without a working sandbox
+  nothing runs (``SandboxUnavailable``) unless the caller opted out by name
+  (``SandboxConfig(isolation="none")``; every score then carries the ``unsandboxed`` flag). Two DeepCoder/PrimeIntellect test formats:
   stdin/stdout ``{"input": str, "output": str}`` and function call
   ``{"fn_name": f, "input": [args...], "output": expected}``, where ``f`` is a
   top-level function or, LeetCode style, a method of ``class Solution``.
@@ -16,13 +19,15 @@ What it does:
   within 1e-6 (absolute or relative). Function call: the JSON round-tripped return
   value equals the expected value (floats within 1e-6), or the expected value is a
   one-element list holding it (TACO/PrimeIntellect wrap return values that way).
-- A non-zero exit status fails a test even if the output is right.
+- A non-zero exit status fails a test even if the output is right. Exit statuses are the
+  program's own (no value is reserved), judged as ``python3 main.py`` would end.
 
 How tests run (all sandboxed):
-- A small harness in the sandbox (its PID 1) compiles the program once and forks a
-  fresh child per test with its own stdin file, rlimits and wall-clock timeout, so
-  every test sees a new process exactly as if started alone, minus the interpreter
-  start. Expected outputs never enter the sandbox: the parent compares.
+- ``gridrun.tasks.harness`` runs in the sandbox (its PID 1, shipped as that module's
+  source), compiles the program once and forks a fresh child per test with its own stdin
+  file, rlimits and wall-clock timeout, so every test sees a new process exactly as if
+  started alone, minus the interpreter start. Expected outputs never enter the sandbox:
+  the parent compares.
 - ``score_code_batch`` runs all programs on a thread pool sized to the CPU count.
   Each program's tests go through one sandbox start in order (test 0 first); the
   parent checks each reply before sending the next test. Under ``all_pass`` a
@@ -31,14 +36,17 @@ How tests run (all sandboxed):
   rewards are identical to running every test in its own sandbox (``strategy=
   "per_test"``, the baseline in bench/code_reward.py). With fewer programs than
   workers, a program's tests are split across several starts.
-- Per-test timeout, plus a per-program cap on the summed test time: once spent,
-  the remaining tests count as timeouts. (Chunks of one program running in
-  parallel can each start before the cap is seen, so hitting the cap is the one
-  case where results can depend on scheduling.)
+- Per-test timeout (``timeout``), plus a per-program budget on the summed test time that
+  scales with the number of tests: ``min(budget_cap_s, timeout_s + budget_per_test_s * n)``
+  (defaults: 6 s + 2 s per test, capped at 600 s: 26 s for 10 tests, the cap from 297
+  tests on). Once spent, the remaining tests are flagged ``budget``, not ``timeout``: the
+  budget ran out, not the program. (Chunks of one program running in parallel can each
+  start before the budget is seen, so exhausting it is the one case where results can
+  depend on scheduling.)
 
 Flags count tests (or programs, for no_code / syntax_error / unsandboxed):
-no_code, syntax_error, runtime_error, wrong_answer, timeout, memory, output_limit,
-skipped, unsandboxed.
+no_code, syntax_error, runtime_error, wrong_answer, timeout, budget, memory,
+output_limit, skipped, unsandboxed.
 
 Left out: other languages, special judges, interactive problems, and test inputs
 other than a string (stdin) or a JSON list of arguments (a string of
@@ -50,21 +58,26 @@ from __future__ import annotations
 
 import base64
 import heapq
+import inspect
 import itertools
 import json
 import math
 import os
 import threading
+import tokenize
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gridrun.tasks.sandbox import Limits, SandboxConfig, SandboxProcess, start_python
+from gridrun.tasks import harness
+from gridrun.tasks.sandbox import Limits, SandboxConfig, SandboxProcess, require, start_python
 
 __all__ = [
     "FLAG_NAMES",
+    "CodeInputError",
     "CodeScore",
     "extract_code",
+    "program_budget_s",
     "score_code",
     "score_code_batch",
     "score_program_json",
@@ -73,12 +86,17 @@ __all__ = [
 Mode = Literal["pass_rate", "all_pass"]
 Strategy = Literal["scheduler", "per_test"]
 
-FLAG_NAMES = ("no_code", "syntax_error", "runtime_error", "wrong_answer", "timeout", "memory",
+FLAG_NAMES = ("no_code", "syntax_error", "runtime_error", "wrong_answer", "timeout", "budget", "memory",
               "output_limit", "skipped", "unsandboxed")
 _PY_TAGS = {"", "python", "py", "python3"}
 _FLOAT_TOL = 1e-6
 _READY_TIMEOUT_S = 30.0
 _REPLY_SLACK_S = 3.0  # per test, on top of the harness's own timeout
+_HARNESS_SOURCE = inspect.getsource(harness)
+
+
+class CodeInputError(ValueError):
+    """A program or tests file that cannot be scored as given; the message names the fix."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +113,8 @@ class CodeScore:
 class _Options:
     mode: Mode
     timeout_s: float
-    program_timeout_s: float
+    budget_per_test_s: float
+    budget_cap_s: float
     memory_mb: int
     output_bytes: int
     nproc: int
@@ -123,7 +142,7 @@ def extract_code(response: str) -> str | None:
     return last
 
 
-def _syntax_ok(code: str) -> bool:
+def _syntax_ok(code: bytes) -> bool:
     try:
         compile(code, "main.py", "exec", dont_inherit=True)
     except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError):
@@ -221,240 +240,14 @@ def _passes(test: dict[str, Any], out: bytes) -> bool:
     return _tokens_match(out.decode("utf-8", errors="replace"), str(expected))
 
 
-# ------------------------------------------------------------------------ harness
-# Runs inside the sandbox as PID 1 (after sandbox._PRELUDE set the rlimits).
-# Protocol, one JSON object per line: parent sends {"code", "timeout", "out_cap"},
-# harness answers {"ready": true}; then per test the parent sends
-# {"i", "stdin"} or {"i", "fn", "args"} and the harness answers
-# {"i", "status", "out" (base64 stdout or JSON result), "err", "t"}.
-_HARNESS = r'''
-import base64, builtins, json, math, os, resource, select, signal, sys, time, traceback, types
-
-signal.signal(signal.SIGINT, signal.SIG_IGN)  # as PID 1, only handled signals get through
-PID1 = os.getpid() == 1
-TMP = os.environ.get("TMPDIR") or "/tmp"
-IN, OUT, ERR, RES = (os.path.join(TMP, "gridrun-harness." + n) for n in ("in", "out", "err", "res"))
-rd, wr = sys.stdin.buffer, sys.stdout.buffer
-head = json.loads(rd.readline())
-TIMEOUT, OUT_CAP = float(head["timeout"]), int(head["out_cap"])
-CPU = max(1, math.ceil(TIMEOUT))
-try:
-    CODE = compile(head["code"], "main.py", "exec", dont_inherit=True)
-except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError):
-    CODE = None
-TYPING = None
-
-
-def emit(obj):
-    wr.write(json.dumps(obj).encode() + b"\n")
-    wr.flush()
-
-
-def exit_code(code):
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    try:
-        print(code, file=sys.stderr)
-    except BaseException:
-        pass
-    return 1
-
-
-def jsonable(o):
-    if isinstance(o, (set, frozenset)):
-        try:
-            return sorted(o)
-        except TypeError:
-            return list(o)
-    if isinstance(o, bytes):
-        return o.decode("utf-8", "replace")
-    return repr(o)
-
-
-def child(fn, args):
-    try:
-        os.setpgid(0, 0)
-        for fd, path, flags in ((0, IN, os.O_RDONLY), (1, OUT, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-                                (2, ERR, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
-            os.dup2(os.open(path, flags, 0o600), fd)
-        os.closerange(3, 1 << 20)  # nothing of the harness (its reply pipe!) stays reachable
-        resource.setrlimit(resource.RLIMIT_CPU, (CPU, CPU + 1))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (OUT_CAP + 1, OUT_CAP + 1))
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        sys.stdin = sys.__stdin__ = open(0, "r", encoding="utf-8", closefd=False)
-        sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", closefd=False)
-        sys.stderr = sys.__stderr__ = open(2, "w", encoding="utf-8", errors="backslashreplace",
-                                           closefd=False, buffering=1)
-        sys.argv = ["main.py"]
-        main = types.ModuleType("__main__")
-        main.__dict__["__builtins__"] = builtins
-        main.__dict__["__file__"] = "main.py"
-        sys.modules["__main__"] = main
-        if fn is not None:
-            main.__dict__.update(TYPING)  # LeetCode signatures use List[int] without importing it
-    except BaseException:
-        os._exit(97)
-    rc = 0
-    try:
-        exec(CODE, main.__dict__)
-        if fn is not None:
-            target = main.__dict__.get(fn)
-            if not callable(target):
-                sol = main.__dict__.get("Solution")
-                if sol is None or not hasattr(sol, fn):
-                    raise NameError("no function or Solution method named %r" % fn)
-                target = getattr(sol(), fn)
-            text = json.dumps(target(*args), default=jsonable)
-            fd = os.open(RES, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            data = text.encode("utf-8")
-            while data:
-                data = data[os.write(fd, data):]
-            os.close(fd)
-    except SystemExit as e:
-        rc = exit_code(e.code)
-    except BaseException:
-        try:
-            traceback.print_exc()
-        except BaseException:
-            pass
-        rc = 1
-    try:
-        threading = sys.modules.get("threading")
-        if threading is not None:
-            threading._shutdown()  # like interpreter exit: wait for non-daemon threads
-    except BaseException:
-        pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            rc = rc or 120  # CPython's status when flushing stdout fails at exit
-    os._exit(rc)
-
-
-def kill_rest(pid):
-    try:
-        if PID1:
-            os.kill(-1, signal.SIGKILL)  # everything in the namespace but us
-        else:
-            os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def wait(pid):
-    killed = False
-    try:
-        pfd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        pfd = None
-    if pfd is not None:
-        killed = not select.select([pfd], [], [], TIMEOUT)[0]
-        os.close(pfd)
-    else:
-        end = time.monotonic() + TIMEOUT
-        while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-            if time.monotonic() >= end:
-                killed = True
-                break
-            time.sleep(0.001)
-    if killed:
-        kill_rest(pid)
-    _, status, usage = os.wait4(pid, 0)
-    kill_rest(pid)  # detached leftovers must not leak into the next test
-    if PID1:
-        while True:
-            try:
-                os.waitpid(-1, 0)
-            except ChildProcessError:
-                break
-    return killed, status, usage.ru_utime + usage.ru_stime
-
-
-def size(path):
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return -1
-
-
-def read(path, limit, tail=False):
-    try:
-        with open(path, "rb") as f:
-            if tail:
-                f.seek(max(0, size(path) - limit))
-            return f.read(limit)
-    except OSError:
-        return b""
-
-
-def run(req):
-    global TYPING
-    fn = req.get("fn")
-    if fn is not None and TYPING is None:
-        import typing
-        TYPING = {n: getattr(typing, n) for n in typing.__all__ if n[0].isupper()}
-    for path in (OUT, ERR, RES):
-        if os.path.exists(path):
-            os.unlink(path)
-    with open(IN, "wb") as f:
-        f.write(req.get("stdin", "").encode("utf-8"))
-    t0 = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        child(fn, req.get("args"))
-    try:
-        os.setpgid(pid, pid)  # also from this side, so kill_rest never misses the group
-    except OSError:
-        pass
-    killed, status, cpu = wait(pid)
-    elapsed = time.monotonic() - t0
-    main = RES if fn is not None else OUT
-    err = read(ERR, 4096, tail=True)
-    if killed:
-        st = "timeout"
-    elif os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        if sig == signal.SIGXCPU or cpu >= CPU:
-            st = "timeout"
-        elif sig == signal.SIGKILL:
-            st = "memory"  # not ours and not the CPU limit: the OOM killer
-        else:
-            st = "runtime_error"
-    elif max(size(OUT), size(RES), size(ERR)) > OUT_CAP:
-        st = "output_limit"
-    elif os.WEXITSTATUS(status) == 97:
-        st = "harness_error"
-    elif os.WEXITSTATUS(status) != 0:
-        st = "memory" if b"MemoryError" in err else "runtime_error"
-    elif fn is not None and size(RES) < 0:
-        st = "runtime_error"
-    else:
-        st = "ok"
-    out = read(main, OUT_CAP) if st == "ok" else b""
-    return {"i": req["i"], "status": st, "out": base64.b64encode(out).decode(),
-            "err": err[-1000:].decode("utf-8", "replace"), "t": elapsed}
-
-
-emit({"ready": True, "compiled": CODE is not None})
-for line in rd:
-    req = json.loads(line)
-    if CODE is None:
-        emit({"i": req["i"], "status": "syntax_error", "out": "", "err": "", "t": 0.0})
-    else:
-        emit(run(req))
-'''
-
-
 # ---------------------------------------------------------------------- scheduler
 class _Program:
     """Per-program bookkeeping shared by the worker threads (guarded by the pool lock)."""
 
-    def __init__(self, code: str | None, tests: Sequence[dict[str, Any]]) -> None:
+    def __init__(self, code: bytes | None, tests: Sequence[dict[str, Any]], budget_s: float) -> None:
         self.code = code
         self.tests = list(tests)
+        self.budget_s = budget_s
         self.requests = [_request(i, t) for i, t in enumerate(self.tests)]
         self.outcome: list[str | None] = [None] * len(self.tests)  # "pass" or a flag name
         self.flags = dict.fromkeys(FLAG_NAMES, 0)
@@ -485,10 +278,16 @@ class _Program:
         return CodeScore(reward=reward, passed=passed, total=total, flags=flags)
 
 
+def program_budget_s(n_tests: int, timeout_s: float = 6.0, budget_per_test_s: float = 2.0,
+                     budget_cap_s: float = 600.0) -> float:
+    """Seconds of summed test time one program may spend, for ``n_tests`` tests."""
+    return min(budget_cap_s, timeout_s + budget_per_test_s * n_tests)
+
+
 def _session_limits(prog: _Program, opts: _Options, n_tests: int) -> Limits:
     max_in = max((len(r.get("stdin", "")) * 4 for r in prog.requests), default=0)
     cap = opts.output_bytes
-    budget = min(opts.program_timeout_s, n_tests * opts.timeout_s)
+    budget = min(prog.budget_s, n_tests * opts.timeout_s)
     return Limits(
         wall_s=budget + n_tests * _REPLY_SLACK_S + _READY_TIMEOUT_S,
         cpu_s=int(budget + n_tests * (math.ceil(opts.timeout_s) + 2) + 10),
@@ -502,15 +301,17 @@ def _session_limits(prog: _Program, opts: _Options, n_tests: int) -> Limits:
 
 
 class _HarnessError(RuntimeError):
-    pass
+    """The harness itself failed (never the program: it cannot reach the harness's channels)."""
 
 
 def _run_chunk(prog: _Program, tests: list[int], opts: _Options, lock: threading.Lock) -> list[int]:
     """Run ``tests`` of ``prog`` in one sandbox start; returns tests left to retry."""
     limits = _session_limits(prog, opts, len(tests))
-    proc: SandboxProcess = start_python(_HARNESS, limits=limits, config=opts.sandbox, as_pid_1=True)
+    proc: SandboxProcess = start_python(_HARNESS_SOURCE, limits=limits, config=opts.sandbox, as_pid_1=True)
+    assert prog.code is not None
     with proc:
-        header = {"code": prog.code, "timeout": opts.timeout_s, "out_cap": opts.output_bytes}
+        header = {"code": base64.b64encode(prog.code).decode(), "timeout": opts.timeout_s,
+                  "out_cap": opts.output_bytes}
         proc.send(json.dumps(header).encode() + b"\n", _READY_TIMEOUT_S)
         ready = proc.read_line(_READY_TIMEOUT_S)
         if ready is None:
@@ -525,9 +326,9 @@ def _run_chunk(prog: _Program, tests: list[int], opts: _Options, lock: threading
             with lock:
                 if prog.dead:
                     return []
-                if prog.spent_s >= opts.program_timeout_s:
+                if prog.spent_s >= prog.budget_s:
                     for j in tests[pos:]:
-                        prog.outcome[j] = "timeout"
+                        prog.outcome[j] = "budget"
                     prog.dead = opts.mode == "all_pass"
                     return []
             req = json.dumps(prog.requests[k]).encode() + b"\n"
@@ -546,7 +347,7 @@ def _run_chunk(prog: _Program, tests: list[int], opts: _Options, lock: threading
             reply = json.loads(line)
             status = reply["status"]
             if status == "harness_error":
-                raise _HarnessError(f"sandbox harness failed to set up test {k}")
+                raise _HarnessError(f"sandbox harness failed to set up test {k}: {reply['err'].strip()[-300:]}")
             if status == "ok":
                 status = "pass" if _passes(prog.tests[k], base64.b64decode(reply["out"])) else "wrong_answer"
             elif status == "syntax_error":
@@ -635,12 +436,14 @@ def _run_per_test(progs: list[_Program], opts: _Options) -> None:
             _run_chunk(prog, [k], opts, lock)
 
 
-def _score(codes: Sequence[str | None], tests: Sequence[Sequence[dict[str, Any]]], opts: _Options,
+def _score(codes: Sequence[bytes | None], tests: Sequence[Sequence[dict[str, Any]]], opts: _Options,
            workers: int | None, strategy: Strategy) -> list[CodeScore]:
     for t in tests:
         if not t:
             raise ValueError("a problem has no tests: drop it from the data set or add tests")
-    progs = [_Program(c, t) for c, t in zip(codes, tests)]
+    require(opts.sandbox)  # fail closed before any work, even if no program would run
+    progs = [_Program(c, t, program_budget_s(len(t), opts.timeout_s, opts.budget_per_test_s, opts.budget_cap_s))
+             for c, t in zip(codes, tests)]
     if strategy == "per_test":
         _run_per_test(progs, opts)
     elif strategy == "scheduler":
@@ -650,13 +453,18 @@ def _score(codes: Sequence[str | None], tests: Sequence[Sequence[dict[str, Any]]
     return [p.score(opts.mode) for p in progs]
 
 
-def _options(mode: str, timeout_s: float, program_timeout_s: float, memory_mb: int,
+def _options(mode: str, timeout_s: float, budget_per_test_s: float, budget_cap_s: float, memory_mb: int,
              output_bytes: int, nproc: int, sandbox: SandboxConfig | None) -> _Options:
     if mode not in ("pass_rate", "all_pass"):
         raise ValueError(f"mode must be 'pass_rate' or 'all_pass', got {mode!r}")
-    return _Options(mode=mode, timeout_s=float(timeout_s), program_timeout_s=float(program_timeout_s),  # type: ignore[arg-type]
-                    memory_mb=int(memory_mb), output_bytes=int(output_bytes), nproc=int(nproc),
-                    sandbox=sandbox or SandboxConfig())
+    return _Options(mode=mode, timeout_s=float(timeout_s), budget_per_test_s=float(budget_per_test_s),  # type: ignore[arg-type]
+                    budget_cap_s=float(budget_cap_s), memory_mb=int(memory_mb), output_bytes=int(output_bytes),
+                    nproc=int(nproc), sandbox=sandbox or SandboxConfig())
+
+
+def _program_bytes(code: str | None) -> bytes | None:
+    # What `python3 main.py` would read had the response's code been saved as a UTF-8 file.
+    return None if code is None else code.encode("utf-8", "surrogatepass")
 
 
 # ----------------------------------------------------------------------- public API
@@ -665,7 +473,8 @@ def score_code_batch(
     mode: Mode = "pass_rate",
     *,
     timeout_s: float = 6.0,
-    program_timeout_s: float = 30.0,
+    budget_per_test_s: float = 2.0,
+    budget_cap_s: float = 600.0,
     memory_mb: int = 1024,
     output_bytes: int = 8 << 20,
     nproc: int = 32,
@@ -675,15 +484,16 @@ def score_code_batch(
 ) -> list[CodeScore]:
     """Score (response, tests) pairs; results in input order.
 
-    ``timeout_s`` is per test (wall clock, and ceil() CPU seconds), ``program_timeout_s``
-    caps the summed test time of one program, ``memory_mb`` is the address-space limit
-    per process, ``output_bytes`` caps stdout/stderr per test. ``workers`` defaults to
-    the CPU count. Raises ``SandboxUnavailable`` if ``sandbox.require_isolation`` and
-    bubblewrap cannot run.
+    ``timeout_s`` is per test (wall clock, and ceil() CPU seconds); one program's summed
+    test time is capped by ``program_budget_s`` of its test count. ``memory_mb`` is the
+    address-space limit per process, ``output_bytes`` caps stdout/stderr per test.
+    ``workers`` defaults to the CPU count. Raises ``SandboxUnavailable`` (before running
+    anything) if there is no working sandbox and ``sandbox.isolation`` is not "none".
     """
     pairs = list(items)
-    opts = _options(mode, timeout_s, program_timeout_s, memory_mb, output_bytes, nproc, sandbox)
-    return _score([extract_code(r) for r, _ in pairs], [t for _, t in pairs], opts, workers, strategy)
+    opts = _options(mode, timeout_s, budget_per_test_s, budget_cap_s, memory_mb, output_bytes, nproc, sandbox)
+    return _score([_program_bytes(extract_code(r)) for r, _ in pairs], [t for _, t in pairs], opts, workers,
+                  strategy)
 
 
 def score_code(
@@ -692,7 +502,8 @@ def score_code(
     mode: Mode = "pass_rate",
     *,
     timeout_s: float = 6.0,
-    program_timeout_s: float = 30.0,
+    budget_per_test_s: float = 2.0,
+    budget_cap_s: float = 600.0,
     memory_mb: int = 1024,
     output_bytes: int = 8 << 20,
     nproc: int = 32,
@@ -700,34 +511,85 @@ def score_code(
     sandbox: SandboxConfig | None = None,
 ) -> CodeScore:
     """Score one model response against ``tests``; see ``score_code_batch``."""
-    return score_code_batch([(response, tests)], mode, timeout_s=timeout_s,
-                            program_timeout_s=program_timeout_s, memory_mb=memory_mb,
-                            output_bytes=output_bytes, nproc=nproc, workers=workers,
-                            sandbox=sandbox)[0]
+    return score_code_batch([(response, tests)], mode, timeout_s=timeout_s, budget_per_test_s=budget_per_test_s,
+                            budget_cap_s=budget_cap_s, memory_mb=memory_mb, output_bytes=output_bytes,
+                            nproc=nproc, workers=workers, sandbox=sandbox)[0]
 
 
-def _load_tests(raw: Any) -> list[dict[str, Any]]:
+_TESTS_SHAPES = ('a list of {"input", "output"[, "fn_name"]} objects, {"tests": [...]}, '
+                 'or APPS-style {"inputs", "outputs"[, "fn_name"]}')
+
+
+def _load_tests(raw: Any, where: str) -> list[dict[str, Any]]:
     if isinstance(raw, dict) and "tests" in raw:
         raw = raw["tests"]
     if isinstance(raw, dict) and "inputs" in raw and "outputs" in raw:  # APPS/TACO layout
+        if not isinstance(raw["inputs"], list) or not isinstance(raw["outputs"], list):
+            raise CodeInputError(f"{where}: 'inputs' and 'outputs' must be lists: write {_TESTS_SHAPES}")
         fn = raw.get("fn_name")
-        return [{"input": i, "output": o, **({"fn_name": fn} if fn else {})}
-                for i, o in zip(raw["inputs"], raw["outputs"])]
-    if isinstance(raw, list) and all(isinstance(t, dict) for t in raw):
-        return raw
-    raise ValueError("tests file must hold a list of {input, output[, fn_name]} objects, "
-                     "{\"tests\": [...]}, or APPS-style {inputs, outputs[, fn_name]}")
+        raw = [{"input": i, "output": o, **({"fn_name": fn} if fn else {})}
+               for i, o in zip(raw["inputs"], raw["outputs"])]
+    if not isinstance(raw, list) or not raw:
+        got = "an empty list" if raw == [] else f"a JSON {type(raw).__name__}"
+        raise CodeInputError(f"{where} holds {got}: write {_TESTS_SHAPES}")
+    for index, test in enumerate(raw):
+        if not isinstance(test, dict) or "input" not in test or "output" not in test:
+            keys = sorted(test) if isinstance(test, dict) else type(test).__name__
+            raise CodeInputError(f"{where}: test {index} needs 'input' and 'output' keys, got {keys}: "
+                                 f"write {_TESTS_SHAPES}")
+        try:
+            _request(index, test)
+        except (TypeError, ValueError) as err:
+            raise CodeInputError(f"{where}: {err}") from None
+    return raw
 
 
-def score_program_json(program_path: str, tests_path: str, mode: Mode = "pass_rate") -> dict[str, Any]:
+def _read_file(path: str, what: str) -> bytes:
+    if os.path.isdir(path):
+        raise CodeInputError(f"{what} {path} is a folder: pass the file itself")
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise CodeInputError(f"{what} {path} does not exist") from None
+    except OSError as err:
+        raise CodeInputError(f"{what} {path} cannot be read ({err.strerror})") from None
+
+
+def read_program(path: str) -> bytes:
+    """A Python source file's bytes; ``CodeInputError`` if it is not source text at all."""
+    data = _read_file(path, "program")
+    if b"\0" in data:
+        raise CodeInputError(f"program {path} is a binary file (it holds NUL bytes): pass a Python source file")
+    try:
+        encoding, _ = tokenize.detect_encoding(iter(data.splitlines(keepends=True)).__next__)
+        data.decode(encoding)
+    except (SyntaxError, LookupError, UnicodeDecodeError) as err:
+        raise CodeInputError(f"program {path} is not Python source text ({err}): pass a UTF-8 "
+                             "(or coding-declared) Python source file") from None
+    return data
+
+
+def read_tests(path: str) -> list[dict[str, Any]]:
+    """A tests file for ``gridrun reward code``; ``CodeInputError`` naming the fix if malformed."""
+    data = _read_file(path, "tests file")
+    try:
+        raw = json.loads(data.decode("utf-8-sig"))
+    except UnicodeDecodeError:
+        raise CodeInputError(f"tests file {path} is not UTF-8 text (a binary file?): pass a JSON file") from None
+    except json.JSONDecodeError as err:
+        raise CodeInputError(f"tests file {path} is not valid JSON ({err}): write {_TESTS_SHAPES}") from None
+    return _load_tests(raw, f"tests file {path}")
+
+
+def score_program_json(program_path: str, tests_path: str, mode: Mode = "pass_rate",
+                       sandbox: SandboxConfig | None = None) -> dict[str, Any]:
     """Score a plain program file (not a model response) for ``gridrun reward code``.
 
-    Returns ``{"reward", "passed", "total", "flags"}``.
+    Returns ``{"reward", "passed", "total", "flags"}``; bad files raise ``CodeInputError``.
     """
-    with open(program_path, encoding="utf-8") as f:
-        code = f.read()
-    with open(tests_path, encoding="utf-8") as f:
-        tests = _load_tests(json.load(f))
-    opts = _options(mode, 6.0, 30.0, 1024, 8 << 20, 32, None)
+    code = read_program(program_path)
+    tests = read_tests(tests_path)
+    opts = _options(mode, 6.0, 2.0, 600.0, 1024, 8 << 20, 32, sandbox)
     score = _score([code], [tests], opts, None, "scheduler")[0]
     return {"reward": score.reward, "passed": score.passed, "total": score.total, "flags": score.flags}

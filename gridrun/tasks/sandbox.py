@@ -1,5 +1,11 @@
 """Run untrusted programs (model-written code) in a bubblewrap sandbox with rlimits.
 
+Fail closed: by default (``SandboxConfig(isolation="bwrap")``) nothing runs unless a one-time
+probe per process proved that bubblewrap isolates here; otherwise ``SandboxUnavailable`` says,
+in one line, what is missing and how to fix it. The only way around it is the opt-out by name,
+``isolation="none"`` (``task.sandbox=none``, ``gridrun reward code --no-sandbox``), which is
+logged loudly and reported as ``isolated=False`` in every result.
+
 What is covered:
 - Filesystem: a fresh root holding read-only binds of /usr, /etc, the /bin-/lib
   links and the interpreter's prefix, a private size-capped /tmp and a minimal
@@ -7,39 +13,43 @@ What is covered:
   and files such as ~/.netrc or the repository cannot be read.
 - No network (own network namespace with only a down loopback), own IPC, UTS
   and PID namespaces. Everything started inside dies with the sandbox, detached
-  or not (the namespace's PID 1 going away kills the rest); ``--die-with-parent``
-  ties the sandbox to the calling thread.
+  or not (the namespace's PID 1 going away kills the rest). The sandbox dies at once
+  with its caller: ``--die-with-parent`` kills bubblewrap's own PID 1 inside. When the
+  program itself is PID 1 (``start_python(as_pid_1=True)``) it must exit when its stdin
+  closes, as the code reward's harness does: as root, the kernel does not deliver
+  die-with-parent to a process that dropped to another uid.
 - No privileges: all capabilities dropped. As root, bubblewrap runs without a
   user namespace and the program drops to a random uid in [2**30, 2**30 + 2**24)
   so that RLIMIT_NPROC applies (the kernel never enforces it for uid 0). As any
   other user, an unprivileged user namespace maps the caller to uid 65534 and
   the process count is per sandbox.
+- No user namespaces inside: a seccomp filter (x86_64, aarch64) refuses clone/unshare
+  with CLONE_NEWUSER and clone3 (glibc falls back to clone), and in user-namespace mode
+  ``--disable-userns`` as well. The probe checks that creating one fails.
 - rlimits set inside the sandbox before the program runs: CPU seconds, address
   space, file size, process count, no core files.
 - An empty environment plus PATH/LANG/HOME/TMPDIR; no API keys or tokens.
 - Parent side: wall-clock deadline, stdout/stderr read up to a cap, and the whole
   process group SIGKILLed (never SIGTERM) on timeout or overflow.
-- A one-time probe per interpreter decides whether bubblewrap works. If not, runs
-  fall back to rlimits only with one loud ``logging.warning``;
-  ``require_isolation=True`` refuses instead with a one-line error naming the fix.
 
 What is not covered:
-- Kernel exploits: no seccomp filter, so every syscall stays reachable.
+- Kernel exploits: the seccomp filter only guards user namespaces; every other
+  syscall stays reachable.
 - CPU and memory contention: no cgroups, so the address-space limit is per process
   (nproc x memory in total) and a sandbox can slow its neighbours.
 - World-readable files under /usr, /etc and the interpreter prefix stay readable
   (/etc/shadow, /etc/gshadow, /etc/ssh, /etc/ssl/private and sudoers are masked).
 - Root without CAP_SYS_ADMIN (e.g. Docker with seccomp=unconfined but not
   --privileged): a user namespace still isolates, but the program stays uid 0
-  outside and RLIMIT_NPROC is not enforced (warned once). With user namespaces
-  switched off as well, only the fallback is left.
-- Fallback (no bubblewrap): no filesystem, network or PID isolation; the program
-  runs as the caller (root stays root: it could kill or overwrite anything), can
-  kill its parent, and children that leave the process group survive; as root
-  RLIMIT_NPROC is not enforced. Only for trusted code or debugging.
+  outside and RLIMIT_NPROC is not enforced (warned once).
+- ``isolation="none"``: rlimits only. No filesystem, network or PID isolation; the
+  program runs as the caller (root stays root: it could read secrets, kill or overwrite
+  anything), sees the caller's processes in /proc, and children that leave the
+  process group survive. Only for trusted code or debugging.
 
 Entry points: ``run``/``run_python`` (one shot) and ``start``/``start_python``
-(a ``SandboxProcess`` for line-oriented sessions, as the code reward's harness uses).
+(a ``SandboxProcess`` for line-oriented sessions, as the code reward's harness uses);
+``require`` fails fast before any work when no sandbox is available.
 """
 
 from __future__ import annotations
@@ -47,10 +57,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import platform
 import random
 import selectors
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -58,6 +70,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 __all__ = [
     "Limits",
@@ -66,6 +79,7 @@ __all__ = [
     "SandboxResult",
     "SandboxUnavailable",
     "isolation_status",
+    "require",
     "run",
     "run_python",
     "start",
@@ -84,7 +98,7 @@ _ETC_SECRETS = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", 
 
 
 class SandboxUnavailable(RuntimeError):
-    """bubblewrap cannot isolate here and ``require_isolation`` forbids the fallback."""
+    """No working sandbox here, and the caller did not opt out by name (``isolation="none"``)."""
 
 
 @dataclass(frozen=True)
@@ -101,15 +115,23 @@ class Limits:
     tmpfs_mb: int = 64  # size of the private /tmp
 
 
+ISOLATIONS = ("bwrap", "none")
+
+
 @dataclass(frozen=True)
 class SandboxConfig:
     """How to isolate. ``python`` defaults to the real path of ``sys.executable``."""
 
-    require_isolation: bool = False
-    force_fallback: bool = False  # skip bubblewrap on purpose (tests, debugging)
-    bwrap: str = "bwrap"
+    # "bwrap": a working bubblewrap sandbox or nothing runs. "none": the opt-out by name,
+    # rlimits only (see the module docstring for what that gives up).
+    isolation: Literal["bwrap", "none"] = "bwrap"
+    bwrap: str = "bwrap"  # a name looked up on PATH, or a path
     python: str | None = None
     ro_paths: tuple[str, ...] = ()  # extra host paths to bind read-only
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ISOLATIONS:
+            raise ValueError(f"sandbox isolation {self.isolation!r} is not one of {list(ISOLATIONS)}")
 
 
 @dataclass(frozen=True)
@@ -171,6 +193,14 @@ def _gridrun_confine(spec):
         resource.setrlimit(getattr(resource, name), (soft, hard))
 '''
 
+# Run by the probe after the prelude: the sandbox must refuse to create a user namespace.
+_PROBE_CHECK = r'''
+import ctypes
+if ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == 0:  # CLONE_NEWUSER
+    raise SystemExit("a user namespace could be created inside it")
+print("gridrun-sandbox-ok")
+'''
+
 _WRAPPER = _PRELUDE + r'''
 import os, sys
 _gridrun_confine(__import__("json").loads(sys.argv[1]))
@@ -184,11 +214,59 @@ class _Isolation:
     reason: str  # why not, with the fix; empty when ok
     privileged: bool  # bwrap as root without a user namespace; the program drops to a random uid
     caveat: str = ""  # isolated, but weaker than documented (logged once)
+    bwrap: str = ""  # absolute path of the bubblewrap that was probed
 
 
 _probe_lock = threading.Lock()
-_probe_cache: dict[tuple[str, str, bool], _Isolation] = {}
+_probe_cache: dict[tuple[str, str | None, str, bool], _Isolation] = {}
 _warned: set[str] = set()
+
+# seccomp-bpf refusing new user namespaces. Per machine: audit arch, clone, unshare, clone3.
+_SYSCALLS = {"x86_64": (0xC000003E, 56, 272, 435), "aarch64": (0xC00000B7, 220, 97, 435)}
+_CLONE_NEWUSER = 0x10000000
+_X32_SYSCALL_BIT = 0x40000000
+
+
+def _seccomp_filter(machine: str) -> bytes | None:
+    """The filter as struct sock_filter[] for ``bwrap --seccomp``; None for an unknown machine."""
+    if machine not in _SYSCALLS:
+        return None
+    arch, clone, unshare, clone3 = _SYSCALLS[machine]
+    ld_abs, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|.., BPF_RET
+    allow, kill, errno = 0x7FFF0000, 0x80000000, 0x00050000
+    eperm, enosys = 1, 38
+    program = [
+        (ld_abs, 0, 0, 4),  # A = seccomp_data.arch
+        (jeq, 1, 0, arch),
+        (ret, 0, 0, kill),  # another ABI (i386's int 0x80): could bypass the numbers below
+        (ld_abs, 0, 0, 0),  # A = seccomp_data.nr
+        (jge, 0, 1, _X32_SYSCALL_BIT),
+        (ret, 0, 0, errno | enosys),  # x32 ABI
+        (jeq, 0, 1, clone3),
+        (ret, 0, 0, errno | enosys),  # its flags sit behind a pointer; glibc falls back to clone
+        (jeq, 1, 0, clone),
+        (jeq, 0, 3, unshare),
+        (ld_abs, 0, 0, 16),  # A = low word of args[0], the flags (little-endian)
+        (jset, 0, 1, _CLONE_NEWUSER),
+        (ret, 0, 0, errno | eperm),
+        (ret, 0, 0, allow),
+    ]
+    return b"".join(struct.pack("=HBBI", *insn) for insn in program)
+
+
+_SECCOMP = _seccomp_filter(platform.machine())
+
+
+def _seccomp_fd() -> int | None:
+    """A pipe's read end holding the filter, for one bwrap start (the caller closes it)."""
+    if _SECCOMP is None:
+        return None
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, _SECCOMP)  # a few hundred bytes: far below a pipe's capacity
+    finally:
+        os.close(write_end)
+    return read_end
 
 
 def _python(config: SandboxConfig) -> str:
@@ -207,8 +285,9 @@ def _bind_roots(python: str, extra: Sequence[str]) -> list[str]:
     return roots
 
 
-def _bwrap_argv(config: SandboxConfig, limits: Limits, *, as_pid_1: bool, privileged: bool) -> list[str]:
-    argv = [config.bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+def _bwrap_argv(bwrap: str, config: SandboxConfig, limits: Limits, *, as_pid_1: bool, privileged: bool,
+                seccomp_fd: int | None) -> list[str]:
+    argv = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent"]
     if privileged:
         # Privileged mode (no user namespace) so the program can drop to a non-root
@@ -217,6 +296,8 @@ def _bwrap_argv(config: SandboxConfig, limits: Limits, *, as_pid_1: bool, privil
     else:
         argv += ["--unshare-user", "--uid", "65534", "--gid", "65534", "--disable-userns",
                  "--cap-drop", "ALL"]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     if as_pid_1:
         argv.append("--as-pid-1")
     argv += ["--ro-bind", "/usr", "/usr"]
@@ -265,48 +346,69 @@ def _spec(limits: Limits, *, isolated: bool, privileged: bool, nodump: bool) -> 
     })
 
 
-def _try_bwrap(config: SandboxConfig, privileged: bool) -> str:
-    """Start a trivial sandbox; "" if it worked, else bwrap's last error line."""
+def _popen(argv: list[str], seccomp_fd: int | None, **kwargs: object) -> subprocess.Popen:
+    try:
+        return subprocess.Popen(argv, pass_fds=() if seccomp_fd is None else (seccomp_fd,), **kwargs)  # type: ignore[call-overload]
+    finally:
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
+
+
+def _try_bwrap(bwrap: str, config: SandboxConfig, privileged: bool) -> str:
+    """Start a trivial sandbox; "" if it isolated as promised, else the last error line."""
     limits = Limits(wall_s=20.0)
     spec = json.loads(_spec(limits, isolated=True, privileged=privileged, nodump=False))
-    check = f"{_PRELUDE}\n_gridrun_confine({spec!r})\nprint('gridrun-sandbox-ok')"
-    argv = [*_bwrap_argv(config, limits, as_pid_1=False, privileged=privileged),
+    check = f"{_PRELUDE}\n_gridrun_confine({spec!r})\n{_PROBE_CHECK}"
+    seccomp_fd = _seccomp_fd()
+    argv = [*_bwrap_argv(bwrap, config, limits, as_pid_1=False, privileged=privileged, seccomp_fd=seccomp_fd),
             _python(config), "-I", "-S", "-c", check]
     try:
-        proc = subprocess.run(argv, check=False, stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=limits.wall_s, env=dict(_ENV), start_new_session=True)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"bubblewrap failed to start ({exc})"
-    if proc.returncode == 0 and b"gridrun-sandbox-ok" in proc.stdout:
+        proc = _popen(argv, seccomp_fd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=dict(_ENV), start_new_session=True)
+        out, err = proc.communicate(timeout=limits.wall_s)
+    except OSError as exc:
+        return f"it failed to start: {exc}"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return f"it did not answer within {limits.wall_s:.0f} s"
+    if proc.returncode == 0 and b"gridrun-sandbox-ok" in out:
         return ""
-    lines = proc.stderr.decode(errors="replace").strip().splitlines()
+    lines = err.decode(errors="replace").strip().splitlines()
     return lines[-1] if lines else f"exit status {proc.returncode}"
 
 
-def _probe(config: SandboxConfig, root: bool) -> _Isolation:
-    if shutil.which(config.bwrap) is None:
-        return _Isolation(False, f"bubblewrap ({config.bwrap!r}) is not installed: "
-                                 "apt-get install bubblewrap", False)
+def _probe(config: SandboxConfig, bwrap: str | None, root: bool) -> _Isolation:
+    if bwrap is None:
+        where = config.bwrap if os.sep in config.bwrap else f"{config.bwrap!r} on PATH"
+        return _Isolation(False, f"bubblewrap is not installed (no {where}): apt-get install bubblewrap", False)
+    bwrap = os.path.abspath(bwrap)
     if root:
-        error = _try_bwrap(config, privileged=True)
+        error = _try_bwrap(bwrap, config, privileged=True)
         if not error:
-            return _Isolation(True, "", True)
+            return _Isolation(True, "", True, bwrap=bwrap)
     # Not root, or root without CAP_SYS_ADMIN (a default Docker container): user namespace.
-    error_userns = _try_bwrap(config, privileged=False)
+    error_userns = _try_bwrap(bwrap, config, privileged=False)
     if not error_userns:
         caveat = ("sandbox runs in a user namespace as uid 0 outside, where the kernel does not "
                   "enforce RLIMIT_NPROC: fork bombs are bounded only by the wall-clock timeout; "
                   "fix: run as a non-root user or give root CAP_SYS_ADMIN") if root else ""
-        return _Isolation(True, "", False, caveat)
-    fix = ("enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
-           "user.max_user_namespaces>0; in Docker: --security-opt seccomp=unconfined, or --privileged)")
-    return _Isolation(False, f"bubblewrap cannot create the sandbox ({error_userns}): {fix}", False)
+        return _Isolation(True, "", False, caveat, bwrap)
+    if root:
+        detail = f"as root: {error}; in a user namespace: {error_userns}"
+        fix = ("give root CAP_SYS_ADMIN (Docker: --privileged) or allow user namespaces "
+               "(sysctl user.max_user_namespaces=15000; Docker: --security-opt seccomp=unconfined)")
+    else:
+        detail = error_userns
+        fix = ("enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 and "
+               "user.max_user_namespaces=15000; on Ubuntu 24.04 also kernel.apparmor_restrict_unprivileged_userns=0)")
+    return _Isolation(False, f"bubblewrap at {bwrap} cannot create the sandbox ({detail}): {fix}", False, bwrap=bwrap)
 
 
 def isolation_status(config: SandboxConfig | None = None) -> tuple[bool, str]:
     """(True, "") if bubblewrap isolates here, else (False, reason naming the fix).
 
-    The probe runs once per (bwrap, interpreter, root) and is cached.
+    The probe runs once per (bubblewrap name and where PATH finds it, interpreter, root) and is cached.
     """
     iso = _isolation(config or SandboxConfig())
     return iso.ok, iso.reason
@@ -314,34 +416,42 @@ def isolation_status(config: SandboxConfig | None = None) -> tuple[bool, str]:
 
 def _isolation(config: SandboxConfig) -> _Isolation:
     root = os.geteuid() == 0
-    if config.force_fallback:
-        return _Isolation(False, "bubblewrap disabled by force_fallback=True", False)
-    key = (config.bwrap, _python(config), root)
+    bwrap = shutil.which(config.bwrap)  # searched here: the sandbox's own PATH is the standard one
+    key = (config.bwrap, bwrap, _python(config), root)
     with _probe_lock:
         if key not in _probe_cache:
-            _probe_cache[key] = _probe(config, root)
+            _probe_cache[key] = _probe(config, bwrap, root)
         return _probe_cache[key]
 
 
-def _resolve(config: SandboxConfig) -> _Isolation:
-    iso = _isolation(config)
-    if iso.ok:
-        if iso.caveat:
-            with _probe_lock:
-                first = iso.caveat not in _warned
-                _warned.add(iso.caveat)
-            if first:
-                log.warning("%s", iso.caveat)
-        return iso
-    if config.require_isolation:
-        raise SandboxUnavailable(f"sandbox refused (require_isolation=True): {iso.reason}")
+def _warn_once(message: str) -> None:
     with _probe_lock:
-        first = iso.reason not in _warned
-        _warned.add(iso.reason)
+        first = message not in _warned
+        _warned.add(message)
     if first:
-        log.warning("UNTRUSTED CODE RUNS WITHOUT ISOLATION (rlimits only, no filesystem/"
-                    "network/pid isolation): %s", iso.reason)
+        log.warning("%s", message)
+
+
+def _resolve(config: SandboxConfig) -> _Isolation:
+    if config.isolation == "none":
+        _warn_once("UNTRUSTED CODE RUNS WITHOUT ISOLATION: the sandbox is switched off by name (isolation='none', "
+                   "i.e. task.sandbox=none or --no-sandbox); programs can read, write, kill and connect to "
+                   "whatever this user can")
+        return _Isolation(False, "switched off by name (isolation='none')", False)
+    iso = _isolation(config)
+    if not iso.ok:
+        raise SandboxUnavailable(f"no working sandbox for untrusted code: {iso.reason}")
+    if iso.caveat:
+        _warn_once(iso.caveat)
     return iso
+
+
+def require(config: SandboxConfig | None = None) -> None:
+    """Fail fast: raise ``SandboxUnavailable`` (one line, naming the fix) unless programs can run.
+
+    With ``isolation="none"`` this only logs the opt-out warning.
+    """
+    _resolve(config or SandboxConfig())
 
 
 class SandboxProcess:
@@ -359,8 +469,11 @@ class SandboxProcess:
         self._t0 = time.monotonic()
         self._deadline = self._t0 + limits.wall_s
         self._workdir: str | None = None
+        seccomp_fd = None
         if iso.ok:
-            argv = _bwrap_argv(config, limits, as_pid_1=as_pid_1, privileged=iso.privileged) + list(inner_argv)
+            seccomp_fd = _seccomp_fd()
+            argv = _bwrap_argv(iso.bwrap, config, limits, as_pid_1=as_pid_1, privileged=iso.privileged,
+                               seccomp_fd=seccomp_fd) + list(inner_argv)
             env, cwd = dict(_ENV), "/"
         else:
             self._workdir = tempfile.mkdtemp(prefix="gridrun-sbx-")
@@ -369,9 +482,9 @@ class SandboxProcess:
             env = {**_ENV, "HOME": self._workdir, "TMPDIR": self._workdir}
             cwd = self._workdir
         # A new session makes the sandbox a process group we can SIGKILL as a whole.
-        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, env=env, cwd=cwd,
-                                      start_new_session=True, close_fds=True)
+        self._proc = _popen(argv, seccomp_fd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True,
+                                  close_fds=True)
         assert self._proc.stdin and self._proc.stdout and self._proc.stderr
         self._stdin = self._proc.stdin.fileno()
         os.set_blocking(self._stdin, False)
