@@ -1,7 +1,8 @@
 """Tests for gridrun.tasks.code_reward: extraction, fixtures in both test formats and
 modes, scheduler == per-test baseline, programs judged as `python3 main.py` would be,
 and adversarial programs (each: contained, reward 0, the right flag, bounded wall time,
-healthy parent). Every test here runs the real sandbox (marker `sandbox`)."""
+healthy parent). Tests that run the real sandbox are marked `sandbox` (skipped, saying why,
+without bubblewrap); input errors and fail-closed checks run everywhere."""
 
 from __future__ import annotations
 
@@ -22,14 +23,15 @@ from gridrun.tasks.code_reward import (
     FLAG_NAMES,
     CodeScore,
     extract_code,
+    program_budget_s,
     score_code,
     score_code_batch,
     score_program_json,
 )
 from gridrun.tasks.sandbox import SandboxConfig, SandboxUnavailable
+from tests.conftest import wait_until
 
-pytestmark = pytest.mark.sandbox
-
+needs_sandbox = pytest.mark.sandbox
 FIXTURES = Path(__file__).parent / "fixtures" / "code_problems.jsonl"
 PROBLEMS = [json.loads(line) for line in FIXTURES.read_text().splitlines() if line.strip()]
 ISOLATED = SandboxConfig()
@@ -88,6 +90,7 @@ def test_extract_last_python_block() -> None:
     assert extract_code("```cpp\nint main(){}\n```") is None
 
 
+@needs_sandbox
 def test_no_code_and_syntax_error_skip_the_sandbox() -> None:
     t0 = time.monotonic()
     none = score_code("I don't know.", TWO_TESTS, **FAST)
@@ -97,6 +100,7 @@ def test_no_code_and_syntax_error_skip_the_sandbox() -> None:
     assert bad.reward == 0.0 and bad.flags["syntax_error"] == 1 and bad.flags["skipped"] == 0
 
 
+@needs_sandbox
 def test_bad_arguments_raise() -> None:
     with pytest.raises(ValueError, match="no tests"):
         score_code(fenced("print(1)"), [], **FAST)
@@ -114,6 +118,7 @@ def _fixture_items() -> tuple[list[tuple[str, list[dict[str, Any]]]], list[tuple
     return items, expected
 
 
+@needs_sandbox
 @pytest.mark.parametrize("mode", ["pass_rate", "all_pass"])
 def test_fixture_solutions_get_expected_rewards(mode: str) -> None:
     items, expected = _fixture_items()
@@ -133,6 +138,7 @@ def test_both_test_formats_are_covered() -> None:
     assert any("class Solution" in s["code"] for p in PROBLEMS for s in p["solutions"])
 
 
+@needs_sandbox
 def test_scheduler_matches_per_test_baseline() -> None:
     items, _ = _fixture_items()
     items = [it for it in items if it[1] in (PROBLEMS[0]["tests"], PROBLEMS[3]["tests"])]
@@ -142,12 +148,14 @@ def test_scheduler_matches_per_test_baseline() -> None:
     assert [s.flags for s in fast] == [s.flags for s in slow]
 
 
+@needs_sandbox
 def test_all_pass_drops_a_failing_program_after_one_test() -> None:
     tests = [{"input": f"{i} 1\n", "output": f"{i + 1}\n"} for i in range(6)]
     score = score_code(fenced("print(-1)"), tests, "all_pass", workers=1, **{**FAST, "sandbox": ISOLATED})
     _only(score, wrong_answer=1, skipped=5)
 
 
+@needs_sandbox
 def test_score_program_json(tmp_path: Path) -> None:
     prog = tmp_path / "prog.py"
     prog.write_text("a, b = map(int, input().split())\nprint(a * b if a == 2 else a + b)\n")
@@ -167,28 +175,33 @@ def test_no_torch_import() -> None:
 
 
 # ------------------------------------------------------------------ adversarial
+@needs_sandbox
 def test_infinite_loop_times_out() -> None:
     _only(_adversarial("while True:\n    pass"), timeout=1)
     _assert_healthy()
 
 
+@needs_sandbox
 def test_ignoring_sigterm_times_out() -> None:
     code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    time.sleep(0.01)"
     _only(_adversarial(code), timeout=1)
     _assert_healthy()
 
 
+@needs_sandbox
 def test_fork_bomb_times_out_and_leaves_nothing() -> None:
     code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
     _only(_adversarial(code, max_s=8.0), timeout=1)
     _assert_healthy()
 
 
+@needs_sandbox
 def test_memory_bomb_is_flagged_memory() -> None:
     _only(_adversarial("x = [bytearray(1 << 24) for _ in range(10**6)]"), memory=1)
     _assert_healthy()
 
 
+@needs_sandbox
 def test_write_outside_sandbox_fails(tmp_path: Path) -> None:
     targets = [tmp_path / "pwned", Path("/etc/gridrun-pwned")]
     code = "for p in %r:\n    open(p, 'w').write('x')\nprint(3)" % [str(t) for t in targets]
@@ -198,6 +211,7 @@ def test_write_outside_sandbox_fails(tmp_path: Path) -> None:
     _assert_healthy()
 
 
+@needs_sandbox
 def test_environment_secret_is_not_visible(monkeypatch: pytest.MonkeyPatch) -> None:
     secret = "wandb-secret-4b1d"
     monkeypatch.setenv("WANDB_API_KEY", secret)
@@ -206,6 +220,7 @@ def test_environment_secret_is_not_visible(monkeypatch: pytest.MonkeyPatch) -> N
     _assert_healthy()
 
 
+@needs_sandbox
 def test_socket_to_host_gets_no_connection() -> None:
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
@@ -221,12 +236,14 @@ def test_socket_to_host_gets_no_connection() -> None:
     _assert_healthy()
 
 
+@needs_sandbox
 def test_printing_a_gigabyte_hits_output_limit() -> None:
     code = "import sys\nfor _ in range(1024):\n    sys.stdout.write('3' * (1 << 20))"
     _only(_adversarial(code), output_limit=1)
     _assert_healthy()
 
 
+@needs_sandbox
 def test_killing_its_parent_does_not_stop_the_harness() -> None:
     # Each test still runs (wrong answer twice): the harness is PID 1 of its namespace.
     code = ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\ntry:\n    os.kill(-1, signal.SIGKILL)\n"
@@ -235,11 +252,13 @@ def test_killing_its_parent_does_not_stop_the_harness() -> None:
     _assert_healthy()
 
 
+@needs_sandbox
 def test_output_that_is_correct_but_exits_nonzero_fails() -> None:
     _only(_adversarial("print(3)\nraise SystemExit(1)"), runtime_error=1)
 
 
 # ---------------------------------------------------------------------- opt-out
+@needs_sandbox
 def test_opt_out_warns_flags_and_enforces_rlimits(caplog: pytest.LogCaptureFixture) -> None:
     sandbox._warned.clear()
     kw = {**FAST, "sandbox": FALLBACK}
@@ -265,3 +284,188 @@ def test_missing_sandbox_refuses_before_anything_runs(tmp_path: Path) -> None:
             score_code(response, ONE_TEST, sandbox=missing)
         assert "\n" not in str(err.value) and "apt-get install bubblewrap" in str(err.value)
     assert not marker.exists()
+
+
+# ------------------------------------------------------- judged like python3 main.py
+# (program, flag or "pass"): stdin "1 2", expected output "3". Each verdict is what plain
+# `python3 main.py` makes of it (checked against a real run below): exit status 0 and the
+# right output pass; anything else fails, with the program's own status, whatever it is.
+LIKE_PYTHON = [
+    ("\ufeffa, b = map(int, input().split())\nprint(a + b)", "pass"),  # a BOM is not a syntax error
+    ("import sys\nprint(3)\nsys.stdout.close()", "pass"),  # a closed stdout is not flushed at exit
+    ("import sys\nprint(3)\nsys.exit(0)", "pass"),
+    ("import sys\nprint(3)\nsys.exit(256)", "pass"),  # the kernel keeps the low byte: status 0
+    ("import atexit\natexit.register(print, 3)", "pass"),  # exit handlers run, as at interpreter exit
+    ("import threading, time\ndef late():\n    time.sleep(0.1)\n    print(3)\nthreading.Thread(target=late).start()",
+     "pass"),  # non-daemon threads are joined before exit
+    ("import sys\nprint(3)\nsys.exit(97)", "runtime_error"),  # 97 is the program's, not the harness's
+    ("import os, sys\nprint(3)\nsys.stdout.flush()\nos._exit(97)", "runtime_error"),
+    ("import os\nprint(3)\nos._exit(0)", "wrong_answer"),  # the buffered 3 is lost, as with a pipe
+    ("import os\nprint(3)\nos.close(1)", "runtime_error"),  # the flush at exit fails: status 120
+    ("import sys\nprint(3)\nsys.exit('bye')", "runtime_error"),  # a message: printed, status 1
+]
+
+
+def _plain_python(code: str, stdin: str, folder: Path) -> tuple[int, str]:
+    main = folder / "main.py"
+    main.write_bytes(code.encode("utf-8"))
+    out = subprocess.run([sys.executable, "-I", str(main)], input=stdin.encode(), capture_output=True,
+                         timeout=10, check=False, cwd=folder)
+    return out.returncode, out.stdout.decode()
+
+
+@needs_sandbox
+def test_programs_are_judged_as_plain_python_judges_them(tmp_path: Path) -> None:
+    scores = score_code_batch([(fenced(code), ONE_TEST) for code, _ in LIKE_PYTHON], **FAST)
+    for (code, verdict), score in zip(LIKE_PYTHON, scores):
+        status, out = _plain_python(code, ONE_TEST[0]["input"], tmp_path)
+        assert (status == 0 and out.split() == ["3"]) == (verdict == "pass"), (code, status, out)
+        if verdict == "pass":
+            assert score.reward == 1.0, (code, score)
+        else:
+            _only(score, **{verdict: 1})
+
+
+@needs_sandbox
+def test_status_97_in_a_batch_loses_no_result() -> None:
+    # Once a reserved harness status: a batch holding such a program crashed as a whole.
+    good = fenced("a, b = map(int, input().split())\nprint(a + b)")
+    scores = score_code_batch([(good, TWO_TESTS)] * 3 + [(fenced("raise SystemExit(97)"), TWO_TESTS)]
+                              + [(good, TWO_TESTS)] * 4, **FAST)
+    assert [s.reward for s in scores] == [1.0] * 3 + [0.0] + [1.0] * 4
+    _only(scores[3], runtime_error=2)
+
+
+def test_budget_scales_with_the_tests_up_to_its_cap() -> None:
+    # timeout + 2 s per test, capped at 600 s: 6 + 2 * 10 = 26 s; the cap binds from
+    # 6 + 2n >= 600, i.e. n = 297 tests; 10,000 tests get the cap.
+    assert program_budget_s(10) == 26.0
+    assert program_budget_s(296) == 598.0 and program_budget_s(297) == 600.0
+    assert program_budget_s(10_000) == 600.0
+    assert program_budget_s(3, timeout_s=1.0, budget_per_test_s=0.2) == pytest.approx(1.6)
+
+
+@needs_sandbox
+def test_spent_budget_is_flagged_budget_not_timeout() -> None:
+    # Each test sleeps 0.8 s (well under its 1 s timeout) and passes. Budget: 1 + 0.2 * 5 =
+    # 2 s. Tests 0-2 start with 0, ~0.85 and ~1.7 s spent; test 3 would start at ~2.5 s, past
+    # the budget, so tests 3 and 4 are flagged budget: 3 of 5 passed.
+    tests = [{"input": "1 2\n", "output": "3\n"}] * 5
+    code = "import time\ntime.sleep(0.8)\na, b = map(int, input().split())\nprint(a + b)"
+    score = score_code(fenced(code), tests, workers=1, budget_per_test_s=0.2, **FAST)
+    assert (score.passed, score.reward) == (3, 0.6)
+    _only(score, budget=2)
+
+
+# --------------------------------------------------------- the scorer's own processes
+def _pids_named(name: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == name:
+                    found.append(int(pid))
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def _named(name: str, body: str) -> str:
+    """A program that renames its process (visible in /proc/PID/comm outside) and runs ``body``."""
+    return f"import ctypes\nctypes.CDLL(None).prctl(15, {name.encode()!r}, 0, 0, 0)\n{body}"
+
+
+@needs_sandbox
+def test_killing_the_scorer_kills_its_sandbox_at_once(tmp_path: Path) -> None:
+    # As root the program runs under another uid, which the kernel's die-with-parent signal
+    # cannot reach: the harness must notice its stdin closing.
+    name = f"grk{os.getpid() % 10**6}"
+    code = _named(name, "import time\ntime.sleep(60)")
+    scorer = subprocess.Popen([sys.executable, "-c", (
+        "from gridrun.tasks.code_reward import score_code\n"
+        f"score_code({fenced(code)!r}, [{{'input': '', 'output': '3'}}], timeout_s=50.0)\n")])
+    try:
+        wait_until(lambda: _pids_named(name), "the sandboxed program to start", timeout=20, poll=0.05)
+        scorer.kill()
+        scorer.wait()
+        t0 = time.monotonic()
+        wait_until(lambda: not _pids_named(name), "the sandbox to die with its scorer", timeout=5, poll=0.02)
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        scorer.kill()
+        for pid in _pids_named(name):
+            os.kill(pid, 9)
+
+
+@needs_sandbox
+def test_a_daemon_left_behind_dies_with_its_test() -> None:
+    name = f"grd{os.getpid() % 10**6}"
+    code = _named(name, "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n"
+                        "    os._exit(0)\nprint(3)")
+    score = score_code(fenced(code), ONE_TEST, **FAST)
+    assert score.reward == 1.0  # the answer is right; the daemon must still be gone
+    assert _pids_named(name) == []
+
+
+@needs_sandbox
+def test_tests_file_cannot_be_found_through_proc(tmp_path: Path) -> None:
+    # The exploit from the field: find the scorer's command line in /proc, read the tests
+    # file it names and print the expected output. Sandboxed there is no /proc and no host
+    # filesystem: wrong answer. --no-sandbox gives exactly that up (reward 1, flagged).
+    prog = tmp_path / "prog.py"
+    prog.write_text(
+        "import json, os\nfound = None\ntry:\n    pids = os.listdir('/proc')\nexcept OSError:\n    pids = []\n"
+        "for pid in pids:\n    try:\n        argv = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')\n"
+        "    except OSError:\n        continue\n    if b'--tests' in argv:\n"
+        "        found = json.load(open(argv[argv.index(b'--tests') + 1]))[0]['output']\n"
+        "print(found)\n")
+    tests = tmp_path / "tests.json"
+    tests.write_text(json.dumps([{"input": "", "output": "secret-7781"}]))
+    argv = [sys.executable, "-m", "gridrun.cli", "reward", "code", "--file", str(prog), "--tests", str(tests)]
+    sandboxed = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    assert sandboxed["reward"] == 0.0 and sandboxed["flags"]["wrong_answer"] == 1
+    opted_out = subprocess.run([*argv, "--no-sandbox"], capture_output=True, text=True, check=True)
+    assert json.loads(opted_out.stdout)["reward"] == 1.0 and json.loads(opted_out.stdout)["flags"]["unsandboxed"] == 1
+    assert "WITHOUT ISOLATION" in opted_out.stderr
+
+
+# ------------------------------------------------- `gridrun reward code`: one-line errors
+@pytest.mark.parametrize("content, expected", [
+    (b'{"input": "1", "output": "1"}', "holds a JSON dict"),
+    (b"[]", "holds an empty list"),
+    (b'[{"input": "1"}]', "test 0 needs 'input' and 'output' keys, got ['input']"),
+    (b'[{"input": "1", "output": "1"}, 5]', "test 1 needs 'input' and 'output' keys, got int"),
+    (b'[{"input": "1", "output": "1"', "is not valid JSON"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "is not UTF-8 text"),
+    (b'[{"input": 5, "output": "1"}]', "stdin test input must be a string, got int"),
+], ids=["not-a-list", "empty", "missing-key", "not-an-object", "bad-json", "binary", "bad-input"])
+def test_reward_code_malformed_tests_file_is_one_line(tmp_path: Path, content: bytes, expected: str) -> None:
+    prog = tmp_path / "prog.py"
+    prog.write_text("print(1)\n")
+    tests = tmp_path / "tests.json"
+    tests.write_bytes(content)
+    _assert_one_line_error(["--file", str(prog), "--tests", str(tests)], f"tests file {tests}", expected)
+
+
+def test_reward_code_bad_program_or_folder_is_one_line(tmp_path: Path) -> None:
+    tests = tmp_path / "tests.json"
+    tests.write_text(json.dumps(ONE_TEST))
+    binary = tmp_path / "prog.py"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\x00")
+    _assert_one_line_error(["--file", str(binary), "--tests", str(tests)], f"program {binary}", "binary file")
+    latin = tmp_path / "latin.py"
+    latin.write_bytes(b"print('\xe9')\n")  # not UTF-8 and no coding cookie: python3 refuses it too
+    _assert_one_line_error(["--file", str(latin), "--tests", str(tests)], f"program {latin}", "not Python source")
+    good = tmp_path / "good.py"
+    good.write_text("print(3)\n")
+    _assert_one_line_error(["--file", str(good), "--tests", str(tmp_path)], f"tests file {tmp_path}",
+                           "is a folder: pass the file itself")
+
+
+def _assert_one_line_error(args: list[str], subject: str, expected: str) -> None:
+    res = subprocess.run([sys.executable, "-m", "gridrun.cli", "reward", "code", *args],
+                         capture_output=True, text=True, check=False, timeout=60)
+    assert res.returncode == 2 and res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"gridrun: error: {subject}") and expected in lines[0], lines[0]

@@ -157,6 +157,30 @@ def test_fork_bomb_is_contained() -> None:
 
 
 @needs_sandbox
+def test_no_user_namespace_can_be_created_inside() -> None:
+    # A user namespace would hand the program every capability over its own namespaces:
+    # refused for the unshare call, for clone with the flag, and for the unshare tool.
+    src = ("import ctypes, os, subprocess\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+           "print('unshare', libc.unshare(0x10000000), ctypes.get_errno())\n"
+           "print('clone', libc.syscall(56 if os.uname().machine == 'x86_64' else 220, 0x10000000 | 17, 0, 0, 0, 0))\n"
+           "tool = subprocess.run(['unshare', '--user', 'true'], capture_output=True)\n"
+           "print('tool', tool.returncode)\n")
+    res = run_python(src, limits=FAST)
+    assert res.ok, res.stderr
+    assert res.stdout.decode().split("\n")[:3] == ["unshare -1 1", "clone -1", "tool 1"]  # errno 1: EPERM
+
+
+@needs_sandbox
+def test_password_hashes_are_masked() -> None:
+    src = ("for p in ('/etc/shadow', '/etc/gshadow', '/etc/sudoers'):\n    try:\n"
+           "        print(p, len(open(p).read()))\n    except OSError as e:\n        print(p, 'denied', e.errno)\n")
+    res = run_python(src, limits=FAST)
+    assert res.ok
+    for line in res.stdout.decode().splitlines():  # masked by /dev/null (0 bytes) where they exist
+        assert line.endswith(" 0") or " denied " in line, line
+
+
+@needs_sandbox
 def test_nproc_limit_applies() -> None:
     src = ("import os, time\nn = 0\nfor _ in range(100):\n    try:\n        if os.fork() == 0:\n"
            "            time.sleep(2)\n            os._exit(0)\n        n += 1\n    except OSError:\n        break\nprint(n)\n")
