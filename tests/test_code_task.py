@@ -1,18 +1,25 @@
 """Tests for gridrun.tasks.code: CodeTask on the prepared DeepCoder fixture, scored in the real
-sandbox (bubblewrap, or its rlimits-only fallback with a warning), in both test formats and
-both reward modes; the flag mapping on hand-made scores; the prompts' output shapes."""
+bubblewrap sandbox (tests marked `sandbox`), in both test formats and both reward modes; the
+refusal without a sandbox and the opt-out by name; the flag mapping on hand-made scores; the
+prompts' output shapes."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 
 from gridrun.tasks import code as code_module
+from gridrun.tasks import sandbox
 from gridrun.tasks.base import Problem
 from gridrun.tasks.code import CodePrompts, CodeTask, code_flag, interface_note
 from gridrun.tasks.code_reward import CodeScore
 from gridrun.tasks.data import prepare
+from gridrun.tasks.sandbox import SandboxUnavailable
+from tests.conftest import make_cell
+
+needs_sandbox = pytest.mark.sandbox
 
 CODE_FIXTURE = Path(__file__).parent / "fixtures" / "deepcoder_sample.jsonl"
 
@@ -44,18 +51,21 @@ ADD = 6
 EVENS = 8
 
 
+@needs_sandbox
 def test_loads_the_prepared_fixture(task: CodeTask) -> None:
     assert (len(task.train_problems()), len(task.val_problems())) == (7, 3)
     assert task.name == "code" and isinstance(task.prompts, CodePrompts)
     assert all(p.tests for p in task.train_problems() + task.val_problems())
 
 
+@needs_sandbox
 def test_function_call_problems_name_their_function(task: CodeTask) -> None:
     assert "`add`" in _problem(task, ADD).question and "class Solution" in _problem(task, ADD).question
     assert "Implement the function" not in _problem(task, A_PLUS_B).question
     assert interface_note([{"input": "1\n", "output": "1\n"}]) == ""
 
 
+@needs_sandbox
 def test_scores_stdin_and_function_call_responses(task: CodeTask) -> None:
     a_plus_b, add, evens = _problem(task, A_PLUS_B), _problem(task, ADD), _problem(task, EVENS)
     cases = [
@@ -84,6 +94,7 @@ def test_scores_stdin_and_function_call_responses(task: CodeTask) -> None:
     assert (single.reward, single.flag) == (0.5, "wrong_answer")
 
 
+@needs_sandbox
 def test_none_scores_zero_no_answer_and_skips_the_sandbox(task: CodeTask, monkeypatch: pytest.MonkeyPatch) -> None:
     batches: list[int] = []
     real = code_module.score_code_batch
@@ -103,6 +114,7 @@ def test_none_scores_zero_no_answer_and_skips_the_sandbox(task: CodeTask, monkey
     assert task.score(None, add) == scores[0]
 
 
+@needs_sandbox
 def test_all_pass_mode_gives_partial_programs_nothing(data_path: Path) -> None:
     task = CodeTask(data_path, mode="all_pass", test_timeout_s=2.0)
     partial = task.score(fenced("def add(a, b):\n    return abs(a) + b\n"), _problem(task, ADD))
@@ -115,6 +127,7 @@ def test_constructor_rejects_unknown_mode(data_path: Path) -> None:
         CodeTask(data_path, mode="fraction")
 
 
+@needs_sandbox
 def test_extract_answer_takes_the_last_python_block(task: CodeTask) -> None:
     response = "```python\nprint(1)\n```\nbetter:\n```python\nprint(2)\n```\n```text\nnot code\n```"
     assert task.extract_answer(response) == "print(2)\n"
@@ -148,3 +161,38 @@ def test_prompt_shapes() -> None:
     assert "use a dict" in prompts.worker(q, "use a dict")[0]["content"]
     synthesizer = prompts.synthesizer(q, ["print(41)", "print(42)"])[0]["content"]
     assert "### Program 2" in synthesizer and "```python" in synthesizer
+
+
+# ------------------------------------------------------------------- fail closed
+def test_refuses_to_load_without_a_sandbox(data_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no bwrap on PATH
+    with pytest.raises(SandboxUnavailable) as err:
+        CodeTask(data_path)
+    message = str(err.value)
+    assert "\n" not in message and "apt-get install bubblewrap" in message and "task.sandbox=none" in message
+    with pytest.raises(ValueError, match="set task.sandbox"):
+        CodeTask(data_path, sandbox="off")
+
+
+def test_opting_out_by_name_runs_without_bubblewrap(data_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    sandbox._warned.clear()
+    with caplog.at_level(logging.WARNING, logger="gridrun.tasks.sandbox"):
+        task = CodeTask(data_path, sandbox="none", test_timeout_s=2.0)
+        add = _problem(task, ADD)
+        assert task.score(fenced("def add(a, b):\n    return a + b\n"), add).reward == 1.0
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["UNTRUSTED CODE RUNS WITHOUT ISOLATION"]
+
+
+def test_a_code_cell_without_a_sandbox_fails_at_start_in_one_line(data_path: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from gridrun.rundir import RunDir
+    from gridrun.train.trainer import run_cell
+
+    cell = make_cell(tmp_path, "code-cell", task={"name": "code", "data_path": str(data_path)})
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert run_cell(cell) == 1
+    state = RunDir(cell).read_state()
+    assert state["state"] == "failed" and "\n" not in state["error"]
+    assert "apt-get install bubblewrap" in state["error"] and "task.sandbox=none" in state["error"]

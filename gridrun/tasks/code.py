@@ -16,6 +16,11 @@ and generator, workers and synthesizer one fenced python block.
 Function-call problems: the statement alone may not say which function the tests call, so
 the problem's question gets one sentence naming it (`interface_note`) when the task is loaded.
 
+Model-written programs run only in a working sandbox: the task refuses to load without one
+(``SandboxUnavailable``, one line naming the fix) unless ``sandbox="none"`` (config
+``task.sandbox=none``) opts out by name, which is logged loudly (and recorded in the cell's
+config.yaml; ``score_code`` flags each such result ``unsandboxed``).
+
 Left out: a format penalty (a response without code scores 0, flag `no_code`), partial credit
 for programs that time out, and other languages.
 """
@@ -29,6 +34,7 @@ from typing import Any
 from gridrun.tasks.base import Messages, Problem, RolePrompts, Score, Task, user_message
 from gridrun.tasks.code_reward import FLAG_NAMES, CodeScore, extract_code, score_code, score_code_batch
 from gridrun.tasks.prepared import read_split
+from gridrun.tasks.sandbox import SandboxConfig, SandboxUnavailable, require
 
 MODES = ("pass_rate", "all_pass")
 # Per-test failure flags, in the order that breaks ties when two are equally frequent.
@@ -126,11 +132,20 @@ def _with_interface(problem: Problem) -> Problem:
 class CodeTask(Task):
     name = "code"
 
-    def __init__(self, data_path: str | Path, mode: str = "pass_rate", test_timeout_s: float = 6.0) -> None:
+    def __init__(self, data_path: str | Path, mode: str = "pass_rate", test_timeout_s: float = 6.0,
+                 sandbox: str = "bwrap") -> None:
         if mode not in MODES:
             raise ValueError(f"code reward mode {mode!r} is not one of {list(MODES)}: set task.code_reward_mode")
         if test_timeout_s <= 0:
             raise ValueError(f"test_timeout_s must be positive, got {test_timeout_s}")
+        try:
+            self.sandbox = SandboxConfig(isolation=sandbox)  # type: ignore[arg-type]
+        except ValueError as err:
+            raise ValueError(f"{err}: set task.sandbox") from None
+        try:
+            require(self.sandbox)  # refuse now, before any training, not at the first reward
+        except SandboxUnavailable as err:
+            raise SandboxUnavailable(f"{err}; or set task.sandbox=none to run model-written code unisolated") from None
         self.train = [_with_interface(p) for p in read_split(data_path, "train", "code")]
         self.val = [_with_interface(p) for p in read_split(data_path, "val", "code")]
         self.mode = mode
@@ -148,14 +163,15 @@ class CodeTask(Task):
     def score(self, response: str | None, problem: Problem) -> Score:
         if response is None:
             return Score(0.0, None, "no_answer")
-        result = score_code(response, list(problem.tests), self.mode, timeout_s=self.test_timeout_s)
+        result = score_code(response, list(problem.tests), self.mode, timeout_s=self.test_timeout_s,
+                            sandbox=self.sandbox)
         return self._score(response, result)
 
     def score_many(self, items: list[tuple[str | None, Problem]]) -> list[Score]:
         # One call into the batch scheduler: it runs all programs' tests on a shared worker pool.
         ran = [(i, r, p) for i, (r, p) in enumerate(items) if r is not None]
-        results = (score_code_batch([(r, list(p.tests)) for _, r, p in ran], self.mode, timeout_s=self.test_timeout_s)
-                   if ran else [])
+        results = (score_code_batch([(r, list(p.tests)) for _, r, p in ran], self.mode,
+                                    timeout_s=self.test_timeout_s, sandbox=self.sandbox) if ran else [])
         scores: list[Score] = [Score(0.0, None, "no_answer")] * len(items)
         for (i, response, _), result in zip(ran, results):
             scores[i] = self._score(response, result)

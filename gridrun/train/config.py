@@ -80,6 +80,9 @@ class TaskSpec:
     # Code: "pass_rate" (the paper's text) or "all_pass" (its released code).
     code_reward_mode: Literal["pass_rate", "all_pass"] = "pass_rate"
     code_test_timeout_s: float = 6.0
+    # Code: "bwrap" runs model-written programs only in a working bubblewrap sandbox (the cell
+    # refuses to start without one); "none" is the opt-out by name: no isolation, logged loudly.
+    sandbox: Literal["bwrap", "none"] = "bwrap"
     # arith only: sizes of the seeded synthetic splits.
     n_train: int = 5000
     n_val: int = 400

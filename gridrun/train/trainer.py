@@ -30,6 +30,7 @@ import torch
 
 from gridrun.rundir import RunDir, atomic_write_text
 from gridrun.tasks.base import Problem, Task
+from gridrun.tasks.sandbox import SandboxUnavailable
 from gridrun.train import checkpoint, grpo
 from gridrun.train.alerts import drift_alerts
 from gridrun.train.config import RunConfig, load_config
@@ -69,7 +70,8 @@ def make_task(config: RunConfig) -> Task:
         from gridrun.tasks.code import CodeTask
 
         return CodeTask(
-            spec.data_path or "", mode=spec.code_reward_mode, test_timeout_s=spec.code_test_timeout_s
+            spec.data_path or "", mode=spec.code_reward_mode, test_timeout_s=spec.code_test_timeout_s,
+            sandbox=spec.sandbox,
         )
     raise ValueError(f"unknown task '{spec.name}'")
 
@@ -397,6 +399,10 @@ def run_cell(path: Path) -> int:
         record(state="preempted", error=str(stop), finished_at=time.time())
         log.info("%s", stop)
         return 75
+    except SandboxUnavailable as refused:  # a fix for the user (install bubblewrap), not a bug: one line
+        record(state="failed", error=str(refused), finished_at=time.time())
+        log.error("%s", refused)
+        return 1
     except Exception:  # noqa: BLE001 - any failure is recorded in state.json, then the exit code says it
         tail = traceback.format_exc().strip().splitlines()[-12:]
         record(state="failed", error="\n".join(tail), finished_at=time.time())
