@@ -90,6 +90,10 @@ FLAG_NAMES = ("no_code", "syntax_error", "runtime_error", "wrong_answer", "timeo
               "output_limit", "skipped", "unsandboxed")
 _PY_TAGS = {"", "python", "py", "python3"}
 _FLOAT_TOL = 1e-6
+# Defaults: per-test timeout, and the per-program budget (see program_budget_s).
+TIMEOUT_S = 6.0
+BUDGET_PER_TEST_S = 2.0
+BUDGET_CAP_S = 600.0
 _READY_TIMEOUT_S = 30.0
 _REPLY_SLACK_S = 3.0  # per test, on top of the harness's own timeout
 _HARNESS_SOURCE = inspect.getsource(harness)
@@ -278,8 +282,8 @@ class _Program:
         return CodeScore(reward=reward, passed=passed, total=total, flags=flags)
 
 
-def program_budget_s(n_tests: int, timeout_s: float = 6.0, budget_per_test_s: float = 2.0,
-                     budget_cap_s: float = 600.0) -> float:
+def program_budget_s(n_tests: int, timeout_s: float = TIMEOUT_S, budget_per_test_s: float = BUDGET_PER_TEST_S,
+                     budget_cap_s: float = BUDGET_CAP_S) -> float:
     """Seconds of summed test time one program may spend, for ``n_tests`` tests."""
     return min(budget_cap_s, timeout_s + budget_per_test_s * n_tests)
 
@@ -472,9 +476,9 @@ def score_code_batch(
     items: Iterable[tuple[str, list[dict[str, Any]]]],
     mode: Mode = "pass_rate",
     *,
-    timeout_s: float = 6.0,
-    budget_per_test_s: float = 2.0,
-    budget_cap_s: float = 600.0,
+    timeout_s: float = TIMEOUT_S,
+    budget_per_test_s: float = BUDGET_PER_TEST_S,
+    budget_cap_s: float = BUDGET_CAP_S,
     memory_mb: int = 1024,
     output_bytes: int = 8 << 20,
     nproc: int = 32,
@@ -501,9 +505,9 @@ def score_code(
     tests: list[dict[str, Any]],
     mode: Mode = "pass_rate",
     *,
-    timeout_s: float = 6.0,
-    budget_per_test_s: float = 2.0,
-    budget_cap_s: float = 600.0,
+    timeout_s: float = TIMEOUT_S,
+    budget_per_test_s: float = BUDGET_PER_TEST_S,
+    budget_cap_s: float = BUDGET_CAP_S,
     memory_mb: int = 1024,
     output_bytes: int = 8 << 20,
     nproc: int = 32,
@@ -590,6 +594,6 @@ def score_program_json(program_path: str, tests_path: str, mode: Mode = "pass_ra
     """
     code = read_program(program_path)
     tests = read_tests(tests_path)
-    opts = _options(mode, 6.0, 2.0, 600.0, 1024, 8 << 20, 32, sandbox)
+    opts = _options(mode, TIMEOUT_S, BUDGET_PER_TEST_S, BUDGET_CAP_S, 1024, 8 << 20, 32, sandbox)
     score = _score([code], [tests], opts, None, "scheduler")[0]
     return {"reward": score.reward, "passed": score.passed, "total": score.total, "flags": score.flags}

@@ -668,7 +668,8 @@ def start_python(source: str, *, limits: Limits | None = None, config: SandboxCo
 
     ``as_pid_1`` makes the program the namespace's init: signals from its own
     children (even SIGKILL) cannot reach it, and when it exits every process left
-    in the sandbox is killed. It must then reap its children itself.
+    in the sandbox is killed. It must then reap its children itself, and exit when
+    its stdin closes: as root, that is the only sign that the caller died.
     """
     limits = limits or Limits()
     config = config or SandboxConfig()
