@@ -278,8 +278,11 @@ def _run_without_working_bwrap(argv: list[str], replacement: Path | None) -> sub
     """Run ``argv`` where the bwrap on PATH is unusable: ``replacement`` (or /dev/null, which is
     not executable) is bind-mounted over it in a private mount namespace that nothing else sees."""
     real = shutil.which("bwrap")
-    if real is None:  # nothing to hide: this machine has no bubblewrap
-        return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    if real is None:  # nothing to hide: this machine has no bubblewrap; a replacement goes on PATH
+        env = dict(os.environ)
+        if replacement is not None:
+            env["PATH"] = f"{replacement.parent}{os.pathsep}{env.get('PATH', '')}"
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, env=env)
     if subprocess.run(["unshare", "-m", "true"], capture_output=True, check=False).returncode != 0:
         pytest.skip("cannot create a private mount namespace here (needs root): unshare -m")
     hide = f'mount --bind "{replacement or "/dev/null"}" "{os.path.realpath(real)}" && exec "$@"'
