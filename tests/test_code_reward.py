@@ -431,14 +431,15 @@ def test_tests_file_cannot_be_found_through_proc(tmp_path: Path) -> None:
 
 # ------------------------------------------------- `gridrun reward code`: one-line errors
 @pytest.mark.parametrize("content, expected", [
-    (b'{"input": "1", "output": "1"}', "holds a JSON dict"),
+    (b'{"input": "1", "output": "1"}', "holds a JSON object"),
+    (b'"1 2"', "holds a JSON string"),
     (b"[]", "holds an empty list"),
     (b'[{"input": "1"}]', "test 0 needs 'input' and 'output' keys, got ['input']"),
     (b'[{"input": "1", "output": "1"}, 5]', "test 1 needs 'input' and 'output' keys, got int"),
     (b'[{"input": "1", "output": "1"', "is not valid JSON"),
     (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "is not UTF-8 text"),
     (b'[{"input": 5, "output": "1"}]', "stdin test input must be a string, got int"),
-], ids=["not-a-list", "empty", "missing-key", "not-an-object", "bad-json", "binary", "bad-input"])
+], ids=["object", "string", "empty", "missing-key", "not-an-object", "bad-json", "binary", "bad-input"])
 def test_reward_code_malformed_tests_file_is_one_line(tmp_path: Path, content: bytes, expected: str) -> None:
     prog = tmp_path / "prog.py"
     prog.write_text("print(1)\n")

@@ -7,7 +7,8 @@ What it does:
   ``python3 main.py`` reads a file: a BOM or coding cookie means what it means there), then
   runs the tests in ``gridrun.tasks.sandbox``, which fails closed: without a working sandbox
   nothing runs (``SandboxUnavailable``) unless the caller opted out by name
-  (``SandboxConfig(isolation="none")``; every score then carries the ``unsandboxed`` flag). Two DeepCoder/PrimeIntellect test formats:
+  (``SandboxConfig(isolation="none")``; every score then carries the ``unsandboxed`` flag).
+  Two DeepCoder/PrimeIntellect test formats:
   stdin/stdout ``{"input": str, "output": str}`` and function call
   ``{"fn_name": f, "input": [args...], "output": expected}``, where ``f`` is a
   top-level function or, LeetCode style, a method of ``class Solution``.
@@ -520,6 +521,7 @@ def score_code(
                             nproc=nproc, workers=workers, sandbox=sandbox)[0]
 
 
+_JSON_NAMES = {dict: "object", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 _TESTS_SHAPES = ('a list of {"input", "output"[, "fn_name"]} objects, {"tests": [...]}, '
                  'or APPS-style {"inputs", "outputs"[, "fn_name"]}')
 
@@ -534,7 +536,7 @@ def _load_tests(raw: Any, where: str) -> list[dict[str, Any]]:
         raw = [{"input": i, "output": o, **({"fn_name": fn} if fn else {})}
                for i, o in zip(raw["inputs"], raw["outputs"])]
     if not isinstance(raw, list) or not raw:
-        got = "an empty list" if raw == [] else f"a JSON {type(raw).__name__}"
+        got = "an empty list" if raw == [] else f"a JSON {_JSON_NAMES.get(type(raw), type(raw).__name__)}"
         raise CodeInputError(f"{where} holds {got}: write {_TESTS_SHAPES}")
     for index, test in enumerate(raw):
         if not isinstance(test, dict) or "input" not in test or "output" not in test:

@@ -364,7 +364,7 @@ def _try_bwrap(bwrap: str, config: SandboxConfig, privileged: bool) -> str:
             _python(config), "-I", "-S", "-c", check]
     try:
         proc = _popen(argv, seccomp_fd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=dict(_ENV), start_new_session=True)
+                      stderr=subprocess.PIPE, env=dict(_ENV), start_new_session=True)
         out, err = proc.communicate(timeout=limits.wall_s)
     except OSError as exc:
         return f"it failed to start: {exc}"
