@@ -12,7 +12,8 @@ else the script exits with status 1.
     .venv/bin/python bench/code_reward.py --json --mode pass_rate
 
 Prints one JSON object: programs, wrong_fraction, scheduler_s, sequential_s,
-speedup (plus mode, tests_per_program, workers, isolated).
+speedup (plus mode, tests_per_program, workers, isolated). Without a working sandbox
+it measures nothing: the reason on stderr, exit status 2.
 Left out: timeouts and syntax errors among the wrong programs (they would inflate
 the speedup: the scheduler skips them, the baseline pays every test).
 """
@@ -81,6 +82,10 @@ def main() -> int:
     ap.add_argument("--tests", type=int, default=10)
     ap.add_argument("--mode", choices=("all_pass", "pass_rate"), default="all_pass")
     args = ap.parse_args()
+    isolated, why = isolation_status()
+    if not isolated:  # the code reward fails closed: nothing to measure
+        print(f"bench/code_reward.py: {why}", file=sys.stderr)
+        return 2
 
     tests = _tests(args.tests, random.Random(0))
     items = [(r, tests) for r in _programs(args.programs, args.wrong_fraction)]
@@ -104,7 +109,7 @@ def main() -> int:
         "mode": args.mode,
         "tests_per_program": args.tests,
         "workers": _workers(None),
-        "isolated": isolation_status()[0],
+        "isolated": isolated,
     }
     if not args.json:
         print(f"rewards identical: {same}; mean reward {sum(s.reward for s in fast) / len(fast):.3f}",
