@@ -327,6 +327,19 @@ def test_programs_are_judged_as_plain_python_judges_them(tmp_path: Path) -> None
 
 
 @needs_sandbox
+def test_each_test_starts_with_an_empty_tmp() -> None:
+    # As if every test ran alone: a file left by test 0 is gone in test 1 (which would print
+    # "again"), and the harness's stdin file, replaced by a folder, does not break test 1.
+    code = ("import os, tempfile\nseen = os.path.join(tempfile.gettempdir(), 'seen')\n"
+            "if os.path.exists(seen):\n    print('again')\nelse:\n    open(seen, 'w').close()\n"
+            "    a, b = map(int, input().split())\n    print(a + b)\n"
+            "stdin_file = os.path.join(tempfile.gettempdir(), 'gridrun-harness.in')\n"
+            "os.unlink(stdin_file)\nos.mkdir(stdin_file)\n")
+    score = score_code(fenced(code), TWO_TESTS, workers=1, **FAST)
+    assert (score.reward, score.passed) == (1.0, 2), score
+
+
+@needs_sandbox
 def test_status_97_in_a_batch_loses_no_result() -> None:
     # Once a reserved harness status: a batch holding such a program crashed as a whole.
     good = fenced("a, b = map(int, input().split())\nprint(a + b)")
