@@ -165,7 +165,7 @@ def main() -> None:
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--task", default="math", choices=("math", "code"), help="data: the task's test fixture")
     parser.add_argument("--gpu", default=None, help="GPU class (default: each scale's)")
-    parser.add_argument("--problems", type=int, default=2, help="problems per step (default 2)")
+    parser.add_argument("--problems", type=int, default=1, help="problems per step (default 1)")
     parser.add_argument("--n", type=int, default=4, help="rollouts per problem (default 4)")
     parser.add_argument("--rollout-tokens", type=int, default=None,
                         help="tokens actually sampled per call; completions are then extended to the response length")
