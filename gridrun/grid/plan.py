@@ -49,6 +49,9 @@ class PlannedCell:
     fingerprint: str
     resources: dict[str, Any]
     est_hours: float
+    # Predicted peak GPU memory per GPU (gridrun/memory.py); None on CPU or for models
+    # whose architecture is not shipped.
+    gpu_mem_gb: float | None = None
 
     @property
     def id(self) -> str:
@@ -67,6 +70,7 @@ class PlannedCell:
             "total_steps": self.total_steps(),
             "resources": self.resources,
             "est_hours": round(self.est_hours, 3),
+            "gpu_mem_gb": None if self.gpu_mem_gb is None else round(self.gpu_mem_gb, 1),
         }
 
 
@@ -94,6 +98,14 @@ def fingerprint(config: RunConfig) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
+def run_config(tree: dict[str, Any], cell: dict[str, Any]) -> RunConfig:
+    """The trainer's part of a composed tree, with its `cell` node: what config.yaml holds."""
+    # config_from_dict builds new objects and edits nothing: a cached tree can be shared.
+    run_part = {key: value for key, value in tree.items() if key not in GRID_NODES}
+    run_part["cell"] = cell
+    return config_from_dict(run_part)
+
+
 def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
     """Every cell of the sweep, composed and validated; nothing is written."""
     composed: dict[tuple[str, ...], dict[str, Any]] = {}
@@ -104,11 +116,8 @@ def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
         if choices not in composed:
             composed[choices] = composer.compose([*choices, *spec.settings])
         tree = composed[choices]
-        # config_from_dict builds new objects and edits nothing: the cached tree is shared.
-        run_part = {key: value for key, value in tree.items() if key not in GRID_NODES}
-        run_part["cell"] = cell.cell_node()
         try:
-            config = config_from_dict(run_part)
+            config = run_config(tree, cell.cell_node())
         except ConfigError as err:
             raise GridError(f"cell {cell.id}: {err}") from None
         this_grid = {"launcher": tree["launcher"], "cluster": tree["cluster"]}
@@ -117,10 +126,37 @@ def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
         elif this_grid != grid:
             raise GridError(f"cell {cell.id} has another launcher or cluster than the sweep's first cell: set them once")
         cells.append(
-            PlannedCell(cell, config, fingerprint(config), _resources(tree), _estimate_hours(tree, config, cell.kind))
+            PlannedCell(cell, config, fingerprint(config), _resources(tree), _estimate_hours(tree, config, cell.kind),
+                        _fits(cell.id, config, tree["gpu"]))
         )
     assert grid is not None, "expand() yields at least one cell for non-empty axes"
     return Plan(spec=spec, cells=cells, launcher=grid["launcher"], cluster=grid["cluster"])
+
+
+def _fits(cell_id: str, config: RunConfig, gpu: dict[str, Any]) -> float | None:
+    """Predicted peak GB per GPU; refuses a cell that cannot fit, naming the knob to turn."""
+    from gridrun.memory import architecture, predict
+
+    arch = architecture(config)
+    if not gpu["gpus_per_cell"] or arch is None:
+        return None
+    estimate = predict(config, gpu["memory_gb"], arch)
+    gb = estimate.as_gb()
+    if gb["peak"] <= gpu["memory_gb"]:
+        return gb["peak"]
+    if estimate.update_phase >= estimate.rollout_phase:
+        knob = f"lower train.micro_token_budget (now {config.train.micro_token_budget})"
+        if not config.train.gradient_checkpointing:
+            knob = "set train.gradient_checkpointing=true or " + knob
+    elif config.engine.name == "vllm":
+        knob = f"lower engine.gpu_memory_utilization (now {config.engine.gpu_memory_utilization})"
+    else:
+        knob = f"lower engine.max_batch_size (now {config.engine.max_batch_size}) or use engine=vllm"
+    raise GridError(
+        f"cell {cell_id} cannot fit: predicted {gb['peak']:.1f} GB per GPU on {gpu['name']} "
+        f"({gpu['memory_gb']} GB; weights {gb['weights']:.1f}, update activations {gb['activations']:.1f}, "
+        f"logits {gb['logits']:.1f}, rollout {gb['rollout']:.1f}): {knob}, or pick a larger gpu="
+    )
 
 
 def _resources(tree: dict[str, Any]) -> dict[str, Any]:
@@ -128,6 +164,7 @@ def _resources(tree: dict[str, Any]) -> dict[str, Any]:
     return {
         "gpu_class": gpu["name"],
         "gpus": gpu["gpus_per_cell"],
+        "gpu_memory_gb": gpu["memory_gb"],
         "nodes": 1,
         "cpus": cluster["cpus_per_cell"],
         "mem_gb": cluster["mem_gb_per_cell"],
@@ -296,8 +333,9 @@ def plan_table(plan: Plan, preview: Freeze, sweep: SweepDir) -> Any:
     )
     table = Table(title=f"plan of sweep {sweep.name} -> {sweep.root}", caption=caption, title_justify="left",
                   caption_justify="left")
-    for column in ("cell", "kind", "plan", "gpus", "partition", "cpus", "mem GB", "hours"):
-        table.add_column(column, justify="right" if column in ("cpus", "mem GB", "hours") else "left", no_wrap=True)
+    numeric = ("cpus", "mem GB", "GPU GB", "hours")
+    for column in ("cell", "kind", "plan", "gpus", "partition", "cpus", "mem GB", "GPU GB", "hours"):
+        table.add_column(column, justify="right" if column in numeric else "left", no_wrap=True)
     for pc in plan.cells:
         if pc.id in preview.replaced:
             fate = "[yellow]replace[/]"
@@ -316,6 +354,7 @@ def plan_table(plan: Plan, preview: Freeze, sweep: SweepDir) -> Any:
             res["partition"] or "",
             str(res["cpus"]),
             str(res["mem_gb"]),
+            "" if pc.gpu_mem_gb is None else f"{pc.gpu_mem_gb:.1f}/{res['gpu_memory_gb']}",
             f"{pc.est_hours:.2f}",
         )
     return table

@@ -237,7 +237,8 @@ def _build_rank(spec: ToySpec, out: Path, started: float, env: dict[str, str], l
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     log.setLevel(log_level)
     torch.set_num_threads(1)  # reduction order, hence the weights, must not depend on the machine
-    dist = Dist.from_env(env)
+    # The build is CPU work by recipe: gloo, even where CUDA is available.
+    dist = Dist.from_env(env, backend="gloo")
     try:
         _build(spec, out, started, dist)
     finally:

@@ -53,6 +53,9 @@ class ToySpec:
 class ModelSpec:
     # "toy" for the embedded world, else a hub id (Qwen/Qwen3-1.7B) or a local directory.
     name_or_path: str = "toy"
+    # pretrained: load the weights; random: the published architecture of name_or_path with
+    # random weights and the toy tokenizer mapped into its vocabulary (no hub needed).
+    init: Literal["pretrained", "random"] = "pretrained"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     # Qwen3's chat template flag; the paper trains with thinking disabled.
     enable_thinking: bool = False
@@ -116,6 +119,8 @@ class EngineSpec:
     # generators would answer identically and pass@k would be meaningless. Validation is
     # seeded, so it is repeatable.
     val_temperature: float = 0.7
+    # hf only: requests generated together (each holds a KV cache of prompt + response).
+    max_batch_size: int = 512
     # vLLM only.
     gpu_memory_utilization: float = 0.5
     enable_prefix_caching: bool = True
@@ -165,6 +170,9 @@ class TrainSpec:
     ppo_mini_batch: int = 64
     # Token budget of one micro-batch (prompt + response tokens, padded).
     micro_token_budget: int = 40960
+    # Recompute each decoder layer's activations in the backward pass instead of keeping
+    # them (verl's default): activation memory of a micro-batch drops ~layers-fold.
+    gradient_checkpointing: bool = True
     val_every: int = 10
     save_every: int = 5
     keep_checkpoints: int = 2
@@ -214,6 +222,8 @@ class RunConfig:
                 raise ConfigError(f"train.{name} must be >= 1")
         if self.grpo.n < 1:
             raise ConfigError("grpo.n must be >= 1")
+        if self.model.init == "random" and self.engine.name == "vllm":
+            raise ConfigError("model.init=random builds its weights in memory, which vLLM cannot load: set engine=hf")
         if self.task.name in ("math", "code") and not self.task.data_path:
             raise ConfigError(
                 f"task '{self.task.name}' needs task.data_path: run "

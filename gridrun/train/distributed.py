@@ -61,8 +61,11 @@ class Dist:
 
     # --- setup -----------------------------------------------------------------------------
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> Dist:
-        """The world of this process; creates the process group when there are several ranks."""
+    def from_env(cls, env: dict[str, str] | None = None, backend: str | None = None) -> Dist:
+        """The world of this process; creates the process group when there are several ranks.
+
+        backend: None picks nccl where CUDA is available, else gloo; work that stays on the
+        CPU (the toy world's build) names gloo, also on a GPU node."""
         env = dict(os.environ if env is None else env)
         world = int(env.get("WORLD_SIZE", "1"))
         dist = cls(rank=int(env.get("RANK", "0")), world=world, local_rank=int(env.get("LOCAL_RANK", "0")))
@@ -72,7 +75,7 @@ class Dist:
                     f"WORLD_SIZE={world} but MASTER_ADDR/MASTER_PORT are not set: start the ranks with the "
                     "SLURM launcher (or torchrun), or unset WORLD_SIZE to run one process"
                 )
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
             if backend == "nccl":
                 torch.cuda.set_device(dist.local_rank)
             torch.distributed.init_process_group(

@@ -80,7 +80,7 @@ def make_engine(config: RunConfig, model: Any, tokenizer: Any, adapters: tuple[s
     if config.engine.name == "hf":
         from gridrun.train.engines.hf import HFEngine
 
-        return HFEngine(model, tokenizer)
+        return HFEngine(model, tokenizer, max_batch_size=config.engine.max_batch_size)
     try:
         from gridrun.train.engines.vllm import VLLMEngine
     except ImportError as err:
@@ -165,11 +165,15 @@ class Trainer:
         torch.manual_seed(seed)
         self.task = make_task(config)
         self.workflow = get_workflow(config.workflow.name)
-        base, self.tokenizer = load_base(config.model)
         # On a GPU node each rank trains on its own device; CPU runs stay where they are.
-        base.to(self.dist.device)
+        base, self.tokenizer = load_base(config.model, self.dist.device)
         self.routing = routing_for(config, self.workflow)
         self.model = attach_adapters(base, config, self.routing)
+        if config.train.gradient_checkpointing:
+            self.model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # The update runs in training mode (checkpointing acts only there; LoRA and Qwen3 have
+        # no dropout here, so the numbers are the same); engines switch to eval to generate.
+        self.model.train()
         opt = config.optim
         self.optimizers = {
             name: torch.optim.AdamW(

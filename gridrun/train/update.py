@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from gridrun.train import grpo
+from gridrun.train import grpo, logprobs
 from gridrun.train.config import RunConfig
 from gridrun.train.distributed import Dist
 from gridrun.train.policy import Routing, activate, adapter_parameters
@@ -103,26 +103,10 @@ def _aligned(values: list[list[float]], t_max: int) -> torch.Tensor:
 def completion_logprobs(
     model: Any, micro: _Micro, temperature: float, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (batch, T) of the completion tokens under softmax(logits / temperature),
-    and optionally the per-token entropy (batch, T). Only the last T+1 positions' logits are
-    materialised: prompts can be long, completions are what is trained."""
-    t_max = micro.targets.shape[1]
-    device = next(model.parameters()).device
-    positions = (micro.attention.cumsum(-1) - 1).clamp(min=0)
-    out = model(
-        input_ids=micro.input_ids.to(device),
-        attention_mask=micro.attention.to(device),
-        position_ids=positions.to(device),
-        logits_to_keep=t_max + 1,
-    )
-    logits = out.logits[:, :-1].float() / max(temperature, 1e-6)
-    logsm = torch.log_softmax(logits, dim=-1)
-    logp = logsm.gather(-1, micro.targets.to(device).unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(logsm.exp() * logsm).sum(-1)
-    return logp, entropy
+    """Log-probs (batch, T) of a micro-batch's completion tokens under softmax(logits / T),
+    and optionally the per-token entropy (batch, T) (gridrun/train/logprobs.py)."""
+    logp, entropy = logprobs.completion_logprobs(model, micro.input_ids, micro.attention, micro.targets, temperature)
+    return logp, entropy if with_entropy else None
 
 
 def micro_batches(seqs: list[TrainSeq], token_budget: int) -> Iterator[list[TrainSeq]]:

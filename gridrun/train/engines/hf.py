@@ -5,9 +5,13 @@ Requests are grouped by adapter (one `set_adapter` per group, the base model thr
 sampling (no top-k; top-p only when configured), so the recorded log-probs are those of
 softmax(logits / T), the distribution the trainer's ratio is computed against.
 
+The sampled tokens' log-probs are taken one decoding step at a time (`_SampledLogprobs`),
+never by keeping every step's logits: at Qwen3's 151,936-entry vocabulary that would be
+2.5 GB per sequence of 5,120 tokens.
+
 Left out: per-request seeds (sampling draws from torch's global RNG, which checkpoints
-save), and memory thrift at scale: generate keeps every step's logits, fine for the toy
-world and debugging; clusters use `engine=vllm`.
+save); paged KV memory (each sub-batch's cache is sized to its longest prompt plus the
+response limit): clusters use `engine=vllm`.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from gridrun.train.rollout import Completion, GenRequest, RolloutEngine, SamplingParams
 
@@ -26,6 +30,35 @@ def stop_token_ids(tokenizer: Any) -> list[int]:
     """End-of-turn tokens: Qwen's <|im_end|> and the tokenizer's eos."""
     ids = {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id}
     return sorted(i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id)
+
+
+class _SampledLogprobs(LogitsProcessor):
+    """Records log softmax(logits / T) of each sampled token as decoding goes.
+
+    generate applies custom processors before its temperature and top-p warpers, so the
+    scores seen here are the raw logits. The token drawn from one step's scores is the last
+    column of the next call's input_ids; the final step's token is read in `finish`.
+    """
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+        self.previous: torch.Tensor | None = None  # (batch, vocab) log-probs of the last step
+        self.taken: list[torch.Tensor] = []  # (batch,) per generated token
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        if self.previous is not None:
+            self.taken.append(self.previous.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self._take(input_ids[:, -1])
+        self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, generated: torch.Tensor) -> torch.Tensor:
+        """(batch, new_tokens) log-probs of `generated`, the tokens after the prompt."""
+        self._take(generated[:, -1])
+        self.previous = None
+        return torch.stack(self.taken, dim=1)
 
 
 class HFEngine(RolloutEngine):
@@ -87,18 +120,17 @@ class HFEngine(RolloutEngine):
             do_sample=not greedy,
             eos_token_id=self.stop_ids,
             pad_token_id=self.pad_id,
-            output_logits=True,
-            return_dict_in_generate=True,
             **sampler,
         )
-        out = self.model.generate(
-            input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), generation_config=config
+        recorder = _SampledLogprobs(1.0 if greedy else sampling.temperature)
+        sequences = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention.to(self.device),
+            generation_config=config,
+            logits_processor=LogitsProcessorList([recorder]),
         )
-        generated = out.sequences[:, width:]
-        # (batch, new_tokens, vocab) raw logits -> log-probs of the sampled tokens.
-        logits = torch.stack(out.logits, dim=1).float()
-        scale = 1.0 if greedy else sampling.temperature
-        logprobs = torch.log_softmax(logits / scale, dim=-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)
+        generated = sequences[:, width:]
+        logprobs = recorder.finish(generated)
         stops = torch.tensor(self.stop_ids, device=generated.device)
         completions = []
         for row in range(len(prompts)):

@@ -1,0 +1,143 @@
+"""Predicted peak GPU memory of one cell, from its resolved config: the dry run's fit check.
+
+A cell's GPU holds, per data-parallel rank (every rank keeps a full replica):
+- weights: every parameter of the frozen base, in the model dtype;
+- adapters: each trainable LoRA adapter's float32 weights and AdamW moments, plus the
+  gradient of the one adapter being updated;
+- update activations of one micro-batch of T tokens (T = the token budget, the most a
+  micro-batch may hold). With gradient checkpointing each decoder layer keeps its input
+  (T x hidden x dtype), and on top of that either the output layer's working set (one
+  chunk of float32 logits and its softmax/gradient copies, gridrun/train/logprobs.py) or
+  one layer's recomputed working set, whichever is larger; without checkpointing every
+  layer keeps its working set;
+- rollout: vLLM claims `engine.gpu_memory_utilization` of the whole GPU (released while
+  the trainer updates when sleep mode is on); `engine=hf` holds a KV cache for a sub-batch
+  of `engine.max_batch_size` requests at the longest prompt plus the response limit.
+
+The peak is the larger of the rollout phase and the update phase. The constants below
+were fitted to peaks measured with torch.cuda.max_memory_allocated on an H100 (1.7B and
+4B, bench/gpu.py, bench/measured/): predicted/measured is in the README, not assumed.
+Torch-free: the grid imports it at plan time.
+
+Not counted: the CUDA context (outside PyTorch's allocator), NCCL buffers, vLLM's CUDA
+graphs beyond its fraction. Unverified on a GPU: the rollout terms at full length (the
+GPU check samples short rollouts) and the no-checkpointing working set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from gridrun.arch import lora_parameter_count, parameter_count, published
+from gridrun.train.config import RunConfig
+
+GIB = 2**30
+# Completion positions whose float32 logits exist at once (gridrun/train/logprobs.py).
+LOGITS_CHUNK_TOKENS = 2048
+# float32 copies of a logits chunk alive at its peak (logits / T, the softmax of the entropy,
+# their product, the gradient): fitted, 4 copies + the reserve = 5.4 GiB measured at Qwen3's vocabulary.
+LOGITS_COPIES = 4
+# cuBLAS workspaces and allocator slack inside PyTorch's allocator.
+RESERVE_BYTES = 0.75 * GIB
+# Per-token tensors one decoder layer keeps for backward, in units of each width (model
+# dtype): residual stream and norms (hidden), attention q/o (heads x head_dim), k/v
+# (kv_heads x head_dim), the MLP's gate/up/activation/product (intermediate).
+LAYER_WIDTH_COEFFS = {"hidden": 6, "q": 5, "kv": 4, "intermediate": 5}
+# Qwen3's RMSNorms compute in float32: four float32 hidden-wide temporaries per layer.
+LAYER_FP32_HIDDEN = 4
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights: float
+    adapters: float
+    activations: float
+    logits: float
+    rollout: float
+    update_phase: float
+    rollout_phase: float
+
+    @property
+    def peak(self) -> float:
+        return max(self.update_phase, self.rollout_phase)
+
+    def as_gb(self) -> dict[str, float]:
+        return {**{k: v / GIB for k, v in asdict(self).items()}, "peak": self.peak / GIB}
+
+
+def architecture(config: RunConfig) -> dict | None:
+    """Published numbers of the cell's model, or None when they are not shipped (the toy
+    world, a local checkpoint of another family)."""
+    try:
+        return published(config.model.name_or_path)
+    except ValueError:
+        return None
+
+
+def trainable_adapters(config: RunConfig) -> int:
+    from gridrun.train.workflows import get_workflow
+
+    if not config.trains:
+        return 0
+    if config.policy.name == "isolated":
+        return len(get_workflow(config.workflow.name).roles)
+    return 1
+
+
+def layer_bytes_per_token(arch: dict, dtype_bytes: int) -> float:
+    widths = {
+        "hidden": arch["hidden_size"],
+        "q": arch["num_attention_heads"] * arch["head_dim"],
+        "kv": arch["num_key_value_heads"] * arch["head_dim"],
+        "intermediate": arch["intermediate_size"],
+    }
+    elements = sum(LAYER_WIDTH_COEFFS[k] * w for k, w in widths.items())
+    return elements * dtype_bytes + LAYER_FP32_HIDDEN * 4 * arch["hidden_size"]
+
+
+def predict(
+    config: RunConfig, gpu_memory_gb: float, arch: dict | None = None, micro_tokens: int | None = None
+) -> MemoryEstimate:
+    """Peak bytes on one GPU of `gpu_memory_gb` for this cell (the module docstring lists the
+    terms); `micro_tokens`: the largest micro-batch's tokens when known (default: the budget)."""
+    arch = arch or architecture(config)
+    if arch is None:
+        raise ValueError(f"no published architecture for '{config.model.name_or_path}'")
+    b = _DTYPE_BYTES[config.model.dtype]
+    layers, hidden = arch["num_hidden_layers"], arch["hidden_size"]
+    weights = parameter_count(arch) * b
+    lora = lora_parameter_count(arch, config.policy.lora_rank)
+    n_adapters = trainable_adapters(config)
+    # float32 weights + AdamW's two moments per adapter; one adapter's gradient at a time.
+    adapters = n_adapters * lora * 12 + (lora * 4 if n_adapters else 0)
+    tokens = micro_tokens or config.train.micro_token_budget
+    per_layer = layer_bytes_per_token(arch, b)
+    logits = min(LOGITS_CHUNK_TOKENS, tokens) * arch["vocab_size"] * 4 * LOGITS_COPIES
+    if config.train.gradient_checkpointing:
+        kept = tokens * layers * hidden * b
+        activations = kept + max(0.0, tokens * per_layer - logits)
+    else:
+        activations = tokens * layers * per_layer
+    update_phase = weights + adapters + (activations + logits if config.trains else 0) + RESERVE_BYTES
+    rollout = _rollout_bytes(config, arch, b, gpu_memory_gb * GIB)
+    rollout_phase = weights + adapters + rollout + RESERVE_BYTES
+    if config.engine.name == "vllm" and not config.engine.enable_sleep_mode:
+        update_phase += rollout
+    return MemoryEstimate(weights, adapters, activations, logits, rollout, update_phase, rollout_phase)
+
+
+def _rollout_bytes(config: RunConfig, arch: dict, dtype_bytes: int, gpu_bytes: float) -> float:
+    if config.engine.name == "vllm":
+        return config.engine.gpu_memory_utilization * gpu_bytes
+    # engine=hf: a KV cache per sub-batch of requests, each up to the longest prompt plus
+    # the response limit, and one decoding step's float32 logits and log-probs.
+    rows = min(config.engine.max_batch_size, max(config.train.batch_problems * config.grpo.n, 1) * _slots(config))
+    tokens = config.lengths.max_prompt_tokens + config.lengths.max_response_tokens
+    kv_per_token = arch["num_hidden_layers"] * 2 * arch["num_key_value_heads"] * arch["head_dim"] * dtype_bytes
+    return rows * (tokens * kv_per_token + 2 * 4 * arch["vocab_size"])
+
+
+def _slots(config: RunConfig) -> int:
+    """Parallel calls of one stage per episode (voters, workers)."""
+    return {"voting": config.workflow.n_voters, "orch_workers": config.workflow.n_workers}.get(config.workflow.name, 1)
