@@ -167,7 +167,7 @@ class Trainer:
         # On a GPU node each rank trains on its own device; CPU runs stay where they are.
         base.to(self.dist.device)
         self.routing = routing_for(config, self.workflow)
-        self.model = attach_adapters(base, config, self.routing)
+        self.model = attach_adapters(base, config, self.routing, run_dir.root)
         opt = config.optim
         self.optimizers = {
             name: torch.optim.AdamW(
