@@ -17,8 +17,16 @@ from gridrun.rundir import RunDir
 from gridrun.train import checkpoint
 from gridrun.train.config import ConfigError, config_from_dict, load_config
 from gridrun.train.model import load_base
-from gridrun.train.policy import SHARED, TRANSFER, TransferSourceError, lora_config, transfer_adapter_dir
+from gridrun.train.policy import (
+    SHARED,
+    TRANSFER,
+    TransferSourceError,
+    lora_config,
+    routing_for,
+    transfer_adapter_dir,
+)
 from gridrun.train.trainer import Trainer, run_cell
+from gridrun.train.workflows import get_workflow
 from tests.conftest import TOY_CELL, make_cell, merge
 from tests.vllm.helpers import peft_logprobs, randomize_lora_b
 
@@ -116,3 +124,15 @@ def test_transfer_kind_and_policy_go_together() -> None:
         config(cell={"kind": "transfer"}, policy={"name": "transfer"})
     with pytest.raises(ConfigError, match="multi-agent workflow"):
         config(**TRANSFER_CELL, workflow={"name": "single"})
+
+
+def test_only_the_generator_is_routed_to_the_adapter_and_orch_workers_has_none() -> None:
+    def routes(workflow: str) -> dict[str, str | None]:
+        config = config_from_dict(merge(TOY_CELL, {"workflow": {"name": workflow}, **TRANSFER_CELL}))
+        return routing_for(config, get_workflow(workflow)).role_adapter
+
+    assert routes("eval_opt") == {"generator": TRANSFER, "evaluator": None}
+    assert routes("voting") == {"generator": TRANSFER, "aggregator": None}
+    # The paper's reading: Orch-Workers has no generator, so its orchestrator, workers and
+    # synthesizer all "fall through to the base model" (Appendix A.2).
+    assert routes("orch_workers") == {"orchestrator": None, "worker": None, "synthesizer": None}

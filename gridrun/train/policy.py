@@ -6,6 +6,8 @@
 - base (kind base): every role -> the base model, no adapter.
 - transfer (kind transfer): one role -> a trained adapter loaded frozen; every other role ->
   the base model (the SA-RL generator transplanted into a workflow, the paper's Table 3).
+  A workflow without that role (Orch-Workers has no generator) runs wholly on the base
+  model, as the paper's did: its text lists worker and synthesizer among the base roles.
   The adapter comes from a finished run dir, resolved when the cell runs
   (`transfer_adapter_dir`): that run's newest complete checkpoint, its adapter for the role.
 
@@ -16,6 +18,7 @@ sequences, then moves on: never one summed loss over two adapters.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,8 @@ from gridrun.train.workflows import Workflow, get_workflow
 
 SHARED = "shared"
 TRANSFER = "transfer"
+
+log = logging.getLogger("gridrun")
 
 
 @dataclass(frozen=True)
@@ -52,9 +57,11 @@ def routing_for(config: RunConfig, workflow: Workflow) -> Routing:
         return Routing({r: None for r in roles}, ())
     if config.cell.kind == "transfer":
         if config.policy.transfer_role not in roles:
-            raise ValueError(
-                f"policy.transfer_role '{config.policy.transfer_role}' is not a role of {workflow.name}: "
-                f"choose one of {list(roles)}"
+            # As the paper's Table 3: its Orch-Workers has no generator, so every role there
+            # (orchestrator, workers, synthesizer) fell through to the base model.
+            log.warning(
+                "transfer: %s has no %s role, so every role runs on the base model", workflow.name,
+                config.policy.transfer_role,
             )
         return Routing({r: TRANSFER if r == config.policy.transfer_role else None for r in roles}, ())
     if config.policy.name == "shared" or len(roles) == 1:
@@ -124,9 +131,10 @@ def attach_adapters(base: Any, config: RunConfig, routing: Routing, run_dir: Pat
     """Wrap the base model with the routing's adapters; returns the model to roll out and train.
     `run_dir` is the cell's own (a transfer cell's source is named relative to it)."""
     if config.policy.name == "transfer":
-        return PeftModel.from_pretrained(
-            base, str(transfer_adapter_dir(config, run_dir)), adapter_name=TRANSFER, is_trainable=False
-        )
+        found = transfer_adapter_dir(config, run_dir)
+        if routing.roles_of(TRANSFER):
+            log.info("transfer: %s runs on the adapter in %s, other roles on the base model", config.policy.transfer_role, found)
+        return PeftModel.from_pretrained(base, str(found), adapter_name=TRANSFER, is_trainable=False)
     if not routing.trainable:
         return base
     torch.manual_seed(config.cell.seed)  # LoRA A init: same per seed, whatever else ran before
