@@ -166,3 +166,6 @@ def test_transfer_cells_wait_for_their_sa_rl_a_failed_one_blocks_them_and_resubm
     assert all(adapter in t.stderr_log.read_text() for t in transfers[:2])
     # As in the paper, Orch-Workers has no generator: its transfer cell is the base model throughout.
     assert "orch_workers has no generator role" in transfers[2].stderr_log.read_text()
+    # The analysis reads a sweep holding transfer cells.
+    proc = gridrun(results, "collect", "conf=smoke", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
