@@ -133,10 +133,10 @@ def _held(observed: dict[str, dict[str, Any]], needs: Mapping[str, list[str]]) -
     that gave up on it, a SLURM job whose dependency can never be met)."""
     for cell_id, required in needs.items():
         state = observed.get(cell_id)
-        if state is None or state.get("started_at") or state.get("state") not in (*ACTIVE_STATES, "failed", "cancelled"):
+        # Held back: its attempt has not started, and it is queued or was read lost as such; a
+        # final state the cell (or a user's cancel) recorded stands.
+        if state is None or state.get("started_at") or not (state.get("state") in ACTIVE_STATES or state.get("lost")):
             continue
-        if state.get("state") not in ACTIVE_STATES and not state.get("lost"):
-            continue  # a final state the cell (or a user's cancel) recorded stands
         for need in required:
             need_state = str((observed.get(need) or {}).get("state", "planned"))
             if need_state == "done":

@@ -163,11 +163,11 @@ def check(plan: Plan, sweep: SweepDir, replace: bool) -> Freeze:
     planned = sweep.cell_ids() if sweep.exists() else []  # refuses a directory that holds another sweep
     known = set(planned) | {pc.id for pc in plan.cells}
     for pc in plan.cells:
-        missing = [need.id for need in pc.cell.needs if need.id not in known]
+        missing = [need for need in pc.cell.needs if need.id not in known]
         if missing:
             raise GridError(
-                f"{pc.id} needs {missing[0]}, which is neither in this plan nor in sweep '{sweep.name}': "
-                f"plan it too (add {missing[0].split('-')[0]} to kind=)"
+                f"{pc.id} needs {missing[0].id}, which is neither in this plan nor in sweep '{sweep.name}': "
+                f"plan it too (add {missing[0].kind} to kind=)"
             )
     on_disk = {pc.id: sweep.cell(pc.id) for pc in plan.cells}
     existing = {cell_id: rd for cell_id, rd in on_disk.items() if rd.config_yaml.is_file()}
