@@ -1,7 +1,7 @@
 """Benchmark planning: wall time of `gridrun sweep conf=full_matrix --dry-run`.
 
 The whole command as a user runs it (interpreter start, imports, composing and validating
-all 66 cells, drawing the plan), in a fresh process each time, into an empty results dir.
+all 72 cells, drawing the plan), in a fresh process each time, into an empty results dir.
 Budget: under 2 s.
 
     .venv/bin/python bench/plan.py --json

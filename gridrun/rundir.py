@@ -19,7 +19,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-STATES = ("planned", "queued", "running", "done", "failed", "preempted", "cancelled")
+STATES = ("planned", "queued", "running", "done", "failed", "preempted", "cancelled", "blocked")
+# `blocked` is never written: the grid reads a queued cell as blocked while a cell it needs
+# (a transfer cell's sa_rl) has failed, been cancelled or preempted (gridrun/grid/dispatch.py).
 ACTIVE_STATES = ("queued", "running")
 COMPLETE_MARKER = "COMPLETE"
 

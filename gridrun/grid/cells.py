@@ -1,11 +1,15 @@
 """Cells: the kinds of runs in a sweep, their coordinates and their readable ids.
 
-    train   multi-agent GRPO         workflow x task x scale x policy x seed   voting-ip-1.7b-math-s0
-    sa_rl   single-agent RL control  task x scale x seed                       sa_rl-1.7b-math-s0
-    base    base-model evaluation    (single + workflow) x task x scale        base-voting-1.7b-math
+    train     multi-agent GRPO         workflow x task x scale x policy x seed   voting-ip-1.7b-math-s0
+    sa_rl     single-agent RL control  task x scale x seed                       sa_rl-1.7b-math-s0
+    base      base-model evaluation    (single + workflow) x task x scale        base-voting-1.7b-math
+    transfer  SA-RL generator in a     workflow x task x scale x seed            transfer-voting-1.7b-math-s0
+              workflow, evaluated      (needs sa_rl-<scale>-<task>-s<seed> done)
 
 Ids are built from the coordinates alone, so the same axes always give the same ids. The
 toy world pairs scale=toy with task=arith only; any other pairing with either is refused.
+A sweep may plan a kind at fewer values of an axis than the sweep's (`restrict`: the paper
+ran transfer at 1.7B only).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 from gridrun.grid.errors import GridError
 
 AXES = ("workflow", "task", "scale", "policy", "seed", "kind")
-KINDS = ("train", "sa_rl", "base")
+KINDS = ("train", "sa_rl", "base", "transfer")
 POLICY_TAGS = {"isolated": "ip", "shared": "sp"}
 TOY_SCALE, TOY_TASK = "toy", "arith"
 
@@ -28,7 +32,7 @@ class Cell:
     workflow: str
     task: str
     scale: str
-    # None where the kind has no such axis (sa_rl and base: policy; base: seed).
+    # None where the kind has no such axis (sa_rl, base, transfer: policy; base: seed).
     policy: str | None = None
     seed: int | None = None
 
@@ -39,7 +43,16 @@ class Cell:
             return f"{self.workflow}-{tag}-{self.scale}-{self.task}-s{self.seed}"
         if self.kind == "sa_rl":
             return f"sa_rl-{self.scale}-{self.task}-s{self.seed}"
+        if self.kind == "transfer":
+            return f"transfer-{self.workflow}-{self.scale}-{self.task}-s{self.seed}"
         return f"base-{self.workflow}-{self.scale}-{self.task}"
+
+    @property
+    def needs(self) -> list[Cell]:
+        """Cells that must be done before this one starts (a transfer cell: its SA-RL run)."""
+        if self.kind == "transfer":
+            return [Cell("sa_rl", "single", self.task, self.scale, None, self.seed)]
+        return []
 
     def coords(self) -> dict[str, Any]:
         return {
@@ -53,11 +66,12 @@ class Cell:
     def group_choices(self) -> list[str]:
         """Hydra group overrides selecting this cell's options (controls run `shared`:
         one role, or no training at all, so the routing makes no difference)."""
+        policy = "transfer" if self.kind == "transfer" else self.policy or "shared"
         return [
             f"workflow={self.workflow}",
             f"task={self.task}",
             f"scale={self.scale}",
-            f"policy={self.policy or 'shared'}",
+            f"policy={policy}",
         ]
 
     def cell_node(self) -> dict[str, Any]:
@@ -65,8 +79,11 @@ class Cell:
         return {"id": self.id, "kind": self.kind, "seed": self.seed or 0}
 
 
-def expand(axes: dict[str, list[Any]]) -> list[Cell]:
-    """Every cell of the sweep, train first, in axis order; checks the toy pairing."""
+def expand(axes: dict[str, list[Any]], restrict: dict[str, dict[str, list[Any]]] | None = None) -> list[Cell]:
+    """Every cell of the sweep, train first, in axis order; checks the toy pairing.
+
+    `restrict` (kind -> axis -> values) plans a kind only where its coordinates are among
+    those values."""
     for task, scale in itertools.product(axes["task"], axes["scale"]):
         if (scale == TOY_SCALE) != (task == TOY_TASK):
             fix = f"task={TOY_TASK}" if scale == TOY_SCALE else f"scale={TOY_SCALE}"
@@ -87,4 +104,12 @@ def expand(axes: dict[str, list[Any]]) -> list[Cell]:
     if "base" in kinds:
         for workflow, task, scale in itertools.product(["single", *axes["workflow"]], axes["task"], axes["scale"]):
             cells.append(Cell("base", workflow, task, scale))
-    return cells
+    if "transfer" in kinds:
+        for workflow, task, scale, seed in itertools.product(axes["workflow"], axes["task"], axes["scale"], axes["seed"]):
+            cells.append(Cell("transfer", workflow, task, scale, None, seed))
+    limits = restrict or {}
+    return [
+        cell
+        for cell in cells
+        if all(cell.coords()[axis] in values for axis, values in limits.get(cell.kind, {}).items())
+    ]

@@ -200,7 +200,10 @@ def _cancel(args: argparse.Namespace) -> int:
     rows = sweep_rows(sweep)
     ids = _selected(rows, args) if args.cells else [row["cell"] for row in rows]
     states = {row["cell"]: row["state"] for row in rows}
-    active = [cell_id for cell_id in ids if states[cell_id] in ("queued", "running")]
+    # A blocked cell's job may still wait in the scheduler's queue for a need that failed.
+    held = {cell_id for cell_id in ids if states[cell_id] == "blocked"
+            and sweep.cell(cell_id).read_state().get("state") == "queued"}
+    active = [cell_id for cell_id in ids if states[cell_id] in ("queued", "running") or cell_id in held]
     console = make_console()
     for cell_id in args.cells or []:
         if cell_id not in active:

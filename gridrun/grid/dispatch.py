@@ -15,6 +15,15 @@ A launcher turns queued cells into jobs that each run `gridrun run <run_dir>`:
                                          the scheduler's word for it (shown by `gridrun status`)
     cancel(sweep, ids)                   under the lock; the cells end as cancelled
 
+Dependencies. A cell may need others done before it starts (a transfer cell its sa_rl cell:
+`needs` in sweep.json). `queue()` hands a cell over only with its needs done, active or
+handed over in the same call (before it), and the launcher holds it back until they are
+done: the local launcher starts it then, SLURM gets it with an `afterok` dependency. While
+it waits it reads `queued` with `waiting` naming the need; when a need ends failed, cancelled
+or preempted it reads `blocked` (never written: derived here, so it holds whatever the
+launcher did with the held job); queueing that need again (`gridrun resubmit`) queues the
+blocked cells after it.
+
 `queue()` is the only writer of `queued`, `attempt`, `launcher` and `job_id` (`new_attempt`
 builds its fields; a SLURM job requeued by the scheduler opens its next attempt with it too,
 counting it in `requeues`); it runs under the sweep's lock and skips cells already queued or running, so two `gridrun sweep` runs of
@@ -27,6 +36,7 @@ Stdlib only: `gridrun status` imports this to reconcile states.
 from __future__ import annotations
 
 import importlib
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -42,6 +52,10 @@ if TYPE_CHECKING:
 LAUNCHERS: dict[str, str] = {"local": "gridrun.grid.local:LocalLauncher", "slurm": "gridrun.grid.slurm:SlurmLauncher"}
 # Fields of an attempt kept in state.json's `attempts` history when the cell is queued again.
 ATTEMPT_FIELDS = ("attempt", "state", "launcher", "job_id", "node", "step", "started_at", "finished_at", "error")
+# A needed cell in one of these states will not become done by itself: its dependents are blocked.
+BLOCKING_STATES = ("failed", "cancelled", "preempted", "blocked")
+
+log = logging.getLogger("gridrun")
 
 
 class Launcher(ABC):
@@ -84,9 +98,17 @@ def make_launcher(settings: Mapping[str, Any]) -> Launcher:
     return launcher_class(str(settings.get("name", "local")))(settings)
 
 
-def observe(states: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def observe(
+    states: Mapping[str, dict[str, Any]], needs: Mapping[str, list[str]] | None = None
+) -> dict[str, dict[str, Any]]:
     """The states as they really are: an active cell whose job is gone reads as the state its
-    launcher reports (`failed` with `lost` set, for a local process killed with -9)."""
+    launcher reports (`failed` with `lost` set, for a local process killed with -9); a cell
+    held back for a need (`needs`: id -> ids it needs, whose states are in `states` too)
+    reads as waiting or blocked (`_held`)."""
+    return _held(_reconciled(states), needs or {})
+
+
+def _reconciled(states: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     by_launcher: dict[str, dict[str, dict[str, Any]]] = {}
     for cell_id, state in states.items():
         if state.get("state") in ACTIVE_STATES and state.get("launcher"):
@@ -105,9 +127,53 @@ def observe(states: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return observed
 
 
+def _held(observed: dict[str, dict[str, Any]], needs: Mapping[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """Cells queued for a need that is not done: `waiting` (the need's id) while it may still
+    finish; `blocked` once it cannot, even where the held job itself is gone (a local launcher
+    that gave up on it, a SLURM job whose dependency can never be met)."""
+    for cell_id, required in needs.items():
+        state = observed.get(cell_id)
+        # Held back: its attempt has not started, and it is queued or was read lost as such; a
+        # final state the cell (or a user's cancel) recorded stands.
+        if state is None or state.get("started_at") or not (state.get("state") in ACTIVE_STATES or state.get("lost")):
+            continue
+        for need in required:
+            need_state = str((observed.get(need) or {}).get("state", "planned"))
+            if need_state == "done":
+                continue
+            if need_state in BLOCKING_STATES:
+                observed[cell_id] = {
+                    **state, "state": "blocked", "lost": False, "waiting": need,
+                    "error": f"blocked: it needs {need}, which is {need_state}; resubmit that "
+                             f"(`gridrun resubmit --cells {need}`) and this cell follows it",
+                }
+                break
+            if not state.get("lost"):
+                observed[cell_id] = {**state, "waiting": need}
+                break
+    return observed
+
+
+def needs_of(cells: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """id -> the ids it needs done first, for the cells (sweep.json entries) that need any."""
+    return {cell["id"]: list(cell["needs"]) for cell in cells if cell.get("needs")}
+
+
+def sweep_needs(sweep: SweepDir) -> dict[str, list[str]]:
+    return needs_of(sweep.read()["cells"])
+
+
+def observe_cells(sweep: SweepDir, ids: list[str]) -> dict[str, dict[str, Any]]:
+    """`observe` for these cells of a sweep (the states of what they need are read too)."""
+    needs = sweep_needs(sweep)
+    wanted = set(ids) | {need for cell_id in ids for need in needs.get(cell_id, [])}
+    observed = observe({cell_id: sweep.cell(cell_id).read_state() for cell_id in wanted}, needs)
+    return {cell_id: observed[cell_id] for cell_id in ids}
+
+
 def runnable(sweep: SweepDir, ids: list[str]) -> list[str]:
     """The cells a (re-run) sweep dispatches: all but those done, queued or running."""
-    states = observe({cell_id: sweep.cell(cell_id).read_state() for cell_id in ids})
+    states = observe_cells(sweep, ids)
     return [cell_id for cell_id in ids if states[cell_id].get("state") not in ("done", *ACTIVE_STATES)]
 
 
@@ -134,14 +200,49 @@ def new_attempt(state: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
 def queue(sweep: SweepDir, ids: list[str], launcher: Launcher) -> list[str]:
     """Mark cells queued (a new attempt) and submit them. Call under `sweep.lock()`.
 
-    Skips cells that are queued or running, and those the launcher does not admit; returns
-    the ids submitted."""
+    Cells blocked on one of `ids` come along (after it). Skips cells that are queued or
+    running, those whose needs will not be done (named in a warning), and those the launcher
+    does not admit; returns the ids submitted, each after the cells it needs."""
+    needs = sweep_needs(sweep)
+    every = sweep.cell_ids() if needs else ids
+    states = observe_cells(sweep, every)
+    released = [
+        cell_id for cell_id in every
+        if states[cell_id].get("state") == "blocked" and cell_id not in ids
+        and any(need in ids for need in needs.get(cell_id, []))
+    ]
+    ids = [*ids, *released]
     run_dirs = {cell_id: sweep.cell(cell_id) for cell_id in ids}
-    states = observe({cell_id: rd.read_state() for cell_id, rd in run_dirs.items()})
     todo = [cell_id for cell_id in ids if states[cell_id].get("state") not in ACTIVE_STATES]
+    todo = _needs_first(todo, needs, states, sweep.name)
     todo = launcher.admit(sweep, todo) if todo else todo
     for cell_id in todo:
         run_dirs[cell_id].update_state(**new_attempt(states[cell_id], launcher=launcher.name, job_id=None))
-    for cell_id, job_id in launcher.submit(sweep, todo).items():
+    for cell_id, job_id in (launcher.submit(sweep, todo) if todo else {}).items():
         run_dirs[cell_id].update_state(job_id=job_id)
     return todo
+
+
+def _needs_first(
+    todo: list[str], needs: Mapping[str, list[str]], states: Mapping[str, Mapping[str, Any]], sweep_name: str
+) -> list[str]:
+    """`todo` with every cell after the cells it needs; a cell whose need is neither done,
+    active nor in `todo` would wait forever, so it is left out with a warning naming the fix."""
+    free = [cell_id for cell_id in todo if not needs.get(cell_id)]
+    held = []
+    for cell_id in todo:
+        if not needs.get(cell_id):
+            continue
+        stuck = [
+            need for need in needs[cell_id]
+            if need not in free and states.get(need, {}).get("state") not in ("done", *ACTIVE_STATES)
+        ]
+        if stuck:
+            state = states.get(stuck[0], {}).get("state", "planned")
+            log.warning(
+                "not queuing %s: it needs %s, which is %s; dispatch that (`gridrun resubmit conf=%s --cells %s`) "
+                "and %s follows it", cell_id, stuck[0], state, sweep_name, stuck[0], cell_id,
+            )
+            continue
+        held.append(cell_id)
+    return free + held

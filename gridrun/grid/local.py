@@ -7,6 +7,9 @@ logs/stdout.log and logs/stderr.log) when a slot frees. Ctrl-C (or SIGTERM) send
 every running cell, waits `term_timeout_s`, then SIGKILLs what is left; the cells record
 `cancelled` themselves, and cells not yet started are marked cancelled here.
 
+A cell that needs others (a transfer cell its sa_rl cell) starts once they are done, in
+whatever process ran them; when one ends otherwise, the pool gives it up (it reads blocked).
+
 A cell whose process dies without recording a final state (kill -9, out of memory) is
 marked failed by this launcher if it is still running, and otherwise read as failed ("lost")
 by `reconcile`: its pid is dead on this host, or it is a recycled pid started after the cell.
@@ -31,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gridrun.grid.console import console
-from gridrun.grid.dispatch import Launcher
+from gridrun.grid.dispatch import BLOCKING_STATES, Launcher, observe, sweep_needs
 from gridrun.grid.errors import GridError
 from gridrun.rundir import RunDir
 
@@ -192,6 +195,7 @@ class _Pool:
     def __init__(self, launcher: LocalLauncher, sweep: SweepDir, ids: list[str]) -> None:
         self.launcher, self.sweep = launcher, sweep
         self.pending = deque(ids)
+        self.needs = sweep_needs(sweep)
         self.running: dict[str, subprocess.Popen[bytes]] = {}
         self.stopping = False
         self.killing = False
@@ -236,9 +240,27 @@ class _Pool:
         self.stopping = True
 
     # --- starting ------------------------------------------------------------------------
+    def _next(self) -> str | None:
+        """The first pending cell whose needs are done (cells given up on are finished here)."""
+        for cell_id in list(self.pending):
+            # Observed, not as written: a need whose own process died reads failed, not running.
+            needed = observe({need: self.sweep.cell(need).read_state() for need in self.needs.get(cell_id, [])})
+            states = {need: state.get("state") for need, state in needed.items()}
+            given_up = [need for need, state in states.items() if state in BLOCKING_STATES]
+            if given_up:
+                self.pending.remove(cell_id)
+                need = given_up[0]
+                self._finished(cell_id, {"state": "blocked", "error": f"{need} is {states[need]}: resubmit it"})
+            elif all(state == "done" for state in states.values()):
+                self.pending.remove(cell_id)
+                return cell_id
+        return None
+
     def _start_more(self) -> None:
         while self.pending and len(self.running) < self.launcher.max_parallel:
-            cell_id = self.pending.popleft()
+            cell_id = self._next()
+            if cell_id is None:
+                return
             with self.sweep.lock():
                 run_dir = self.sweep.cell(cell_id)
                 state = run_dir.read_state()

@@ -9,7 +9,11 @@ sweep.json. A cell already on disk is left alone when its config is unchanged; w
 changed, the whole plan is refused, naming the keys, unless `replace` moves the old run
 aside to replaced/ (never while it is queued or running).
 
-The fingerprint is a hash of the resolved config.yaml content.
+The fingerprint is a hash of the resolved config.yaml content. A transfer cell names its
+SA-RL cell's run dir relative to its own (`policy.transfer_adapter: ../<sa_rl id>`), so its
+fingerprint does not depend on where the results live; the adapter inside is found when the
+cell runs. Its sa_rl cell must be in the plan or already in the sweep; `needs` in sweep.json
+and cell.json records the dependency for the launchers.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from gridrun.grid.console import track
 from gridrun.grid.dispatch import observe
 from gridrun.grid.errors import GridError
 from gridrun.grid.spec import SweepSpec
-from gridrun.grid.sweepdir import SweepDir
+from gridrun.grid.sweepdir import SweepDir, sibling_cell
 from gridrun.rundir import ACTIVE_STATES, RunDir, atomic_write_json, atomic_write_text
 from gridrun.train.config import ConfigError, RunConfig, config_from_dict, dump_config, load_config
 
@@ -58,11 +62,11 @@ class PlannedCell:
         return self.cell.id
 
     def total_steps(self) -> int:
-        return 0 if self.cell.kind == "base" else self.config.train.total_steps
+        return self.config.train.total_steps if self.config.trains else 0
 
     def entry(self) -> dict[str, Any]:
-        """This cell's record in sweep.json."""
-        return {
+        """This cell's record in sweep.json (and cell.json)."""
+        entry = {
             "id": self.id,
             "kind": self.cell.kind,
             "coords": self.cell.coords(),
@@ -72,6 +76,10 @@ class PlannedCell:
             "est_hours": round(self.est_hours, 3),
             "gpu_mem_gb": None if self.gpu_mem_gb is None else round(self.gpu_mem_gb, 1),
         }
+        if self.cell.needs:
+            # Cells that must be done before this one starts (dispatch.py holds it back).
+            entry["needs"] = [need.id for need in self.cell.needs]
+        return entry
 
 
 @dataclass
@@ -111,11 +119,14 @@ def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
     composed: dict[tuple[str, ...], dict[str, Any]] = {}
     cells: list[PlannedCell] = []
     grid: dict[str, Any] | None = None
-    for cell in expand(spec.axes):
+    for cell in expand(spec.axes, spec.restrict):
         choices = tuple(cell.group_choices())
         if choices not in composed:
             composed[choices] = composer.compose([*choices, *spec.settings])
         tree = composed[choices]
+        if cell.kind == "transfer":
+            (source,) = cell.needs
+            tree = {**tree, "policy": {**tree["policy"], "transfer_adapter": sibling_cell(source.id)}}
         try:
             config = run_config(tree, cell.cell_node())
         except ConfigError as err:
@@ -126,7 +137,7 @@ def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
         elif this_grid != grid:
             raise GridError(f"cell {cell.id} has another launcher or cluster than the sweep's first cell: set them once")
         cells.append(
-            PlannedCell(cell, config, fingerprint(config), _resources(tree), _estimate_hours(tree, config, cell.kind),
+            PlannedCell(cell, config, fingerprint(config), _resources(tree), _estimate_hours(tree, config),
                         _fits(cell.id, config, tree["gpu"]))
         )
     assert grid is not None, "expand() yields at least one cell for non-empty axes"
@@ -173,10 +184,10 @@ def _resources(tree: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _estimate_hours(tree: dict[str, Any], config: RunConfig, kind: str) -> float:
+def _estimate_hours(tree: dict[str, Any], config: RunConfig) -> float:
     """Rough wall-clock hours of one attempt: steps and validations at the conf's rates."""
     rate = tree["estimate"]
-    steps = 0 if kind == "base" else config.train.total_steps
+    steps = config.train.total_steps if config.trains else 0
     validations = 1 + steps // config.train.val_every + (1 if steps % config.train.val_every else 0)
     seconds = rate["step_s"] * rate["relative_cost"] * (steps + validations * rate["val_cost"])
     return seconds / 3600
@@ -186,8 +197,15 @@ def _estimate_hours(tree: dict[str, Any], config: RunConfig, kind: str) -> float
 def check(plan: Plan, sweep: SweepDir, replace: bool) -> Freeze:
     """Each cell's fate against what is on disk (new, unchanged, changed, replaced); reads only."""
     result = Freeze()
-    if sweep.exists():
-        sweep.read()  # refuses a directory that holds another sweep
+    planned = sweep.cell_ids() if sweep.exists() else []  # refuses a directory that holds another sweep
+    known = set(planned) | {pc.id for pc in plan.cells}
+    for pc in plan.cells:
+        missing = [need for need in pc.cell.needs if need.id not in known]
+        if missing:
+            raise GridError(
+                f"{pc.id} needs {missing[0].id}, which is neither in this plan nor in sweep '{sweep.name}': "
+                f"plan it too (add {missing[0].kind} to kind=)"
+            )
     on_disk = {pc.id: sweep.cell(pc.id) for pc in plan.cells}
     existing = {cell_id: rd for cell_id, rd in on_disk.items() if rd.config_yaml.is_file()}
     states = observe({cell_id: rd.read_state() for cell_id, rd in existing.items()})

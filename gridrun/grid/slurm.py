@@ -26,8 +26,13 @@ TIMEOUT/PREEMPTED -> preempted, NODE_FAIL/OUT_OF_MEMORY/FAILED/BOOT_FAIL -> fail
 resubmit --failed` (and --preempted, --cells) queues them again, at most
 `launcher.max_attempts` submissions per cell (the scheduler's own requeues do not count).
 
-Left out: several nodes per cell, heterogeneous jobs, job dependencies (transfer cells),
-clusters without `srun`. Standard library until a job is submitted: `gridrun status`
+Dependencies. A cell that needs others (a transfer cell its sa_rl cell) is submitted after
+them with `--dependency=afterok:<their jobs>` (none for needs already done): SLURM starts it
+once they complete, and never when one fails (its job waits, DependencyNeverSatisfied;
+`gridrun status` reads it blocked). Resubmitting the failed need submits the blocked cell
+again, after cancelling its stale job.
+
+Left out: several nodes per cell, heterogeneous jobs, clusters without `srun`. Standard library until a job is submitted: `gridrun status`
 imports this module to reconcile, and submitit is imported only to submit.
 """
 
@@ -52,7 +57,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gridrun.grid import REPO_ROOT
-from gridrun.grid.dispatch import Launcher
+from gridrun.grid.dispatch import Launcher, sweep_needs
 from gridrun.grid.errors import GridError
 
 if TYPE_CHECKING:
@@ -243,14 +248,20 @@ def job_spec(cell: Mapping[str, Any], cluster: Mapping[str, Any], env: Mapping[s
     )
 
 
-def executor_parameters(spec: JobSpec, settings: Mapping[str, Any], job_name: str) -> dict[str, Any]:
-    """Everything handed to `SlurmExecutor.update_parameters` for one array of this spec."""
-    return {
+def executor_parameters(
+    spec: JobSpec, settings: Mapping[str, Any], job_name: str, dependency: str | None = None
+) -> dict[str, Any]:
+    """Everything handed to `SlurmExecutor.update_parameters` for one array of this spec
+    (`dependency`: sbatch's --dependency, e.g. afterok:12_3)."""
+    params = {
         **spec.parameters(),
         "job_name": job_name,
         "signal_delay_s": int(settings.get("signal_delay_s", 300)),
         "array_parallelism": int(settings.get("max_parallel", 64)),
     }
+    if dependency:
+        params["additional_parameters"] = {**params.get("additional_parameters", {}), "dependency": dependency}
+    return params
 
 
 def sbatch_script(parameters: Mapping[str, Any], folder: Path, python: str = sys.executable, array: int | None = None) -> str:
@@ -338,27 +349,55 @@ class SlurmLauncher(Launcher):
         raise GridError(f"sbatch rejects the jobs of partition '{spec.partition}' ({reason_text}): {fix}")
 
     def submit(self, sweep: SweepDir, ids: list[str]) -> dict[str, str]:
+        specs = self._specs(sweep, ids)
+        needs = sweep_needs(sweep)
+        submitted: dict[str, str] = {}
+        # Needs first (queue() orders them so): their job ids are the dependents' afterok.
+        for wave in ([c for c in ids if not needs.get(c)], [c for c in ids if needs.get(c)]):
+            groups: dict[tuple[str, str | None], list[str]] = {}
+            for cell_id in wave:
+                dependency = self._dependency(sweep, needs.get(cell_id, []), submitted)
+                groups.setdefault((specs[cell_id].key(), dependency), []).append(cell_id)
+                self._cancel_stale_job(sweep, cell_id)
+            for (_, dependency), cells in groups.items():
+                submitted.update(self._submit_array(sweep, cells, specs[cells[0]], dependency))
+        return submitted
+
+    @staticmethod
+    def _dependency(sweep: SweepDir, needs: list[str], submitted: Mapping[str, str]) -> str | None:
+        """afterok on the jobs of the needs not done yet (None: nothing to wait for)."""
+        jobs = []
+        for need in needs:
+            state = sweep.cell(need).read_state()
+            job = submitted.get(need) or (state.get("job_id") if state.get("state") != "done" else None)
+            if job:
+                jobs.append(str(job))
+        return "afterok:" + ":".join(jobs) if jobs else None
+
+    @staticmethod
+    def _cancel_stale_job(sweep: SweepDir, cell_id: str) -> None:
+        """A resubmitted cell's previous job, if it never started (a blocked cell's job waits
+        forever on a dependency that failed): cancelled, so the queue holds one job per cell."""
+        history = sweep.cell(cell_id).read_state().get("attempts") or []
+        if history and history[-1].get("job_id") and not history[-1].get("started_at"):
+            _run(["scancel", str(history[-1]["job_id"])], "cancelling a stale job", check=False)
+
+    def _submit_array(self, sweep: SweepDir, cells: list[str], spec: JobSpec, dependency: str | None) -> dict[str, str]:
+        """One job array (in chunks of MaxArraySize) of cells sharing a spec and a dependency."""
         import submitit
 
         from gridrun.grid.slurm_job import CellJob
 
-        specs = self._specs(sweep, ids)
-        groups: dict[str, list[str]] = {}
-        for cell_id in ids:
-            groups.setdefault(specs[cell_id].key(), []).append(cell_id)
+        executor = submitit.SlurmExecutor(folder=sweep.jobs_dir / "%j", max_num_timeout=self.max_num_timeout)
+        executor.update_parameters(**executor_parameters(spec, self.settings, f"gridrun-{sweep.name}", dependency))
         submitted: dict[str, str] = {}
-        size = max_array_size()
-        for cells in groups.values():
-            spec = specs[cells[0]]
-            executor = submitit.SlurmExecutor(folder=sweep.jobs_dir / "%j", max_num_timeout=self.max_num_timeout)
-            executor.update_parameters(**executor_parameters(spec, self.settings, f"gridrun-{sweep.name}"))
-            for chunk in chunks(cells, size):
-                jobs = []
-                with executor.batch():
-                    for cell_id in chunk:
-                        job = CellJob(str(sweep.cell(cell_id).root.resolve()), spec.time_min, self.signal_delay_s)
-                        jobs.append(executor.submit(job))
-                submitted.update({cell_id: job.job_id for cell_id, job in zip(chunk, jobs)})
+        for chunk in chunks(cells, max_array_size()):
+            jobs = []
+            with executor.batch():
+                for cell_id in chunk:
+                    job = CellJob(str(sweep.cell(cell_id).root.resolve()), spec.time_min, self.signal_delay_s)
+                    jobs.append(executor.submit(job))
+            submitted.update({cell_id: job.job_id for cell_id, job in zip(chunk, jobs)})
         return submitted
 
     @classmethod

@@ -8,6 +8,10 @@ Hydra's sweep syntax (`a,b`, `range(0,16)`, `glob(*)`, a list `[a,b]`). Every ot
 is a setting applied to every cell, in Hydra's syntax (`train.total_steps=20`, `engine=hf`,
 `+grpo.kl_beta.generator=0.01`). Sweeping a setting over several values is refused: a
 cell's id names only its axes, so two cells differing in a setting would share an id.
+
+`restrict` plans one kind at fewer values of an axis, in the sweep file
+(`restrict: {transfer: {scale: [1.7b]}}`) or on the command line
+(`restrict.transfer.scale=1.7b,4b`, which replaces the file's values for that axis).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError, closest
 
 SWEEPS_DIR = REPO_ROOT / "sweeps"
-SWEEP_KEYS = ("axes", "overrides")
+SWEEP_KEYS = ("axes", "restrict", "overrides")
 
 
 @dataclass
@@ -37,6 +41,8 @@ class SweepSpec:
     axes: dict[str, list[Any]]
     # Settings for every cell: the sweep file's, then the command line's (later wins).
     settings: list[str] = field(default_factory=list)
+    # kind -> axis -> values: that kind's cells only at these values (see cells.expand).
+    restrict: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     # The command line as given (recorded in sweep.json).
     argv: list[str] = field(default_factory=list)
 
@@ -99,12 +105,22 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
     if not isinstance(file_settings, list) or not all(isinstance(s, str) for s in file_settings):
         raise GridError(f"{path}: 'overrides' must be a list of Hydra overrides such as train.total_steps=20")
 
+    restrict_data = data.get("restrict") or {}
+    if not isinstance(restrict_data, dict) or not all(isinstance(v, dict) for v in restrict_data.values()):
+        raise GridError(f"{path}: 'restrict' must map a kind to axes and their values, e.g. transfer: {{scale: [1.7b]}}")
+    restrict_lines: dict[tuple[str, str], Any] = {
+        (str(kind), str(axis)): values for kind, limits in restrict_data.items() for axis, values in limits.items()
+    }
+
     settings = list(file_settings)
     for line in overrides:
         override = composer.parse(line)
         key = override.key_or_group
         if key in AXES:
             axes[key] = _axis_values(line, composer)
+        elif key.startswith("restrict."):
+            _, kind, axis = (key.split(".") + ["", ""])[:3]
+            restrict_lines[(kind, axis)] = _axis_values(line, composer)
         elif key == "cell" or key.startswith("cell."):
             raise GridError(f"'{line}': cell.* is set by the grid; choose cells with the axes ({', '.join(AXES)})")
         elif key.startswith("hydra"):
@@ -118,7 +134,19 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
             settings.append(line)
     for axis in AXES:
         axes[axis] = _checked_axis(axis, axes[axis], composer)
-    return SweepSpec(name=path.stem, source=path, axes=axes, settings=_last_wins(settings, composer), argv=list(overrides))
+    restrict: dict[str, dict[str, list[Any]]] = {}
+    for (kind, axis), values in restrict_lines.items():
+        if kind not in KINDS:
+            raise GridError(f"restrict.{kind}: unknown kind '{kind}'{closest(kind, KINDS)}")
+        if axis not in AXES or axis == "kind":
+            axes_named = [a for a in AXES if a != "kind"]
+            raise GridError(f"restrict.{kind}.{axis}: name an axis ({', '.join(axes_named)}){closest(axis, axes_named)}")
+        listed = values if isinstance(values, list) else [values]
+        restrict.setdefault(kind, {})[axis] = _checked_axis(axis, listed, composer)
+    return SweepSpec(
+        name=path.stem, source=path, axes=axes, settings=_last_wins(settings, composer), restrict=restrict,
+        argv=list(overrides),
+    )
 
 
 def _axis_values(line: str, composer: Composer) -> list[Any]:

@@ -5,7 +5,8 @@ cell list, then one state.json per cell, which the trainer keeps current (step, 
 peak validation accuracy, drift alerts), so no metrics file is parsed. Standard library
 only until a table is drawn; rich is imported to draw. Cells whose job died without saying
 so are shown as their launcher reconciles them (`failed`, marked lost); a scheduler's word
-for an active cell's job (PENDING, RUNNING) is shown beside its job id.
+for an active cell's job (PENDING, RUNNING) is shown beside its job id. A queued cell held
+for a cell it needs shows `waiting: <its id>`, and `blocked` once that one failed.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gridrun.grid.dispatch import observe
+from gridrun.grid.dispatch import needs_of, observe
 from gridrun.grid.sweepdir import SweepDir, planned_sweeps
 from gridrun.rundir import STATES
 
@@ -27,13 +28,14 @@ STATE_STYLES = {
     "failed": "red",
     "preempted": "magenta",
     "cancelled": "yellow",
+    "blocked": "red",
 }
 
 
 def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
     """One row per cell of the sweep, in plan order."""
     cells = sweep.read()["cells"]
-    states = observe({cell["id"]: sweep.cell(cell["id"]).read_state() for cell in cells})
+    states = observe({cell["id"]: sweep.cell(cell["id"]).read_state() for cell in cells}, needs_of(cells))
     now = time.time()
     rows = []
     for cell in cells:
@@ -65,6 +67,8 @@ def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
                 "alerts": list(state.get("alerts") or []),
                 "error": state.get("error"),
                 "lost": bool(state.get("lost")),
+                # The cell a queued or blocked cell waits for (a transfer cell's sa_rl cell).
+                "waiting": state.get("waiting"),
             }
         )
     return rows
@@ -137,6 +141,8 @@ def tables(rows: list[dict[str, Any]]) -> list[Any]:
         for row in sweep_rows_:
             style = STATE_STYLES.get(row["state"], "")
             state = row["state"] + (" (lost)" if row["lost"] else "")
+            if row["waiting"]:
+                state = f"waiting: {row['waiting']}" if row["state"] == "queued" else f"{state}: {row['waiting']}"
             peak = _pct(row["peak_val_acc"])
             if peak and row["peak_step"] is not None:
                 peak += f" @{row['peak_step']}"
@@ -159,10 +165,10 @@ def tables(rows: list[dict[str, Any]]) -> list[Any]:
 
 
 def failures(rows: list[dict[str, Any]]) -> list[Any]:
-    """A panel per failed cell with its error tail, then how to resubmit."""
+    """A panel per failed (or blocked) cell with its error tail, then how to resubmit."""
     from rich.panel import Panel
 
-    failed = [row for row in rows if row["state"] == "failed"]
+    failed = [row for row in rows if row["state"] in ("failed", "blocked")]
     panels: list[Any] = []
     for row in failed:
         where = f"attempt {row['attempt']}, job {row['job_id'] or '-'}, node {row['node'] or '-'}, step {row['step']}"

@@ -143,6 +143,12 @@ class SweepDir:
             lock.release()
 
 
+def sibling_cell(cell_id: str) -> str:
+    """Another cell's run dir as seen from a cell's own (cells/<id>/ are siblings): what a
+    config names, so that it holds wherever the results root is."""
+    return f"../{cell_id}"
+
+
 def planned_sweeps(results: Path) -> list[str]:
     """Names of the sweeps planned under a results root, sorted."""
     if not results.is_dir():

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-KINDS = ("train", "sa_rl", "base")
+KINDS = ("train", "sa_rl", "base", "transfer")
 WORKFLOWS = ("single", "eval_opt", "voting", "orch_workers")
 TASKS = ("arith", "math", "code")
 POLICIES = ("shared", "isolated", "transfer")
@@ -35,7 +35,7 @@ class ConfigError(ValueError):
 @dataclass
 class CellSpec:
     id: str
-    kind: Literal["train", "sa_rl", "base"] = "train"
+    kind: Literal["train", "sa_rl", "base", "transfer"] = "train"
     seed: int = 0
 
 
@@ -106,6 +106,9 @@ class PolicySpec:
     lora_alpha: int = 32
     lora_dropout: float = 0.0
     target_modules: str = "all-linear"
+    # transfer only: the finished run dir whose adapter serves transfer_role (its newest
+    # complete checkpoint's, resolved at run time), or a peft adapter dir; a relative path
+    # is taken from this cell's run dir (the grid writes ../<sa_rl cell id>).
     transfer_adapter: str | None = None
     transfer_role: str = "generator"
 
@@ -213,8 +216,15 @@ class RunConfig:
             )
         if self.cell.kind == "train" and self.workflow.name == "single":
             raise ConfigError("workflow 'single' trains as cell.kind=sa_rl, not train")
+        if (self.cell.kind == "transfer") != (self.policy.name == "transfer"):
+            raise ConfigError(
+                f"cell.kind={self.cell.kind} with policy.name={self.policy.name}: a transfer cell evaluates a "
+                "transplanted adapter and nothing else does; set both to transfer or neither"
+            )
         if self.policy.name == "transfer" and not self.policy.transfer_adapter:
-            raise ConfigError("policy.name=transfer needs policy.transfer_adapter=<adapter dir>")
+            raise ConfigError("policy.name=transfer needs policy.transfer_adapter=<run dir of a finished sa_rl cell>")
+        if self.cell.kind == "transfer" and self.workflow.name == "single":
+            raise ConfigError("a transfer cell plugs an adapter into a multi-agent workflow: set workflow.name to one")
         if self.grpo.clip_low <= 0 or self.grpo.clip_high <= 0:
             raise ConfigError("grpo.clip_low and grpo.clip_high must be > 0")
         for name in ("total_steps", "batch_problems", "ppo_mini_batch", "val_every", "save_every"):
@@ -232,7 +242,8 @@ class RunConfig:
 
     @property
     def trains(self) -> bool:
-        return self.cell.kind != "base"
+        """Base and transfer cells only evaluate (step 0, n = 1)."""
+        return self.cell.kind not in ("base", "transfer")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -168,7 +168,7 @@ class Trainer:
         # On a GPU node each rank trains on its own device; CPU runs stay where they are.
         base, self.tokenizer = load_base(config.model, self.dist.device)
         self.routing = routing_for(config, self.workflow)
-        self.model = attach_adapters(base, config, self.routing)
+        self.model = attach_adapters(base, config, self.routing, run_dir.root)
         if config.train.gradient_checkpointing:
             self.model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # The update runs in training mode (checkpointing acts only there; LoRA and Qwen3 have

@@ -129,3 +129,43 @@ def test_ctrl_c_cancels_running_and_waiting_cells(results: Path) -> None:
     rows = status(results)
     assert {row["state"] for row in rows.values()} == {"cancelled"}, rows
     assert cell.read_state()["error"] == "stopped by SIGTERM"
+
+
+def test_transfer_cells_wait_for_their_sa_rl_a_failed_one_blocks_them_and_resubmitting_it_releases_them(
+    results: Path,
+) -> None:
+    args = ["conf=smoke", "kind=sa_rl,transfer", "train.total_steps=2", *TINY, "--max-parallel", "2"]
+    assert gridrun(results, "plan", *args[:-2]).returncode == 0
+    cells = results / "smoke" / "cells"
+    sa_rl = RunDir(cells / "sa_rl-toy-arith-s0")
+    transfers = [RunDir(cells / f"transfer-{w}-toy-arith-s0") for w in ("eval_opt", "voting", "orch_workers")]
+    # A config the trainer refuses: the sa_rl cell fails at once, before its first step.
+    good = sa_rl.config_yaml.read_text()
+    sa_rl.config_yaml.write_text(good + "bogus_key: 1\n")
+    proc = gridrun(results, "sweep", *args)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rows = status(results)
+    assert rows["sa_rl-toy-arith-s0"]["state"] == "failed"
+    # Two slots were free, yet no transfer cell started: each waited, then was given up.
+    assert [rows[t.root.name]["state"] for t in transfers] == ["blocked"] * 3
+    assert all(t.read_state().get("started_at") is None and not t.metrics_jsonl.exists() for t in transfers)
+
+    sa_rl.config_yaml.write_text(good)
+    proc = gridrun(results, "resubmit", "conf=smoke", "--failed")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resubmitted 4 cells" in proc.stdout
+    rows = status(results)
+    assert {row["state"] for row in rows.values()} == {"done"}
+    finished = sa_rl.read_state()["finished_at"]
+    for transfer in transfers:
+        state = transfer.read_state()
+        # Started only after the sa_rl cell had finished, on the adapter of its final checkpoint.
+        assert state["started_at"] >= finished and state["attempt"] == 2
+        assert [(row["split"], row["step"]) for row in transfer.read_metrics()] == [("val", 0)]
+    adapter = f"generator runs on the adapter in {sa_rl.checkpoint(2).resolve()}/adapters/shared"
+    assert all(adapter in t.stderr_log.read_text() for t in transfers[:2])
+    # As in the paper, Orch-Workers has no generator: its transfer cell is the base model throughout.
+    assert "orch_workers has no generator role" in transfers[2].stderr_log.read_text()
+    # The analysis reads a sweep holding transfer cells.
+    proc = gridrun(results, "collect", "conf=smoke", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

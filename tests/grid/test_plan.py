@@ -32,17 +32,19 @@ def kinds(plan_cells: list) -> dict[str, int]:
     return found
 
 
-def test_full_matrix_has_36_train_6_sa_rl_24_base(composer: Composer) -> None:
+def test_full_matrix_has_36_train_6_sa_rl_24_base_6_transfer(composer: Composer) -> None:
     # 3 workflows x 2 tasks x 3 scales x 2 policies = 36; 2 tasks x 3 scales = 6 sa_rl;
-    # (single + 3 workflows) x 2 tasks x 3 scales = 24 base.
+    # (single + 3 workflows) x 2 tasks x 3 scales = 24 base; 3 workflows x 2 tasks at 1.7B
+    # only (the sweep's restrict, as the paper's Table 3) = 6 transfer.
     plan = make_plan(load_spec("full_matrix", [], composer), composer)
-    assert kinds(plan.cells) == {"train": 36, "sa_rl": 6, "base": 24}
-    assert len({pc.id for pc in plan.cells}) == 66
+    assert kinds(plan.cells) == {"train": 36, "sa_rl": 6, "base": 24, "transfer": 6}
+    assert len({pc.id for pc in plan.cells}) == 72
+    assert {pc.cell.scale for pc in plan.cells if pc.cell.kind == "transfer"} == {"1.7b"}
 
 
-def test_seeds_multiply_train_and_sa_rl_only(composer: Composer) -> None:
+def test_seeds_multiply_every_kind_but_base(composer: Composer) -> None:
     plan = make_plan(load_spec("full_matrix", ["seed=0,1,2"], composer), composer)
-    assert kinds(plan.cells) == {"train": 108, "sa_rl": 18, "base": 24}
+    assert kinds(plan.cells) == {"train": 108, "sa_rl": 18, "base": 24, "transfer": 18}
     plan = make_plan(load_spec("full_matrix", ["seed=range(0,16)", "scale=1.7b", "kind=train,base"], composer), composer)
     assert kinds(plan.cells) == {"train": 3 * 2 * 2 * 16, "base": 4 * 2}
 
@@ -222,7 +224,7 @@ def test_config_drift_is_refused_naming_the_keys(gridrun: Gridrun, results: Path
 def test_dry_run_prints_the_plan_and_writes_nothing(gridrun: Gridrun, results: Path) -> None:
     result = gridrun("sweep", "conf=full_matrix", "--dry-run")
     assert result.code == 0
-    assert "66 cells (36 train, 6 sa_rl, 24 base)" in result.out and "GPU-hours" in result.out
+    assert "72 cells (36 train, 6 sa_rl, 24 base, 6 transfer)" in result.out and "GPU-hours" in result.out
     assert "voting-ip-1.7b-math-s0" in result.out and "2x h100" in result.out
     assert not results.exists()
 

@@ -276,3 +276,55 @@ def test_smoke_sweep_finishes_and_status_and_collect_read_it(gridrun: Gridrun, s
     submitted = next((gridrun.results / "smoke" / "jobs").rglob("*_submission.sh")).read_text()
     assert "#SBATCH --partition=debug\n" in submitted and "#SBATCH --array=0-10%3\n" in submitted
     assert job.split("_")[0] in str(next((gridrun.results / "smoke" / "jobs").iterdir()))
+
+
+# ---------------------------------------------------------------- transfer cells: afterok
+def scontrol_field(job_id: str, field: str) -> str:
+    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30,
+                         check=False).stdout
+    found = re.search(rf"\b{field}=(\S*)", out)
+    return found.group(1) if found else ""
+
+
+def test_a_transfer_cell_waits_for_its_sa_rl_job_a_failed_one_blocks_it_and_resubmitting_releases_it(
+    gridrun: Gridrun,
+) -> None:
+    args = (f"conf={gridrun.copy_of_smoke('transfer')}", *ON_CLUSTER, "kind=sa_rl,transfer", "workflow=voting",
+            *SMALL, "train.total_steps=2")
+    assert gridrun("plan", *args).returncode == 0, "plan"
+    sa_rl, transfer = gridrun.cell("transfer", "sa_rl-toy-arith-s0"), gridrun.cell("transfer", "transfer-voting-toy-arith-s0")
+    # A model that does not exist: the sa_rl trainer fails at start-up and records it.
+    good = sa_rl.config_yaml.read_text()
+    sa_rl.config_yaml.write_text(good.replace("name_or_path: toy", "name_or_path: /nonexistent-model"))
+    result = gridrun("sweep", *args)
+    assert result.returncode == 0, result.stderr
+    rows = gridrun.rows("transfer")
+    first_sa_rl_job, first_job = rows["sa_rl-toy-arith-s0"]["job_id"], rows["transfer-voting-toy-arith-s0"]["job_id"]
+    # Submitted at once, held by SLURM on the sa_rl job.
+    assert scontrol_field(first_job, "Dependency").startswith(f"afterok:{first_sa_rl_job}")
+    assert (rows["transfer-voting-toy-arith-s0"]["state"], rows["transfer-voting-toy-arith-s0"]["waiting"]) == (
+        "queued", "sa_rl-toy-arith-s0")
+    assert "waiting: sa_rl-toy-arith-s0" in gridrun("status", "conf=transfer").stdout
+
+    row = wait_until(lambda: (r := gridrun.rows("transfer"))["sa_rl-toy-arith-s0"]["state"] == "failed" and r,
+                     "the sa_rl cell to fail")
+    assert row["transfer-voting-toy-arith-s0"]["state"] == "blocked"
+    # Its job never started: SLURM keeps it pending on a dependency that cannot be met.
+    assert state(transfer).get("started_at") is None
+    wait_until(lambda: scontrol_field(first_job, "Reason") == "DependencyNeverSatisfied",
+               "SLURM to give up on the dependency", 60)
+    assert scontrol_field(first_job, "JobState") == "PENDING"
+
+    sa_rl.config_yaml.write_text(good)
+    result = gridrun("resubmit", "conf=transfer", "--failed")
+    assert result.returncode == 0 and "resubmitted 2 cells" in result.stdout, result.stdout + result.stderr
+    rows = gridrun.rows("transfer")
+    sa_rl_job, job = rows["sa_rl-toy-arith-s0"]["job_id"], rows["transfer-voting-toy-arith-s0"]["job_id"]
+    assert job != first_job and scontrol_field(job, "Dependency").startswith(f"afterok:{sa_rl_job}")
+    # The stale job is gone from the queue: one job per cell.
+    wait_until(lambda: "CANCELLED" in sacct_state(first_job), "the stale transfer job cancelled", 30)
+    wait_until(lambda: state(transfer)["state"] in ("done", "failed"), "the transfer cell to finish", 300)
+    assert (state(sa_rl)["state"], state(transfer)["state"]) == ("done", "done"), state(transfer).get("error")
+    assert state(transfer)["started_at"] >= state(sa_rl)["finished_at"]
+    assert [(r["split"], r["step"]) for r in transfer.read_metrics()] == [("val", 0)]
+    assert f"runs on the adapter in {sa_rl.checkpoint(2).resolve()}" in transfer.stderr_log.read_text()

@@ -160,7 +160,7 @@ def test_transfer_routing_serves_base_roles_the_exact_base_model(closing, tmp_pa
     randomize_lora_b(donor, seed=4)
     donor.save_pretrained(str(tmp_path / "sa_rl"))
     config = vllm_config(workflow={"name": "voting"},
-                         policy={"name": "transfer", "transfer_adapter": str(tmp_path / "sa_rl")})
+                         cell={"kind": "transfer"}, policy={"name": "transfer", "transfer_adapter": str(tmp_path / "sa_rl")})
     model, tokenizer, routing = trainer_model(config)
     assert routing.adapter("generator") == "transfer" and routing.adapter("aggregator") is None
     engine = closing(VLLMEngine(config, model, tokenizer, routing.trainable))
