@@ -106,9 +106,10 @@ def observe(states: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def runnable(sweep: SweepDir, ids: list[str]) -> list[str]:
-    """The cells a (re-run) sweep dispatches: all but those done, queued or running."""
-    states = observe({cell_id: sweep.cell(cell_id).read_state() for cell_id in ids})
-    return [cell_id for cell_id in ids if states[cell_id].get("state") not in ("done", *ACTIVE_STATES)]
+    """The cells a (re-run) sweep dispatches: all but those done, queued, running or damaged
+    (a damaged cell waits for its file to be fixed: its message says how)."""
+    states = observe({cell_id: sweep.cell(cell_id).inspect() for cell_id in ids})
+    return [cell_id for cell_id in ids if states[cell_id].get("state") not in ("done", "damaged", *ACTIVE_STATES)]
 
 
 def new_attempt(state: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
@@ -134,11 +135,11 @@ def new_attempt(state: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
 def queue(sweep: SweepDir, ids: list[str], launcher: Launcher) -> list[str]:
     """Mark cells queued (a new attempt) and submit them. Call under `sweep.lock()`.
 
-    Skips cells that are queued or running, and those the launcher does not admit; returns
-    the ids submitted."""
+    Skips cells that are queued, running or damaged, and those the launcher does not admit;
+    returns the ids submitted."""
     run_dirs = {cell_id: sweep.cell(cell_id) for cell_id in ids}
-    states = observe({cell_id: rd.read_state() for cell_id, rd in run_dirs.items()})
-    todo = [cell_id for cell_id in ids if states[cell_id].get("state") not in ACTIVE_STATES]
+    states = observe({cell_id: rd.inspect() for cell_id, rd in run_dirs.items()})
+    todo = [cell_id for cell_id in ids if states[cell_id].get("state") not in ("damaged", *ACTIVE_STATES)]
     todo = launcher.admit(sweep, todo) if todo else todo
     for cell_id in todo:
         run_dirs[cell_id].update_state(**new_attempt(states[cell_id], launcher=launcher.name, job_id=None))

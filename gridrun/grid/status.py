@@ -5,7 +5,9 @@ cell list, then one state.json per cell, which the trainer keeps current (step, 
 peak validation accuracy, drift alerts), so no metrics file is parsed. Standard library
 only until a table is drawn; rich is imported to draw. Cells whose job died without saying
 so are shown as their launcher reconciles them (`failed`, marked lost); a scheduler's word
-for an active cell's job (PENDING, RUNNING) is shown beside its job id.
+for an active cell's job (PENDING, RUNNING) is shown beside its job id. A cell whose
+state.json or cell.json is damaged shows as `damaged` with the file and the fix; a sweep
+whose sweep.json is damaged is skipped with a warning when every sweep is listed.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gridrun.grid.dispatch import observe
-from gridrun.grid.sweepdir import SweepDir, planned_sweeps
+from gridrun.grid.sweepdir import SweepDamaged, SweepDir, planned_sweeps
 from gridrun.rundir import STATES
 
 STATE_STYLES = {
@@ -27,13 +29,14 @@ STATE_STYLES = {
     "failed": "red",
     "preempted": "magenta",
     "cancelled": "yellow",
+    "damaged": "bold red",
 }
 
 
 def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
     """One row per cell of the sweep, in plan order."""
     cells = sweep.read()["cells"]
-    states = observe({cell["id"]: sweep.cell(cell["id"]).read_state() for cell in cells})
+    states = observe({cell["id"]: sweep.cell(cell["id"]).inspect() for cell in cells})
     now = time.time()
     rows = []
     for cell in cells:
@@ -52,7 +55,7 @@ def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
                 "kind": cell["kind"],
                 "state": state.get("state", "planned"),
                 "step": int(state.get("step") or 0),
-                "total_steps": int(state.get("total_steps", cell.get("total_steps")) or 0),
+                "total_steps": _count(state.get("total_steps", cell.get("total_steps"))),
                 "attempt": int(state.get("attempt") or 0),
                 "job_id": state.get("job_id"),
                 # The scheduler's word for an active cell's job (PENDING, RUNNING), if it has one.
@@ -70,12 +73,23 @@ def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
     return rows
 
 
-def all_rows(results: Path, conf: str | None) -> list[dict[str, Any]]:
-    """Rows of one sweep (conf) or of every sweep under the results root."""
-    names = [conf] if conf else planned_sweeps(results)
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def all_rows(results: Path, conf: str | None, skipped: list[str] | None = None) -> list[dict[str, Any]]:
+    """Rows of one sweep (conf) or of every sweep under the results root; listing every sweep,
+    a damaged one is left out and its message added to `skipped`."""
+    if conf:
+        return sweep_rows(SweepDir(results, conf))
     rows: list[dict[str, Any]] = []
-    for name in names:
-        rows.extend(sweep_rows(SweepDir(results, name)))
+    for name in planned_sweeps(results):
+        try:
+            rows.extend(sweep_rows(SweepDir(results, name)))
+        except SweepDamaged as err:
+            if skipped is None:
+                raise
+            skipped.append(str(err))
     return rows
 
 
@@ -159,16 +173,16 @@ def tables(rows: list[dict[str, Any]]) -> list[Any]:
 
 
 def failures(rows: list[dict[str, Any]]) -> list[Any]:
-    """A panel per failed cell with its error tail, then how to resubmit."""
+    """A panel per failed or damaged cell with its error tail, then how to resubmit."""
     from rich.panel import Panel
 
-    failed = [row for row in rows if row["state"] == "failed"]
+    failed = [row for row in rows if row["state"] in ("failed", "damaged")]
     panels: list[Any] = []
     for row in failed:
         where = f"attempt {row['attempt']}, job {row['job_id'] or '-'}, node {row['node'] or '-'}, step {row['step']}"
         error = str(row["error"] or "no error recorded").strip()
         panels.append(Panel(error, title=f"[red]{row['sweep']}/{row['cell']}[/]  {where}", title_align="left"))
-    for sweep in sorted({row["sweep"] for row in failed}):
+    for sweep in sorted({row["sweep"] for row in failed if row["state"] == "failed"}):
         panels.append(f"resume them from their newest checkpoints: gridrun resubmit conf={sweep} --failed")
     if not failed:
         panels.append("no failed cells")
