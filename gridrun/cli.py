@@ -132,12 +132,12 @@ class UserError(Exception):
 def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     args = build_parser().parse_args(argv)
-    from gridrun.rundir import DamagedFile, NotARunDir
+    from gridrun.rundir import DamagedFile, NotARunDir, RunLocked
     from gridrun.train.config import ConfigError
 
     try:
         return int(args.func(args) or 0)
-    except (UserError, ConfigError, NotARunDir, DamagedFile, FileNotFoundError) as err:
+    except (UserError, ConfigError, NotARunDir, DamagedFile, RunLocked, FileNotFoundError) as err:
         print(f"gridrun: error: {err}", file=sys.stderr)
         return 2
 

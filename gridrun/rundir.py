@@ -4,24 +4,28 @@
 those paths. Both halves import it, so it imports only the standard library.
 
     cells/<cell_id>/
-      config.yaml  cell.json  state.json  metrics.jsonl
+      config.yaml  cell.json  state.json  metrics.jsonl  .run.lock
       checkpoints/step_XXXXXX/  (COMPLETE marker last)
       samples/step_XXXXXX.jsonl  logs/  wandb/
 
 Reading is tolerant: a damaged state.json or cell.json (bytes that are not UTF-8 JSON, a
 value of the wrong type) makes the cell read as the `damaged` state, whose `error` names the
 file and the fix, and never raises; damaged metrics.jsonl rows are skipped and reported by
-`metrics_damage`.
-Left out: repairing a damaged file (the messages say how).
+`metrics_damage`. `hold` is the run's exclusive lock (one `gridrun run` per cell).
+Left out: repairing a damaged file (the messages say how), locking between ranks of one job
+(rank 0 holds the lock for all of them).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import socket
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +112,10 @@ class DamagedFile(ValueError):
     """A file of a run dir that cannot be read as what it should be; the message names the fix."""
 
 
+class RunLocked(RuntimeError):
+    """Another process holds the run's lock (it is running the cell)."""
+
+
 def read_json_file(path: Path, fields: dict[str, tuple[type, ...]], fix: str) -> dict[str, Any] | None:
     """A JSON object whose `fields` have their types (or are null); None when the file is
     absent; DamagedFile, naming the path and `fix`, for anything else."""
@@ -152,6 +160,11 @@ class RunDir:
     @property
     def state_json(self) -> Path:
         return self.root / "state.json"
+
+    @property
+    def run_lock(self) -> Path:
+        """Locked (flock) by the process running the cell; holds its pid, host and job id."""
+        return self.root / ".run.lock"
 
     @property
     def metrics_jsonl(self) -> Path:
@@ -261,6 +274,44 @@ class RunDir:
         state["updated_at"] = time.time()
         atomic_write_json(self.state_json, state)
         return state
+
+    # --- the run's lock ------------------------------------------------------------------
+    @contextmanager
+    def hold(self, job_id: str | None = None) -> Iterator[None]:
+        """Hold the run's exclusive lock for the block; RunLocked naming the holder if taken.
+
+        flock belongs to the open file, so the OS releases it when the holder dies (kill -9
+        included) and a stale lock file is harmless. The holder writes its pid, host and job
+        id into the file for the refusal message."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.run_lock, os.O_RDWR | os.O_CREAT, _FILE_MODE)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RunLocked(self._holder_message(fd)) from None
+            holder = {"pid": os.getpid(), "host": socket.gethostname(), "job_id": job_id, "since": time.time()}
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+            except OSError as err:
+                raise OSError(err.errno, err.strerror, str(self.run_lock)) from err
+            yield
+        finally:
+            os.close(fd)
+
+    def _holder_message(self, fd: int) -> str:
+        try:
+            holder = json.loads(os.pread(fd, 4096, 0).decode())
+            who = f"process {holder['pid']} on {holder['host']}" + (
+                f" (job {holder['job_id']})" if holder.get("job_id") else ""
+            )
+        except (ValueError, KeyError, TypeError):
+            who = "another process"  # it took the lock and has not written its name yet
+        return (
+            f"{self.root} is already being run by {who}: wait for it to end, or stop it "
+            "(`gridrun cancel conf=<sweep> --cells <id>`) before running the cell again"
+        )
 
     # --- metrics -----------------------------------------------------------------------
     def append_metrics(self, rows: Iterable[dict[str, Any]]) -> None:

@@ -19,7 +19,9 @@ A launcher turns queued cells into jobs that each run `gridrun run <run_dir>`:
 builds its fields; a SLURM job requeued by the scheduler opens its next attempt with it too,
 counting it in `requeues`); it runs under the sweep's lock and skips cells already queued or running, so two `gridrun sweep` runs of
 one sweep cannot submit a cell twice. A launcher is named in conf/launcher/<name>.yaml and
-registered in LAUNCHERS; a SLURM launcher (submitit) plugs in the same way.
+registered in LAUNCHERS; a SLURM launcher (submitit) plugs in the same way. Every launcher
+starts a cell with `cell_command`, which runs the installed gridrun whatever the current
+directory holds.
 
 Stdlib only: `gridrun status` imports this to reconcile states.
 """
@@ -27,9 +29,12 @@ Stdlib only: `gridrun status` imports this to reconcile states.
 from __future__ import annotations
 
 import importlib
+import shlex
+import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gridrun.grid.errors import GridError
@@ -40,6 +45,11 @@ if TYPE_CHECKING:
 
 # name -> "module:Class"; imported only when a cell of that launcher is touched.
 LAUNCHERS: dict[str, str] = {"local": "gridrun.grid.local:LocalLauncher", "slurm": "gridrun.grid.slurm:SlurmLauncher"}
+# Keep the current directory off the child's sys.path, so that a `gridrun/` folder where
+# `gridrun sweep` was typed (another checkout) is never imported by the cells. -P (3.11+)
+# drops only that entry and keeps PYTHONPATH, which a user sets on purpose; 3.10 lacks it
+# and gets -I, which also ignores PYTHON* variables and the user's site-packages.
+SAFE_PATH_FLAG = "-P" if sys.version_info >= (3, 11) else "-I"
 # Fields of an attempt kept in state.json's `attempts` history when the cell is queued again.
 ATTEMPT_FIELDS = ("attempt", "state", "launcher", "job_id", "node", "step", "started_at", "finished_at", "error")
 
@@ -70,6 +80,23 @@ class Launcher(ABC):
     @abstractmethod
     def cancel(self, sweep: SweepDir, ids: list[str]) -> list[str]:
         """Stop these active cells' jobs; returns a line per cell saying what was done."""
+
+
+def interpreter(python: str = sys.executable) -> list[str]:
+    """The interpreter (this venv's by default) a cell or a job runs with: no current
+    directory on sys.path."""
+    return [python, SAFE_PATH_FLAG]
+
+
+def interpreter_line(python: str = sys.executable) -> str:
+    """`interpreter` as one shell line, for submitit's `python` (it appends `-u -m ...`)."""
+    return shlex.join(interpreter(python))
+
+
+def cell_command(run_dir: Path) -> list[str]:
+    """What every launcher runs for one cell (one rank of it): `gridrun run <run_dir>`,
+    unbuffered (-u: -I, on 3.10, ignores PYTHONUNBUFFERED)."""
+    return [*interpreter(), "-u", "-m", "gridrun.cli", "run", str(run_dir)]
 
 
 def launcher_class(name: str) -> type[Launcher]:
