@@ -21,7 +21,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import socket
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -133,10 +132,10 @@ def read_json_file(path: Path, fields: dict[str, tuple[type, ...]], fix: str) ->
         raise DamagedFile(f"{path} is damaged (not JSON): {fix}") from None
     if not isinstance(data, dict):
         raise DamagedFile(f"{path} is damaged (a JSON {type(data).__name__}, not an object): {fix}")
-    for key, types in fields.items():
-        value = data.get(key)
-        # bool is an int to Python, never a count or a time here.
-        if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+    for key, value in data.items():
+        types = fields.get(key)
+        # Exact types: json gives no subclasses, and a bool is never a count or a time here.
+        if types is not None and value is not None and type(value) not in types:
             raise DamagedFile(f"{path} is damaged ({key} is {value!r}, not {types[0].__name__}): {fix}")
     return data
 
@@ -251,8 +250,9 @@ class RunDir:
         return read_json_file(self.cell_json, RECORD_FIELDS, fix)
 
     def inspect(self) -> dict[str, Any]:
-        """The state as `gridrun status` shows it: state.json's, unless state.json or cell.json
-        is damaged, then `damaged` with the first damaged file's message as the error."""
+        """The state as `gridrun show` shows it: state.json's, unless state.json or cell.json
+        is damaged, then `damaged` with the first damaged file's message as the error.
+        (`gridrun status` reads state.json alone: cell.json is `plan`'s to repair.)"""
         state = self.read_state()
         if state["state"] == "damaged":
             return state
@@ -283,6 +283,8 @@ class RunDir:
         flock belongs to the open file, so the OS releases it when the holder dies (kill -9
         included) and a stale lock file is harmless. The holder writes its pid, host and job
         id into the file for the refusal message."""
+        import socket  # here: `gridrun status` imports this module and never locks
+
         self.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.run_lock, os.O_RDWR | os.O_CREAT, _FILE_MODE)
         try:

@@ -102,7 +102,7 @@ def _plan(args: argparse.Namespace) -> int:
     if launcher is None:
         console.print(f"run them with: gridrun sweep conf={conf}" + _results_flag(args))
         return 0
-    damaged = [pc.id for pc in plan.cells if sweep.cell(pc.id).inspect()["state"] == "damaged"]
+    damaged = [pc.id for pc in plan.cells if sweep.cell(pc.id).read_state()["state"] == "damaged"]
     skipped = len(plan.cells) - len(submitted) - len(damaged)
     console.print(
         f"dispatching {len(submitted)} cells with launcher={launcher.name}"

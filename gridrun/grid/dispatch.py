@@ -135,7 +135,7 @@ def observe(states: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def runnable(sweep: SweepDir, ids: list[str]) -> list[str]:
     """The cells a (re-run) sweep dispatches: all but those done, queued, running or damaged
     (a damaged cell waits for its file to be fixed: its message says how)."""
-    states = observe({cell_id: sweep.cell(cell_id).inspect() for cell_id in ids})
+    states = observe({cell_id: sweep.cell(cell_id).read_state() for cell_id in ids})
     return [cell_id for cell_id in ids if states[cell_id].get("state") not in ("done", "damaged", *ACTIVE_STATES)]
 
 
@@ -165,7 +165,7 @@ def queue(sweep: SweepDir, ids: list[str], launcher: Launcher) -> list[str]:
     Skips cells that are queued, running or damaged, and those the launcher does not admit;
     returns the ids submitted."""
     run_dirs = {cell_id: sweep.cell(cell_id) for cell_id in ids}
-    states = observe({cell_id: rd.inspect() for cell_id, rd in run_dirs.items()})
+    states = observe({cell_id: rd.read_state() for cell_id, rd in run_dirs.items()})
     todo = [cell_id for cell_id in ids if states[cell_id].get("state") not in ("damaged", *ACTIVE_STATES)]
     todo = launcher.admit(sweep, todo) if todo else todo
     for cell_id in todo:

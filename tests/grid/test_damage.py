@@ -1,6 +1,7 @@
 """Damage is local: one damaged state.json, cell.json, metrics.jsonl or sweep.json shows as
-`damaged` (naming the file and the fix) and every other cell is still listed, collected
-and dispatchable; no command crashes or goes blind."""
+`damaged` (naming the file and the fix: in status for state.json, in show for cell.json,
+in collect for metrics.jsonl) and every other cell is still listed, collected and
+dispatchable; no command crashes or goes blind."""
 
 from __future__ import annotations
 
@@ -31,6 +32,11 @@ DAMAGE = {
 
 
 pytestmark = pytest.mark.usefixtures("recording_launcher")
+
+
+def squeezed(text: str) -> str:
+    """Text without whitespace: rich wraps long lines (and folds long paths) at any width."""
+    return "".join(text.split())
 
 
 def no_traceback(*texts: str) -> None:
@@ -72,7 +78,7 @@ def test_a_damaged_state_json_is_one_damaged_cell(gridrun: Gridrun, smoke: Sweep
 
     # resubmit names the damage and skips; cancel cancels the queued ones only.
     resubmit = gridrun("resubmit", "conf=smoke", "--cells", ids[0])
-    assert resubmit.code == 0 and f"skip {ids[0]}: damaged: {bad.state_json}" in resubmit.out.replace("\n", "")
+    assert resubmit.code == 0 and squeezed(f"skip {ids[0]}: damaged: {bad.state_json}") in squeezed(resubmit.out)
     cancel = gridrun("cancel", "conf=smoke")
     assert cancel.code == 0 and cancel.out.count(": cancelled") == 10, cancel.out
 
@@ -105,19 +111,26 @@ def test_a_writer_moves_a_damaged_state_json_aside(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["not_utf8", "list", "null", "wrong_type"])
-def test_a_damaged_cell_json_is_damaged_until_re_planned(gridrun: Gridrun, smoke: SweepDir, damage: str) -> None:
+def test_a_damaged_cell_json_is_shown_and_repaired_by_planning(gridrun: Gridrun, smoke: SweepDir, damage: str) -> None:
     ids = smoke.cell_ids()
     bad = smoke.cell(ids[2])
     # wrong_type here: resources must be a mapping.
     bad.cell_json.write_bytes(DAMAGE[damage] if damage != "wrong_type" else b'{"resources": 4}')
-    rows = {row["cell"]: row for row in json.loads(gridrun("status", "conf=smoke", "--json").out)}
-    assert rows[ids[2]]["state"] == "damaged" and str(bad.cell_json) in rows[ids[2]]["error"]
-    assert "gridrun plan conf=<sweep>" in rows[ids[2]]["error"]
-    assert ids[2] not in runnable(smoke, ids)
-    # The fix: planning again writes it from config.yaml (its fingerprint still matches).
-    assert gridrun("plan", "conf=smoke", "launcher.name=record").code == 0
+    state = bad.inspect()
+    assert state["state"] == "damaged" and str(bad.cell_json) in state["error"]
+    assert "gridrun plan conf=<sweep>" in state["error"]
+    shown = gridrun("show", ids[2])
+    assert shown.code == 0 and "damaged" in shown.out
+    # status reads state.json alone (its fast path) and lists every cell.
+    rows = json.loads(gridrun("status", "conf=smoke", "--json").out)
+    assert [row["cell"] for row in rows] == ids and {row["state"] for row in rows} == {"planned"}
+    # The fix, which `gridrun sweep` applies first: planning writes it again from config.yaml
+    # (whose fingerprint still matches), then every cell is dispatched.
+    swept = gridrun("sweep", "conf=smoke", "launcher.name=record")
+    assert swept.code == 0 and squeezed("1 repaired (cell.json or config.yaml written again)") in squeezed(swept.out)
     assert bad.read_record()["id"] == ids[2]  # type: ignore[index]
-    assert bad.inspect()["state"] == "planned" and runnable(smoke, ids) == ids
+    assert bad.inspect()["state"] == "queued"
+    assert [sorted(s["ids"]) for s in submissions(smoke)] == [sorted(ids)]
 
 
 def test_damaged_metrics_rows_are_skipped_and_named(gridrun: Gridrun, smoke: SweepDir) -> None:
@@ -134,7 +147,7 @@ def test_damaged_metrics_rows_are_skipped_and_named(gridrun: Gridrun, smoke: Swe
     assert damage is not None and f"{run_dir.metrics_jsonl} line 2 and 2 more line(s) is damaged (not UTF-8" in damage
     collected = gridrun("collect", "conf=smoke")
     assert collected.code == 0, collected.err
-    assert f"damaged: {run_dir.metrics_jsonl} line 2" in collected.out.replace("\n", "")
+    assert squeezed(f"damaged: {run_dir.metrics_jsonl} line 2") in squeezed(collected.out)
 
 
 def test_a_torn_last_metrics_line_is_not_damage(tmp_path: Path) -> None:
