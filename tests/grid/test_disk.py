@@ -175,3 +175,32 @@ def test_a_full_disk_is_one_line_and_every_cell_stays_resumable(gridrun: Gridrun
     sweep = SweepDir(tmp_path / "copy", "smoke")
     assert runnable(sweep, sweep.cell_ids()) == sweep.cell_ids()
     assert all(sweep.cell(cell_id).read_record() is not None for cell_id in sweep.cell_ids())
+
+
+@needs_mounts
+@pytest.mark.slow
+def test_a_disk_filling_up_while_cells_train_leaves_them_resumable(toy_world: Path, tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    # 2 MiB: the config, state and metrics fit, a toy checkpoint (about 2.2 MB) does not.
+    # Then the disk grows (space freed) and the same command finishes both cells.
+    sweep = f"gridrun sweep conf=smoke kind=train,sa_rl workflow=voting policy=shared train.total_steps=4 --results-dir {disk}"
+    done = in_namespace(f"""
+        mount -t tmpfs -o size=2m tmpfs {disk}
+        {sweep} > out/first.out 2> out/first.err; echo $? >> out/codes
+        gridrun status conf=smoke --json --results-dir {disk} > out/between; echo $? >> out/codes
+        mount -o remount,size=64m {disk}
+        {sweep} > out/second.out 2> out/second.err; echo $? >> out/codes
+        gridrun status conf=smoke --json --results-dir {disk} > out/after; echo $? >> out/codes
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (out / "codes").read_text().split() == ["2", "0", "0", "0"], (out / "second.err").read_text()
+    one_line_error(out / "first.err", "No space left on device: free space there")
+    # Between the two: no cell is done, and none is shown as running or damaged.
+    between = {row["cell"]: row["state"] for row in json.loads((out / "between").read_text())}
+    assert len(between) == 2 and set(between.values()) <= {"failed", "cancelled"}, between
+    after = json.loads((out / "after").read_text())
+    assert {row["cell"]: row["state"] for row in after} == dict.fromkeys(between, "done")
+    assert all(row["step"] == 4 and row["attempt"] == 2 for row in after), after
