@@ -18,12 +18,20 @@ def _setup_logging() -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from gridrun.grid.errors import disk_error
     from gridrun.rundir import RunDir
 
     RunDir(args.run_dir).require()  # fail fast, before torch is imported
     from gridrun.train.trainer import run_cell
 
-    return run_cell(Path(args.run_dir))
+    try:
+        return run_cell(Path(args.run_dir))
+    except OSError as err:
+        # The run dir's disk is full or read-only before the run could record anything.
+        message = disk_error(err)
+        if message is None:
+            raise
+        raise UserError(message) from None
 
 
 def _cmd_reward(args: argparse.Namespace) -> int:
@@ -134,12 +142,12 @@ class UserError(Exception):
 def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     args = build_parser().parse_args(argv)
-    from gridrun.rundir import NotARunDir
+    from gridrun.rundir import DamagedFile, NotARunDir, RunLocked
     from gridrun.train.config import ConfigError
 
     try:
         return int(args.func(args) or 0)
-    except (UserError, ConfigError, NotARunDir, FileNotFoundError) as err:
+    except (UserError, ConfigError, NotARunDir, DamagedFile, RunLocked, FileNotFoundError) as err:
         print(f"gridrun: error: {err}", file=sys.stderr)
         return 2
 

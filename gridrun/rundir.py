@@ -4,26 +4,71 @@
 those paths. Both halves import it, so it imports only the standard library.
 
     cells/<cell_id>/
-      config.yaml  cell.json  state.json  metrics.jsonl
+      config.yaml  cell.json  state.json  metrics.jsonl  .run.lock
       checkpoints/step_XXXXXX/  (COMPLETE marker last)
       samples/step_XXXXXX.jsonl  logs/  wandb/
+
+Reading is tolerant: a damaged state.json or cell.json (bytes that are not UTF-8 JSON, a
+value of the wrong type) makes the cell read as the `damaged` state, whose `error` names the
+file and the fix, and never raises; damaged metrics.jsonl rows are skipped and reported by
+`metrics_damage`. `hold` is the run's exclusive lock (one `gridrun run` per cell).
+Left out: repairing a damaged file (the messages say how), locking between ranks of one job
+(rank 0 holds the lock for all of them).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-STATES = ("planned", "queued", "running", "done", "failed", "preempted", "cancelled", "blocked")
+# `damaged`: a file of the cell cannot be read; nothing dispatches the cell until it is fixed.
 # `blocked` is never written: the grid reads a queued cell as blocked while a cell it needs
 # (a transfer cell's sa_rl) has failed, been cancelled or preempted (gridrun/grid/dispatch.py).
+STATES = ("planned", "queued", "running", "done", "failed", "preempted", "cancelled", "damaged", "blocked")
 ACTIVE_STATES = ("queued", "running")
 COMPLETE_MARKER = "COMPLETE"
+
+_NUMBER = (int, float)
+# state.json's fields and the types a reader may rely on (None is always allowed).
+STATE_FIELDS: dict[str, tuple[type, ...]] = {
+    "state": (str,),
+    "step": (int,),
+    "total_steps": (int,),
+    "attempt": (int,),
+    "pid": (int,),
+    "peak_step": (int,),
+    "requeues": (int,),
+    "job_id": (str,),
+    "node": (str,),
+    "launcher": (str,),
+    "scheduler": (str,),
+    "error": (str,),
+    "last_val_acc": _NUMBER,
+    "peak_val_acc": _NUMBER,
+    "queued_at": _NUMBER,
+    "started_at": _NUMBER,
+    "finished_at": _NUMBER,
+    "updated_at": _NUMBER,
+    "alerts": (list,),
+    "attempts": (list,),
+    "first_val": (dict,),
+    "lost": (bool,),
+}
+# cell.json's fields that readers use (resources: the local launcher's thread count).
+RECORD_FIELDS: dict[str, tuple[type, ...]] = {
+    "id": (str,),
+    "kind": (str,),
+    "fingerprint": (str,),
+    "coords": (dict,),
+    "resources": (dict,),
+}
 
 
 def _umask() -> int:
@@ -47,6 +92,10 @@ def atomic_write_text(path: Path, text: str) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        # A full disk fails the write with no file name: name the file being written.
+        raise OSError(err.errno, err.strerror, str(path)) from err
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -58,6 +107,39 @@ def atomic_write_json(path: Path, data: Any) -> None:
 
 class NotARunDir(ValueError):
     """Raised for a directory that holds no planned cell."""
+
+
+class DamagedFile(ValueError):
+    """A file of a run dir that cannot be read as what it should be; the message names the fix."""
+
+
+class RunLocked(RuntimeError):
+    """Another process holds the run's lock (it is running the cell)."""
+
+
+def read_json_file(path: Path, fields: dict[str, tuple[type, ...]], fix: str) -> dict[str, Any] | None:
+    """A JSON object whose `fields` have their types (or are null); None when the file is
+    absent; DamagedFile, naming the path and `fix`, for anything else."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise DamagedFile(f"{path} cannot be read ({err.strerror}): {fix}") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise DamagedFile(f"{path} is damaged (not UTF-8 text): {fix}") from None
+    except ValueError:
+        raise DamagedFile(f"{path} is damaged (not JSON): {fix}") from None
+    if not isinstance(data, dict):
+        raise DamagedFile(f"{path} is damaged (a JSON {type(data).__name__}, not an object): {fix}")
+    for key, value in data.items():
+        types = fields.get(key)
+        # Exact types: json gives no subclasses, and a bool is never a count or a time here.
+        if types is not None and value is not None and type(value) not in types:
+            raise DamagedFile(f"{path} is damaged ({key} is {value!r}, not {types[0].__name__}): {fix}")
+    return data
 
 
 class RunDir:
@@ -79,6 +161,11 @@ class RunDir:
     @property
     def state_json(self) -> Path:
         return self.root / "state.json"
+
+    @property
+    def run_lock(self) -> Path:
+        """Locked (flock) by the process running the cell; holds its pid, host and job id."""
+        return self.root / ".run.lock"
 
     @property
     def metrics_jsonl(self) -> Path:
@@ -130,25 +217,105 @@ class RunDir:
                 f"{self.root} is not a run dir (no config.yaml): pass a cell directory "
                 "such as results/<sweep>/cells/<cell_id>"
             )
+        try:
+            self.config_yaml.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            raise DamagedFile(
+                f"{self.config_yaml} is damaged (not UTF-8 text): re-plan its sweep "
+                "(`gridrun plan conf=<sweep>`, with --replace if it says so) to write it again"
+            ) from None
         return self
 
     # --- state -------------------------------------------------------------------------
+    def _state_fix(self) -> str:
+        return (
+            f"delete it (`rm {self.state_json}`) and the cell reads as planned, resuming from its newest "
+            "checkpoint when dispatched again"
+        )
+
     def read_state(self) -> dict[str, Any]:
+        """state.json, `planned` when absent, or the `damaged` state naming the file and fix."""
         try:
-            return json.loads(self.state_json.read_text())
-        except FileNotFoundError:
-            return {"state": "planned", "step": 0, "attempt": 0}
-        except json.JSONDecodeError:
-            # Atomic writes make this unreachable unless someone edited the file by hand.
-            return {"state": "failed", "step": 0, "attempt": 0, "error": "state.json is corrupt"}
+            state = read_json_file(self.state_json, STATE_FIELDS, self._state_fix())
+            if state is not None and state.get("state") not in STATES:
+                raise DamagedFile(
+                    f"{self.state_json} is damaged (state {state.get('state')!r} is none of "
+                    f"{', '.join(STATES)}): {self._state_fix()}"
+                )
+        except DamagedFile as err:
+            return {"state": "damaged", "step": 0, "attempt": 0, "error": str(err)}
+        return state if state is not None else {"state": "planned", "step": 0, "attempt": 0}
+
+    def read_record(self) -> dict[str, Any] | None:
+        """cell.json (the plan's record of the cell), None when absent; DamagedFile if damaged."""
+        fix = "re-plan the sweep (`gridrun plan conf=<sweep>`) to write it again from config.yaml"
+        return read_json_file(self.cell_json, RECORD_FIELDS, fix)
+
+    def inspect(self) -> dict[str, Any]:
+        """The state as `gridrun show` shows it: state.json's, unless state.json or cell.json
+        is damaged, then `damaged` with the first damaged file's message as the error.
+        (`gridrun status` reads state.json alone: cell.json is `plan`'s to repair.)"""
+        state = self.read_state()
+        if state["state"] == "damaged":
+            return state
+        try:
+            self.read_record()
+        except DamagedFile as err:
+            return {**state, "state": "damaged", "error": str(err)}
+        return state
 
     def update_state(self, **fields: Any) -> dict[str, Any]:
-        """Read-modify-write state.json atomically; keeps fields the caller did not name."""
+        """Read-modify-write state.json atomically; keeps fields the caller did not name.
+
+        A damaged state.json is moved aside (state.json.damaged-<time>), never merged into."""
         state = self.read_state()
+        if state["state"] == "damaged":
+            self.state_json.rename(self.root / f"{self.state_json.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+            state = self.read_state()
         state.update(fields)
         state["updated_at"] = time.time()
         atomic_write_json(self.state_json, state)
         return state
+
+    # --- the run's lock ------------------------------------------------------------------
+    @contextmanager
+    def hold(self, job_id: str | None = None) -> Iterator[None]:
+        """Hold the run's exclusive lock for the block; RunLocked naming the holder if taken.
+
+        flock belongs to the open file, so the OS releases it when the holder dies (kill -9
+        included) and a stale lock file is harmless. The holder writes its pid, host and job
+        id into the file for the refusal message."""
+        import socket  # here: `gridrun status` imports this module and never locks
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.run_lock, os.O_RDWR | os.O_CREAT, _FILE_MODE)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RunLocked(self._holder_message(fd)) from None
+            holder = {"pid": os.getpid(), "host": socket.gethostname(), "job_id": job_id, "since": time.time()}
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+            except OSError as err:
+                raise OSError(err.errno, err.strerror, str(self.run_lock)) from err
+            yield
+        finally:
+            os.close(fd)
+
+    def _holder_message(self, fd: int) -> str:
+        try:
+            holder = json.loads(os.pread(fd, 4096, 0).decode())
+            who = f"process {holder['pid']} on {holder['host']}" + (
+                f" (job {holder['job_id']})" if holder.get("job_id") else ""
+            )
+        except (ValueError, KeyError, TypeError):
+            who = "another process"  # it took the lock and has not written its name yet
+        return (
+            f"{self.root} is already being run by {who}: wait for it to end, or stop it "
+            "(`gridrun cancel conf=<sweep> --cells <id>`) before running the cell again"
+        )
 
     # --- metrics -----------------------------------------------------------------------
     def append_metrics(self, rows: Iterable[dict[str, Any]]) -> None:
@@ -160,17 +327,34 @@ class RunDir:
             handle.flush()
             os.fsync(handle.fileno())
 
+    def _metric_lines(self) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
+        """(line number, row or None, why not) for each line of metrics.jsonl."""
+        try:
+            raw = self.metrics_jsonl.read_bytes()
+        except FileNotFoundError:
+            return
+        for number, line in enumerate(raw.splitlines(), 1):
+            yield (number, *_metric_row(line))
+
     def read_metrics(self) -> list[dict[str, Any]]:
-        if not self.metrics_jsonl.exists():
-            return []
-        rows = []
-        for line in self.metrics_jsonl.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                # A line torn by a kill mid-write: later rows are rewritten on resume.
-                break
-        return rows
+        """The readable rows of metrics.jsonl, in order; damaged lines are skipped (a line torn
+        by a kill mid-write is one: rows after it are rewritten on resume)."""
+        return [row for _, row, _ in self._metric_lines() if row is not None]
+
+    def metrics_damage(self) -> str | None:
+        """What is wrong with metrics.jsonl, if anything but a torn last line, with the fix."""
+        lines = list(self._metric_lines())
+        bad = [(number, why) for number, row, why in lines[:-1] if row is None]
+        if lines and lines[-1][1] is None and lines[-1][2] != "torn":
+            bad.append((lines[-1][0], lines[-1][2]))
+        if not bad:
+            return None
+        number, why = bad[0]
+        more = f" and {len(bad) - 1} more line(s)" if len(bad) > 1 else ""
+        return (
+            f"{self.metrics_jsonl} line {number}{more} is damaged ({why}): those rows are skipped; "
+            "restore the file, or delete the damaged lines to silence this"
+        )
 
     def truncate_metrics(self, last_step: int) -> None:
         """Keep rows up to `last_step`: resuming from a checkpoint replays what came after."""
@@ -194,3 +378,23 @@ class RunDir:
     def latest_checkpoint(self) -> tuple[int, Path] | None:
         found = self.complete_checkpoints()
         return found[-1] if found else None
+
+
+def _metric_row(line: bytes) -> tuple[dict[str, Any] | None, str]:
+    """A metrics row (flat: `step`, `split`, then /-namespaced numbers), or None and why not."""
+    try:
+        row = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None, "not UTF-8 text"
+    except ValueError:
+        # A row cut short by a kill: JSON that opens and never closes.
+        return None, "torn" if line.lstrip().startswith(b"{") and not line.rstrip().endswith(b"}") else "not JSON"
+    if not isinstance(row, dict):
+        return None, f"a JSON {type(row).__name__}, not an object"
+    step = row.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or not isinstance(row.get("split"), str):
+        return None, "no integer step or no split"
+    for key, value in row.items():
+        if key != "split" and value is not None and not isinstance(value, _NUMBER):
+            return None, f"{key} is {value!r}, not a number"
+    return row, ""

@@ -48,7 +48,9 @@ if [[ ${1:-} == --check ]]; then
         fi
     }
     check "python $python (make install)" test -x "$python"
-    check "gridrun and torch import" "$python" -c "import gridrun.cli, torch"
+    # From /, as jobs import it (their python runs with -P): the installed gridrun, not a
+    # gridrun/ folder in the current directory.
+    check "gridrun and torch import" bash -c "cd / && '$python' -c 'import gridrun.cli, torch'"
     check "HF cache $HF_HOME" test -d "$HF_HOME"
     check "toy/cache dir $GRIDRUN_CACHE writable" bash -c "mkdir -p '$GRIDRUN_CACHE' && test -w '$GRIDRUN_CACHE'"
     if [[ -n ${GRIDRUN_DATA:-} ]]; then

@@ -81,13 +81,17 @@ def cell_frame(sweep: SweepDir, tolerance_pp: float) -> pd.DataFrame:
     records = []
     for row in track(sweep_rows(sweep), f"reading {len(cells)} cells of {sweep.name}"):
         cell = cells[row["cell"]]
+        # A damaged file (state.json, cell.json, metrics.jsonl) makes the cell `damaged`: its
+        # numbers stay out of Table 1, and `damage` says which file and how to fix it.
+        damage = row["error"] if row["state"] == "damaged" else sweep.cell(row["cell"]).metrics_damage()
         records.append(
             {
                 "sweep": sweep.name,
                 "cell": row["cell"],
                 "kind": row["kind"],
                 **cell["coords"],
-                "state": row["state"],
+                "state": "damaged" if damage else row["state"],
+                "damage": damage,
                 "step": row["step"],
                 "total_steps": row["total_steps"],
                 "attempt": row["attempt"],
@@ -299,6 +303,8 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0) -> pd.Data
     from rich.markdown import Markdown
 
     console.print(Markdown(sweep.table1("md").read_text()))
+    for damage in cells["damage"].dropna():
+        console.print(f"[red]damaged:[/] {damage}", highlight=False)
     counts = cells["state"].value_counts().to_dict()
     console.print(
         f"{len(cells)} cells ({', '.join(f'{n} {s}' for s, n in counts.items())}) -> "

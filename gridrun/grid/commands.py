@@ -2,7 +2,8 @@
 
 Registered into gridrun/cli.py's parser by `add_commands`. Each handler imports what it
 needs when it runs, so `gridrun status` loads neither Hydra nor pandas (nor torch), and
-`gridrun run` loads none of this. A `GridError` is printed as one line and exits 2.
+`gridrun run` loads none of this. A `GridError`, or a disk that refuses a write (full,
+read-only), is printed as one line and exits 2.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gridrun.grid.console import console as make_console
-from gridrun.grid.errors import GridError, closest
+from gridrun.grid.errors import GridError, closest, disk_error
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -26,6 +27,12 @@ def _guarded(handler: Handler) -> Handler:
             return handler(args)
         except GridError as err:
             print(f"gridrun: error: {err}", file=sys.stderr)
+            return 2
+        except OSError as err:
+            message = disk_error(err)
+            if message is None:
+                raise
+            print(f"gridrun: error: {message}", file=sys.stderr)
             return 2
 
     return run
@@ -89,15 +96,23 @@ def _plan(args: argparse.Namespace) -> int:
     console.print(
         f"planned {len(plan.cells)} cells of '{sweep.name}' in {sweep.root}: {len(done.new)} new, "
         f"{len(done.unchanged)} unchanged, {len(done.replaced)} replaced"
+        + (f", {len(done.repaired)} repaired (cell.json or config.yaml written again)" if done.repaired else "")
+        + ("; its damaged sweep.json was moved aside" if done.sweep_damaged else "")
     )
     if launcher is None:
         console.print(f"run them with: gridrun sweep conf={conf}" + _results_flag(args))
         return 0
-    skipped = len(plan.cells) - len(submitted)
+    damaged = [pc.id for pc in plan.cells if sweep.cell(pc.id).read_state()["state"] == "damaged"]
+    skipped = len(plan.cells) - len(submitted) - len(damaged)
     console.print(
         f"dispatching {len(submitted)} cells with launcher={launcher.name}"
         + (f" (skipping {skipped} done, queued or running)" if skipped else "")
     )
+    if damaged:
+        console.print(
+            f"[red]not dispatching {len(damaged)} damaged cell(s) ({', '.join(damaged[:3])}): "
+            f"`gridrun status conf={spec.name}` names each damaged file and its fix[/]"
+        )
     console.print(f"watch from another terminal: gridrun status conf={spec.name}" + _results_flag(args))
     return launcher.wait(sweep, submitted)
 
@@ -115,8 +130,10 @@ def _status(args: argparse.Namespace) -> int:
     conf = _conf_only(args.conf, "status")
     if conf:
         SweepDir(results, conf).read()  # a missing sweep fails here with the fix
+    skipped: list[str] = []
     if args.json:
-        print(status.to_json(status.all_rows(results, conf)))
+        print(status.to_json(status.all_rows(results, conf, skipped)))
+        _warn(skipped)
         return 0
     console = make_console()
     if not conf and not planned_sweeps(results):
@@ -126,11 +143,13 @@ def _status(args: argparse.Namespace) -> int:
     def render() -> Any:
         from rich.console import Group
 
-        rows = status.all_rows(results, conf)
+        skipped.clear()
+        rows = status.all_rows(results, conf, skipped)
         return Group(*(status.failures(rows) if args.failed else status.tables(rows)))
 
     if not args.watch:
         console.print(render())
+        _warn(skipped)
         return 0
     from rich.live import Live
 
@@ -141,6 +160,12 @@ def _status(args: argparse.Namespace) -> int:
                 live.update(render())
     except KeyboardInterrupt:
         return 0
+
+
+def _warn(skipped: list[str]) -> None:
+    """Sweeps left out because their sweep.json is damaged: one line each, on stderr."""
+    for message in skipped:
+        print(f"gridrun: warning: skipped a sweep: {message}", file=sys.stderr)
 
 
 # --- resubmit / cancel -----------------------------------------------------------------------
@@ -170,15 +195,17 @@ def _resubmit(args: argparse.Namespace) -> int:
     rows = {row["cell"]: row for row in sweep_rows(sweep)}
     ids = _selected(list(rows.values()), args)
     console = make_console()
+    kept = ("done", "queued", "running", "damaged")
     for cell_id in ids:
-        if rows[cell_id]["state"] in ("done", "queued", "running"):
-            console.print(f"skip {cell_id}: {rows[cell_id]['state']}" + (
-                " (to run it again, re-plan it with --replace)" if rows[cell_id]["state"] == "done" else ""))
-    ids = [cell_id for cell_id in ids if rows[cell_id]["state"] not in ("done", "queued", "running")]
+        state = rows[cell_id]["state"]
+        if state in kept:
+            why = {"done": " (to run it again, re-plan it with --replace)", "damaged": f": {rows[cell_id]['error']}"}
+            console.print(f"skip {cell_id}: {state}" + why.get(state, ""), highlight=False)
+    ids = [cell_id for cell_id in ids if rows[cell_id]["state"] not in kept]
     if not ids:
         console.print("nothing to resubmit")
         return 0
-    settings = dict(data["launcher"])
+    settings = dict(data.get("launcher") or {})
     if args.max_parallel:
         settings["max_parallel"] = args.max_parallel
     launcher = make_launcher(settings)
@@ -196,7 +223,7 @@ def _cancel(args: argparse.Namespace) -> int:
 
     results = results_root(args.results_dir)
     sweep = SweepDir(results, _require_conf(_conf_only(args.conf, "cancel"), "cancel", results))
-    planned = sweep.read()["launcher"]
+    planned = sweep.read().get("launcher") or {}
     rows = sweep_rows(sweep)
     ids = _selected(rows, args) if args.cells else [row["cell"] for row in rows]
     states = {row["cell"]: row["state"] for row in rows}
@@ -224,7 +251,7 @@ def _cancel(args: argparse.Namespace) -> int:
 # --- collect / show --------------------------------------------------------------------------
 def _collect(args: argparse.Namespace) -> int:
     from gridrun.grid.collect import collect
-    from gridrun.grid.sweepdir import SweepDir, planned_sweeps, results_root
+    from gridrun.grid.sweepdir import SweepDamaged, SweepDir, planned_sweeps, results_root
 
     results = results_root(args.results_dir)
     conf = _conf_only(args.conf, "collect")
@@ -232,9 +259,16 @@ def _collect(args: argparse.Namespace) -> int:
     if not names:
         raise GridError(f"no sweep is planned under {results}: plan one first (`gridrun sweep conf=smoke`)")
     console = make_console()
+    skipped: list[str] = []
     for name in names:
-        collect(SweepDir(results, name), console, tolerance_pp=args.base_tolerance)
-    return 0
+        try:
+            collect(SweepDir(results, name), console, tolerance_pp=args.base_tolerance)
+        except SweepDamaged as err:
+            if conf:
+                raise
+            skipped.append(str(err))
+    _warn(skipped)
+    return 2 if skipped else 0
 
 
 def _show(args: argparse.Namespace) -> int:

@@ -28,7 +28,9 @@ blocked cells after it.
 builds its fields; a SLURM job requeued by the scheduler opens its next attempt with it too,
 counting it in `requeues`); it runs under the sweep's lock and skips cells already queued or running, so two `gridrun sweep` runs of
 one sweep cannot submit a cell twice. A launcher is named in conf/launcher/<name>.yaml and
-registered in LAUNCHERS; a SLURM launcher (submitit) plugs in the same way.
+registered in LAUNCHERS; a SLURM launcher (submitit) plugs in the same way. Every launcher
+starts a cell with `cell_command`, which runs the installed gridrun whatever the current
+directory holds.
 
 Stdlib only: `gridrun status` imports this to reconcile states.
 """
@@ -37,9 +39,12 @@ from __future__ import annotations
 
 import importlib
 import logging
+import shlex
+import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gridrun.grid.errors import GridError
@@ -50,6 +55,11 @@ if TYPE_CHECKING:
 
 # name -> "module:Class"; imported only when a cell of that launcher is touched.
 LAUNCHERS: dict[str, str] = {"local": "gridrun.grid.local:LocalLauncher", "slurm": "gridrun.grid.slurm:SlurmLauncher"}
+# Keep the current directory off the child's sys.path, so that a `gridrun/` folder where
+# `gridrun sweep` was typed (another checkout) is never imported by the cells. -P (3.11+)
+# drops only that entry and keeps PYTHONPATH, which a user sets on purpose; 3.10 lacks it
+# and gets -I, which also ignores PYTHON* variables and the user's site-packages.
+SAFE_PATH_FLAG = "-P" if sys.version_info >= (3, 11) else "-I"
 # Fields of an attempt kept in state.json's `attempts` history when the cell is queued again.
 ATTEMPT_FIELDS = ("attempt", "state", "launcher", "job_id", "node", "step", "started_at", "finished_at", "error")
 # A needed cell in one of these states will not become done by itself: its dependents are blocked.
@@ -84,6 +94,23 @@ class Launcher(ABC):
     @abstractmethod
     def cancel(self, sweep: SweepDir, ids: list[str]) -> list[str]:
         """Stop these active cells' jobs; returns a line per cell saying what was done."""
+
+
+def interpreter(python: str = sys.executable) -> list[str]:
+    """The interpreter (this venv's by default) a cell or a job runs with: no current
+    directory on sys.path."""
+    return [python, SAFE_PATH_FLAG]
+
+
+def interpreter_line(python: str = sys.executable) -> str:
+    """`interpreter` as one shell line, for submitit's `python` (it appends `-u -m ...`)."""
+    return shlex.join(interpreter(python))
+
+
+def cell_command(run_dir: Path) -> list[str]:
+    """What every launcher runs for one cell (one rank of it): `gridrun run <run_dir>`,
+    unbuffered (-u: -I, on 3.10, ignores PYTHONUNBUFFERED)."""
+    return [*interpreter(), "-u", "-m", "gridrun.cli", "run", str(run_dir)]
 
 
 def launcher_class(name: str) -> type[Launcher]:
@@ -172,9 +199,10 @@ def observe_cells(sweep: SweepDir, ids: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def runnable(sweep: SweepDir, ids: list[str]) -> list[str]:
-    """The cells a (re-run) sweep dispatches: all but those done, queued or running."""
+    """The cells a (re-run) sweep dispatches: all but those done, queued, running or damaged
+    (a damaged cell waits for its file to be fixed: its message says how)."""
     states = observe_cells(sweep, ids)
-    return [cell_id for cell_id in ids if states[cell_id].get("state") not in ("done", *ACTIVE_STATES)]
+    return [cell_id for cell_id in ids if states[cell_id].get("state") not in ("done", "damaged", *ACTIVE_STATES)]
 
 
 def new_attempt(state: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
@@ -200,8 +228,8 @@ def new_attempt(state: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
 def queue(sweep: SweepDir, ids: list[str], launcher: Launcher) -> list[str]:
     """Mark cells queued (a new attempt) and submit them. Call under `sweep.lock()`.
 
-    Cells blocked on one of `ids` come along (after it). Skips cells that are queued or
-    running, those whose needs will not be done (named in a warning), and those the launcher
+    Cells blocked on one of `ids` come along (after it). Skips cells that are queued,
+    running or damaged, those whose needs will not be done (named in a warning), and those the launcher
     does not admit; returns the ids submitted, each after the cells it needs."""
     needs = sweep_needs(sweep)
     every = sweep.cell_ids() if needs else ids
@@ -213,7 +241,7 @@ def queue(sweep: SweepDir, ids: list[str], launcher: Launcher) -> list[str]:
     ]
     ids = [*ids, *released]
     run_dirs = {cell_id: sweep.cell(cell_id) for cell_id in ids}
-    todo = [cell_id for cell_id in ids if states[cell_id].get("state") not in ACTIVE_STATES]
+    todo = [cell_id for cell_id in ids if states[cell_id].get("state") not in ("damaged", *ACTIVE_STATES)]
     todo = _needs_first(todo, needs, states, sweep.name)
     todo = launcher.admit(sweep, todo) if todo else todo
     for cell_id in todo:

@@ -1,10 +1,27 @@
-"""The grid's one exception type (a mistake the user can fix, printed as one line), and
-the closest-match hint its messages carry."""
+"""The grid's one exception type (a mistake the user can fix, printed as one line), the
+closest-match hint its messages carry, and the one-line message for a disk that refuses a
+write (full, read-only, not ours)."""
 
 from __future__ import annotations
 
 import difflib
+import errno
 from collections.abc import Sequence
+
+_FULL = (
+    "free space there (or pass --results-dir on another disk), then re-run the same command: "
+    "every cell resumes from its newest checkpoint"
+)
+_NOT_OURS = "pass --results-dir <a directory you can write>, or fix its permissions"
+# errno -> the fix, for the errors of a results root that cannot take a write.
+_DISK_FIXES = {
+    errno.ENOSPC: _FULL,
+    errno.EDQUOT: _FULL,
+    errno.EROFS: "pass --results-dir <a writable directory>",
+    errno.EACCES: _NOT_OURS,
+    errno.EPERM: _NOT_OURS,
+    errno.ENOTDIR: "a part of that path is a file, not a directory: pass --results-dir <a directory>",
+}
 
 
 class GridError(Exception):
@@ -18,3 +35,13 @@ def closest(word: str, options: Sequence[str]) -> str:
     if match:
         return f" (did you mean '{match[0]}'?)"
     return f" (valid: {', '.join(options)})" if len(options) <= 12 else ""
+
+
+def disk_error(err: OSError) -> str | None:
+    """One line naming the path, the reason and the fix, for an error of the disk; None for
+    other errors (a bug, shown with its traceback)."""
+    fix = _DISK_FIXES.get(err.errno or 0)
+    if fix is None:
+        return None
+    where = f" {err.filename}" if err.filename else ""
+    return f"cannot write{where}: {err.strerror}: {fix}"

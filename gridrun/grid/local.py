@@ -2,8 +2,10 @@
 a time, with a progress display.
 
 A local cell's job id is `<pid>@<host>` of the gridrun process that queued it; that process
-starts the cell (`python -m gridrun.cli run <run_dir>`, its own session, logs appended to
-logs/stdout.log and logs/stderr.log) when a slot frees. Ctrl-C (or SIGTERM) sends SIGTERM to
+starts the cell (`python -P -m gridrun.cli run <run_dir>`, its own session, logs appended to
+logs/stdout.log and logs/stderr.log) when a slot frees. By default as many cells run at
+once as the machine's cores hold cells of `cluster.cpus_per_cell` threads each
+(`launcher.max_parallel` or --max-parallel set it by hand). Ctrl-C (or SIGTERM) sends SIGTERM to
 every running cell, waits `term_timeout_s`, then SIGKILLs what is left; the cells record
 `cancelled` themselves, and cells not yet started are marked cancelled here.
 
@@ -21,12 +23,10 @@ GPU placement (one cell per machine on GPUs; use a scheduler for more).
 from __future__ import annotations
 
 import functools
-import json
 import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gridrun.grid.console import console
-from gridrun.grid.dispatch import BLOCKING_STATES, Launcher, observe, sweep_needs
+from gridrun.grid.dispatch import BLOCKING_STATES, Launcher, cell_command, observe, sweep_needs
 from gridrun.grid.errors import GridError
-from gridrun.rundir import RunDir
+from gridrun.rundir import DamagedFile, RunDir
 
 if TYPE_CHECKING:
     from gridrun.grid.sweepdir import SweepDir
@@ -112,6 +112,15 @@ def _describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
+def _cell_cpus(run_dir: RunDir) -> int | None:
+    """The threads a cell was planned with (cell.json's resources.cpus), if it says."""
+    try:
+        cpus = ((run_dir.read_record() or {}).get("resources") or {}).get("cpus")
+    except DamagedFile:
+        return None
+    return cpus if isinstance(cpus, int) and not isinstance(cpus, bool) and cpus > 0 else None
+
+
 def _tail(path: Path, lines: int = 8) -> str:
     try:
         with open(path, "rb") as handle:
@@ -128,7 +137,9 @@ class LocalLauncher(Launcher):
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
-        self.max_parallel = max(1, int(self.settings.get("max_parallel", 1)))
+        # None: fit the machine, once the cells' thread counts are known (`parallelism`).
+        setting = self.settings.get("max_parallel")
+        self.max_parallel = None if setting is None else max(1, int(setting))
         self.poll_s = float(self.settings.get("poll_s", 0.5))
         self.term_timeout_s = float(self.settings.get("term_timeout_s", 30))
         self.job_id = f"{os.getpid()}@{HOST}"
@@ -139,7 +150,16 @@ class LocalLauncher(Launcher):
         return {cell_id: self.job_id for cell_id in ids}
 
     def wait(self, sweep: SweepDir, ids: list[str]) -> int:
-        return _Pool(self, sweep, ids).run()
+        cpus = [_cell_cpus(sweep.cell(cell_id)) for cell_id in ids]
+        return _Pool(self, sweep, ids, self.parallelism(cpus)).run()
+
+    def parallelism(self, cpus_per_cell: list[int | None]) -> int:
+        """Cells at once: the setting, else the cores this process may use divided by the
+        most threads any of these cells takes (at least one cell)."""
+        if self.max_parallel is not None:
+            return self.max_parallel
+        widest = max([cpus for cpus in cpus_per_cell if cpus] or [1])
+        return max(1, len(os.sched_getaffinity(0)) // widest)
 
     @classmethod
     def reconcile(cls, states: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
@@ -192,8 +212,8 @@ class LocalLauncher(Launcher):
 class _Pool:
     """Runs queued cells with at most `max_parallel` at once, drawing their progress."""
 
-    def __init__(self, launcher: LocalLauncher, sweep: SweepDir, ids: list[str]) -> None:
-        self.launcher, self.sweep = launcher, sweep
+    def __init__(self, launcher: LocalLauncher, sweep: SweepDir, ids: list[str], max_parallel: int) -> None:
+        self.launcher, self.sweep, self.max_parallel = launcher, sweep, max_parallel
         self.pending = deque(ids)
         self.needs = sweep_needs(sweep)
         self.running: dict[str, subprocess.Popen[bytes]] = {}
@@ -257,7 +277,7 @@ class _Pool:
         return None
 
     def _start_more(self) -> None:
-        while self.pending and len(self.running) < self.launcher.max_parallel:
+        while self.pending and len(self.running) < self.max_parallel:
             cell_id = self._next()
             if cell_id is None:
                 return
@@ -275,14 +295,13 @@ class _Pool:
 
     def _spawn(self, run_dir: RunDir, state: Mapping[str, Any]) -> subprocess.Popen[bytes]:
         run_dir.logs_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        try:
+        # GRIDRUN_JOB_ID: named in the run's lock file, so a second run says who holds it.
+        env = dict(os.environ, PYTHONUNBUFFERED="1", GRIDRUN_JOB_ID=self.launcher.job_id)
+        cpus = _cell_cpus(run_dir)
+        if cpus:
             # The cell's CPU share (cluster.cpus_per_cell): torch's threads, via the trainer's
             # GRIDRUN_THREADS, and any OpenMP/MKL pools.
-            cpus = str(json.loads(run_dir.cell_json.read_text())["resources"]["cpus"])
-            env.update(GRIDRUN_THREADS=cpus, OMP_NUM_THREADS=cpus, MKL_NUM_THREADS=cpus)
-        except (OSError, KeyError, ValueError):
-            pass
+            env.update(GRIDRUN_THREADS=str(cpus), OMP_NUM_THREADS=str(cpus), MKL_NUM_THREADS=str(cpus))
         header = f"--- gridrun attempt {state.get('attempt')} on {HOST} at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n"
         with open(run_dir.stdout_log, "ab") as out, open(run_dir.stderr_log, "ab") as err:
             out.write(header.encode())
@@ -290,7 +309,7 @@ class _Pool:
             out.flush()
             err.flush()
             return subprocess.Popen(
-                [sys.executable, "-m", "gridrun.cli", "run", str(run_dir.root.resolve())],
+                cell_command(run_dir.root.resolve()),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,

@@ -7,7 +7,11 @@ config.yaml (the seam: the trainer's schema, fully resolved), cell.json (coordin
 fingerprint, resources, git commit, package versions) and state.json (`planned`), and
 sweep.json. A cell already on disk is left alone when its config is unchanged; when it
 changed, the whole plan is refused, naming the keys, unless `replace` moves the old run
-aside to replaced/ (never while it is queued or running).
+aside to replaced/ (never while it is queued or running). A cell folder that holds a run
+(state, metrics, checkpoints) but no config.yaml is refused the same way: planning it afresh
+would reset its history. A cell whose cell.json or config.yaml is damaged while the other
+still vouches for the planned fingerprint is repaired (both written again), and a damaged
+sweep.json is moved aside and written again.
 
 The fingerprint is a hash of the resolved config.yaml content. A transfer cell names its
 SA-RL cell's run dir relative to its own (`policy.transfer_adapter: ../<sa_rl id>`), so its
@@ -37,8 +41,8 @@ from gridrun.grid.console import track
 from gridrun.grid.dispatch import observe
 from gridrun.grid.errors import GridError
 from gridrun.grid.spec import SweepSpec
-from gridrun.grid.sweepdir import SweepDir, sibling_cell
-from gridrun.rundir import ACTIVE_STATES, RunDir, atomic_write_json, atomic_write_text
+from gridrun.grid.sweepdir import SweepDamaged, SweepDir, sibling_cell
+from gridrun.rundir import ACTIVE_STATES, DamagedFile, RunDir, atomic_write_json, atomic_write_text
 from gridrun.train.config import ConfigError, RunConfig, config_from_dict, dump_config, load_config
 
 # Top-level nodes of the composed config that are the grid's, not the trainer's.
@@ -97,8 +101,12 @@ class Freeze:
     new: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     replaced: list[str] = field(default_factory=list)
-    # id -> "key: old -> new" lines, for cells whose config changed.
+    # id -> "key: old -> new" lines, for cells whose config changed (or that lost it).
     changed: dict[str, list[str]] = field(default_factory=dict)
+    # Unchanged cells whose cell.json or config.yaml is damaged or missing: written again.
+    repaired: list[str] = field(default_factory=list)
+    # sweep.json exists but is damaged: moved aside and written again.
+    sweep_damaged: bool = False
 
 
 def fingerprint(config: RunConfig) -> str:
@@ -197,7 +205,12 @@ def _estimate_hours(tree: dict[str, Any], config: RunConfig) -> float:
 def check(plan: Plan, sweep: SweepDir, replace: bool) -> Freeze:
     """Each cell's fate against what is on disk (new, unchanged, changed, replaced); reads only."""
     result = Freeze()
-    planned = sweep.cell_ids() if sweep.exists() else []  # refuses a directory that holds another sweep
+    planned: list[str] = []
+    if sweep.exists():
+        try:
+            planned = sweep.cell_ids()  # refuses a directory that holds another sweep
+        except SweepDamaged:
+            result.sweep_damaged = True
     known = set(planned) | {pc.id for pc in plan.cells}
     for pc in plan.cells:
         missing = [need for need in pc.cell.needs if need.id not in known]
@@ -206,18 +219,26 @@ def check(plan: Plan, sweep: SweepDir, replace: bool) -> Freeze:
                 f"{pc.id} needs {missing[0].id}, which is neither in this plan nor in sweep '{sweep.name}': "
                 f"plan it too (add {missing[0].kind} to kind=)"
             )
-    on_disk = {pc.id: sweep.cell(pc.id) for pc in plan.cells}
-    existing = {cell_id: rd for cell_id, rd in on_disk.items() if rd.config_yaml.is_file()}
-    states = observe({cell_id: rd.read_state() for cell_id, rd in existing.items()})
+    on_disk = {pc.id: sweep.cell(pc.id) for pc in plan.cells if sweep.cell(pc.id).root.is_dir()}
+    states = observe({cell_id: rd.read_state() for cell_id, rd in on_disk.items()})
     for pc in plan.cells:
-        if pc.id not in existing:
+        run_dir = on_disk.get(pc.id)
+        if run_dir is None or not any(run_dir.root.iterdir()):
             result.new.append(pc.id)
-        elif _recorded_fingerprint(existing[pc.id]) == pc.fingerprint:
+            continue
+        if not run_dir.config_yaml.is_file():
+            # Its history (state, metrics, checkpoints) would restart under a config never
+            # compared with the one it ran: refused like a changed config.
+            result.changed[pc.id] = ["config.yaml is missing but the folder holds a run"]
+        elif _recorded_fingerprint(run_dir) == pc.fingerprint:
             result.unchanged.append(pc.id)
+            if _needs_repair(run_dir):
+                result.repaired.append(pc.id)
+            continue
         else:
-            result.changed[pc.id] = _differences(existing[pc.id].config_yaml.read_text(), pc.config)
-            if replace and states[pc.id].get("state") not in ACTIVE_STATES:
-                result.replaced.append(pc.id)
+            result.changed[pc.id] = _differences(run_dir, pc.config)
+        if replace and states[pc.id].get("state") not in ACTIVE_STATES:
+            result.replaced.append(pc.id)
     return result
 
 
@@ -227,7 +248,7 @@ def _refuse(result: Freeze, sweep: SweepDir, replace: bool) -> None:
         lines = "\n".join(f"  {cell_id}: {'; '.join(diff[:4]) or 'fingerprint differs'}" for cell_id, diff in shown)
         more = f"\n  ... and {len(result.changed) - len(shown)} more" if len(result.changed) > len(shown) else ""
         raise GridError(
-            f"{len(result.changed)} cell(s) of '{sweep.name}' were planned with another config:\n{lines}{more}\n"
+            f"{len(result.changed)} cell(s) of '{sweep.name}' hold a run of another config:\n{lines}{more}\n"
             "re-plan with --replace to move their old runs to replaced/ and start them afresh, "
             "or plan into another --results-dir"
         )
@@ -246,23 +267,24 @@ def freeze(plan: Plan, sweep: SweepDir, replace: bool = False) -> Freeze:
     provenance = _provenance()
     now = time.time()
     for pc in track(plan.cells, f"writing {len(plan.cells)} cells"):
+        run_dir = sweep.cell(pc.id)
+        if pc.id in result.repaired:
+            _write_record(run_dir, pc, plan, sweep, now, provenance)
         if pc.id in result.unchanged:
             continue
-        run_dir = sweep.cell(pc.id)
         if pc.id in result.replaced:
             target = sweep.replaced(pc.id)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(run_dir.root), str(target))
         run_dir.root.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run_dir.config_yaml, dump_config(pc.config))
-        atomic_write_json(
-            run_dir.cell_json,
-            {**pc.entry(), "sweep": sweep.name, "planned_at": now, "settings": plan.spec.settings, **provenance},
-        )
+        # state.json last: a cell cut short here (a full disk) has no history and is re-planned.
+        _write_record(run_dir, pc, plan, sweep, now, provenance)
         atomic_write_json(
             run_dir.state_json,
             {"state": "planned", "step": 0, "total_steps": pc.total_steps(), "attempt": 0, "updated_at": now},
         )
+    if result.sweep_damaged:
+        sweep.set_aside_damaged()
     data = sweep.read() if sweep.exists() else {"name": sweep.name, "created_at": now, "cells": [], "plans": []}
     index = {cell["id"]: i for i, cell in enumerate(data["cells"])}
     for pc in plan.cells:
@@ -276,24 +298,52 @@ def freeze(plan: Plan, sweep: SweepDir, replace: bool = False) -> Freeze:
     return result
 
 
-def _recorded_fingerprint(run_dir: RunDir) -> str | None:
-    """cell.json's fingerprint, else that of the config.yaml on disk (None if unreadable)."""
-    try:
-        return json.loads(run_dir.cell_json.read_text())["fingerprint"]
-    except (OSError, ValueError, KeyError):
-        pass
+def _write_record(
+    run_dir: RunDir, pc: PlannedCell, plan: Plan, sweep: SweepDir, now: float, provenance: dict[str, Any]
+) -> None:
+    """config.yaml and cell.json of a planned cell."""
+    atomic_write_text(run_dir.config_yaml, dump_config(pc.config))
+    atomic_write_json(
+        run_dir.cell_json,
+        {**pc.entry(), "sweep": sweep.name, "planned_at": now, "settings": plan.spec.settings, **provenance},
+    )
+
+
+def _config_fingerprint(run_dir: RunDir) -> str | None:
     try:
         return fingerprint(load_config(run_dir.config_yaml))
-    except ConfigError:
+    except (ConfigError, ValueError):  # ValueError: not UTF-8
         return None
 
 
-def _differences(old_yaml: str, new: RunConfig) -> list[str]:
-    """`key: old -> new` for every leaf that differs between two configs."""
+def _recorded_fingerprint(run_dir: RunDir) -> str | None:
+    """cell.json's fingerprint, else that of the config.yaml on disk (None if neither reads)."""
     try:
-        old = yaml.safe_load(old_yaml) or {}
-    except yaml.YAMLError:
-        return ["config.yaml is not valid YAML"]
+        record = run_dir.read_record()
+    except DamagedFile:
+        record = None
+    if record and record.get("fingerprint"):
+        return record["fingerprint"]
+    return _config_fingerprint(run_dir)
+
+
+def _needs_repair(run_dir: RunDir) -> bool:
+    """Whether an unchanged cell's cell.json or config.yaml is missing or damaged."""
+    try:
+        record = run_dir.read_record()
+    except DamagedFile:
+        return True
+    return record is None or not record.get("fingerprint") or _config_fingerprint(run_dir) != record["fingerprint"]
+
+
+def _differences(run_dir: RunDir, new: RunConfig) -> list[str]:
+    """`key: old -> new` for every leaf that differs between the cell's config and `new`."""
+    try:
+        old = yaml.safe_load(run_dir.config_yaml.read_bytes().decode("utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError):
+        return ["config.yaml is damaged (not YAML text)"]
+    if not isinstance(old, dict):
+        return ["config.yaml is damaged (not a mapping)"]
     old_flat, new_flat = _leaves(old), _leaves(new.to_dict())
     keys = list(new_flat) + [key for key in old_flat if key not in new_flat]
     return [
@@ -360,7 +410,7 @@ def plan_table(plan: Plan, preview: Freeze, sweep: SweepDir) -> Any:
         elif pc.id in preview.changed:
             fate = "[red]changed[/]"
         elif pc.id in preview.unchanged:
-            fate = f"keep ({sweep.cell(pc.id).read_state().get('state')})"
+            fate = f"keep ({sweep.cell(pc.id).inspect().get('state')})"
         else:
             fate = "[green]new[/]"
         res = pc.resources

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from gridrun.grid.errors import GridError, closest
-from gridrun.grid.sweepdir import SweepDir, planned_sweeps
-from gridrun.rundir import NotARunDir, RunDir
+from gridrun.grid.sweepdir import SweepDamaged, SweepDir, planned_sweeps
+from gridrun.rundir import DamagedFile, NotARunDir, RunDir
 
 
 def find_cell(cell: str, results: Path, conf: str | None) -> RunDir:
@@ -28,7 +28,12 @@ def find_cell(cell: str, results: Path, conf: str | None) -> RunDir:
     found = []
     known: list[str] = []
     for name in names:
-        ids = SweepDir(results, name).cell_ids()
+        try:
+            ids = SweepDir(results, name).cell_ids()
+        except SweepDamaged:
+            if conf:
+                raise
+            continue  # `gridrun status` names it; the other sweeps may hold the cell
         known.extend(ids)
         if cell in ids:
             found.append(SweepDir(results, name))
@@ -52,19 +57,19 @@ def show(run_dir: RunDir, console: Any) -> None:
     info.add_column(style="bold")
     info.add_column()
     try:
-        record = json.loads(run_dir.cell_json.read_text())
-    except (OSError, ValueError):
-        record = {}
+        record = run_dir.read_record() or {}
+    except DamagedFile:
+        record = {}  # inspect() below names the damage
     for key in ("kind", "coords", "fingerprint", "resources", "est_hours", "git", "settings"):
         if key in record:
             info.add_row(key, json.dumps(record[key]) if isinstance(record[key], (dict, list)) else str(record[key]))
-    state = run_dir.read_state()
+    state = run_dir.inspect()
     for key in ("state", "step", "total_steps", "attempt", "launcher", "job_id", "node", "pid",
                 "last_val_acc", "peak_val_acc", "peak_step", "alerts"):
         if state.get(key) is not None:
             info.add_row(key, str(state[key]))
     for key in ("started_at", "finished_at", "updated_at"):
-        if state.get(key):
+        if state.get(key) is not None:
             info.add_row(key, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state[key])))
     console.print(info)
     if state.get("error"):

@@ -12,8 +12,9 @@ overrides). Cells with equal specs go out as one submitit job array, `--array` c
 Before anything is queued, `admit` checks each spec with `sbatch --test-only`, so a wrong
 partition, account or gres is one line naming the fix, not a sweep of failed jobs.
 
-Jobs. Every job runs `CellJob` (gridrun/grid/slurm_job.py) with the submitter's python: one
-task per GPU, each starting `python -m gridrun.cli run <run_dir>` as a data-parallel rank.
+Jobs. Every job runs `CellJob` (gridrun/grid/slurm_job.py) with the submitter's python (with
+the job's directory off sys.path: `dispatch.interpreter`): one task per GPU, each starting
+`python -P -m gridrun.cli run <run_dir>` as a data-parallel rank.
 SLURM's warning signal (USR2, `signal_delay_s` before the time limit, or sent by hand) makes
 the trainer checkpoint after its current step; the job then requeues itself (submitit's
 Checkpointable) and resumes from that checkpoint as the cell's next attempt. Requeues
@@ -57,7 +58,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gridrun.grid import REPO_ROOT
-from gridrun.grid.dispatch import Launcher, sweep_needs
+from gridrun.grid.dispatch import Launcher, interpreter_line, sweep_needs
 from gridrun.grid.errors import GridError
 
 if TYPE_CHECKING:
@@ -268,7 +269,8 @@ def sbatch_script(parameters: Mapping[str, Any], folder: Path, python: str = sys
     """The sbatch script submitit writes for these parameters (what `submit` sends)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    command = " ".join([shlex.quote(python), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+    # What submitit's executor writes, given `python=interpreter_line()` as in `submit`.
+    command = " ".join([interpreter_line(python), "-u -m submitit.core._submit", shlex.quote(str(folder))])
     return _make_sbatch_string(command=command, folder=folder, map_count=array, **parameters)
 
 
@@ -388,7 +390,9 @@ class SlurmLauncher(Launcher):
 
         from gridrun.grid.slurm_job import CellJob
 
-        executor = submitit.SlurmExecutor(folder=sweep.jobs_dir / "%j", max_num_timeout=self.max_num_timeout)
+        executor = submitit.SlurmExecutor(
+            folder=sweep.jobs_dir / "%j", max_num_timeout=self.max_num_timeout, python=interpreter_line()
+        )
         executor.update_parameters(**executor_parameters(spec, self.settings, f"gridrun-{sweep.name}", dependency))
         submitted: dict[str, str] = {}
         for chunk in chunks(cells, max_array_size()):

@@ -1,7 +1,7 @@
 """What a SLURM job of the launcher runs (`CellJob`): one cell, one rank per task.
 
-Each task of the job (submitit starts them with srun) runs `python -m gridrun.cli run
-<run_dir>` as a child process, with its rank from submitit's JobEnvironment in torchrun's
+Each task of the job (submitit starts them with srun) runs `python -P -m gridrun.cli run
+<run_dir>` (`dispatch.cell_command`: the installed gridrun, never the job's cwd) as a child process, with its rank from submitit's JobEnvironment in torchrun's
 variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; gridrun/train/distributed.py
 reads them). Rank 0's output is appended to the cell's logs/stdout.log and logs/stderr.log,
 other ranks' to logs/rank<r>.*.log. The trainer writes state.json; rank 0's task here only
@@ -25,7 +25,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from typing import Any
 import submitit
 from submitit.core.utils import UncompletedJobError
 
-from gridrun.grid.dispatch import new_attempt
+from gridrun.grid.dispatch import cell_command, new_attempt
 from gridrun.rundir import RunDir
 
 # Seconds kept back from signal_delay_s for the requeue itself once the trainer stopped.
@@ -129,6 +128,8 @@ class CellJob(submitit.helpers.Checkpointable):
         child_env = dict(
             os.environ,
             PYTHONUNBUFFERED="1",
+            # Named in the run's lock file (gridrun/rundir.py), so a second run says who holds it.
+            GRIDRUN_JOB_ID=job_id,
             RANK=str(rank),
             WORLD_SIZE=str(env.num_tasks),
             LOCAL_RANK=str(env.local_rank),
@@ -151,7 +152,7 @@ class CellJob(submitit.helpers.Checkpointable):
             out.flush()
             err.flush()
             self._child = subprocess.Popen(
-                [sys.executable, "-m", "gridrun.cli", "run", str(run_dir.root)],
+                cell_command(run_dir.root),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,

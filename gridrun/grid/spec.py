@@ -28,6 +28,7 @@ from gridrun.grid import REPO_ROOT
 from gridrun.grid.cells import AXES, KINDS
 from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError, closest
+from gridrun.grid.sweepdir import check_sweep_name
 
 SWEEPS_DIR = REPO_ROOT / "sweeps"
 SWEEP_KEYS = ("axes", "restrict", "overrides")
@@ -81,6 +82,7 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
     if not conf:
         raise GridError(f"say which sweep: conf=<name> (available: {', '.join(available_sweeps())})")
     path = sweep_file(conf)
+    check_sweep_name(path.stem)
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:

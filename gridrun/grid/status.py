@@ -6,7 +6,9 @@ peak validation accuracy, drift alerts), so no metrics file is parsed. Standard 
 only until a table is drawn; rich is imported to draw. Cells whose job died without saying
 so are shown as their launcher reconciles them (`failed`, marked lost); a scheduler's word
 for an active cell's job (PENDING, RUNNING) is shown beside its job id. A queued cell held
-for a cell it needs shows `waiting: <its id>`, and `blocked` once that one failed.
+for a cell it needs shows `waiting: <its id>`, and `blocked` once that one failed. A cell
+whose state.json is damaged shows as `damaged` with the file and the fix; a sweep whose
+sweep.json is damaged is skipped with a warning when every sweep is listed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gridrun.grid.dispatch import needs_of, observe
-from gridrun.grid.sweepdir import SweepDir, planned_sweeps
+from gridrun.grid.sweepdir import SweepDamaged, SweepDir, planned_sweeps
 from gridrun.rundir import STATES
 
 STATE_STYLES = {
@@ -29,12 +31,14 @@ STATE_STYLES = {
     "preempted": "magenta",
     "cancelled": "yellow",
     "blocked": "red",
+    "damaged": "bold red",
 }
 
 
 def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
     """One row per cell of the sweep, in plan order."""
     cells = sweep.read()["cells"]
+    # state.json only (cell.json's damage is `show`'s to report and `plan`'s to repair): the fast path.
     states = observe({cell["id"]: sweep.cell(cell["id"]).read_state() for cell in cells}, needs_of(cells))
     now = time.time()
     rows = []
@@ -54,7 +58,7 @@ def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
                 "kind": cell["kind"],
                 "state": state.get("state", "planned"),
                 "step": int(state.get("step") or 0),
-                "total_steps": int(state.get("total_steps", cell.get("total_steps")) or 0),
+                "total_steps": _count(state.get("total_steps", cell.get("total_steps"))),
                 "attempt": int(state.get("attempt") or 0),
                 "job_id": state.get("job_id"),
                 # The scheduler's word for an active cell's job (PENDING, RUNNING), if it has one.
@@ -74,12 +78,23 @@ def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
     return rows
 
 
-def all_rows(results: Path, conf: str | None) -> list[dict[str, Any]]:
-    """Rows of one sweep (conf) or of every sweep under the results root."""
-    names = [conf] if conf else planned_sweeps(results)
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def all_rows(results: Path, conf: str | None, skipped: list[str] | None = None) -> list[dict[str, Any]]:
+    """Rows of one sweep (conf) or of every sweep under the results root; listing every sweep,
+    a damaged one is left out and its message added to `skipped`."""
+    if conf:
+        return sweep_rows(SweepDir(results, conf))
     rows: list[dict[str, Any]] = []
-    for name in names:
-        rows.extend(sweep_rows(SweepDir(results, name)))
+    for name in planned_sweeps(results):
+        try:
+            rows.extend(sweep_rows(SweepDir(results, name)))
+        except SweepDamaged as err:
+            if skipped is None:
+                raise
+            skipped.append(str(err))
     return rows
 
 
@@ -165,16 +180,16 @@ def tables(rows: list[dict[str, Any]]) -> list[Any]:
 
 
 def failures(rows: list[dict[str, Any]]) -> list[Any]:
-    """A panel per failed (or blocked) cell with its error tail, then how to resubmit."""
+    """A panel per failed, blocked or damaged cell with its error tail, then how to resubmit."""
     from rich.panel import Panel
 
-    failed = [row for row in rows if row["state"] in ("failed", "blocked")]
+    failed = [row for row in rows if row["state"] in ("failed", "blocked", "damaged")]
     panels: list[Any] = []
     for row in failed:
         where = f"attempt {row['attempt']}, job {row['job_id'] or '-'}, node {row['node'] or '-'}, step {row['step']}"
         error = str(row["error"] or "no error recorded").strip()
         panels.append(Panel(error, title=f"[red]{row['sweep']}/{row['cell']}[/]  {where}", title_align="left"))
-    for sweep in sorted({row["sweep"] for row in failed}):
+    for sweep in sorted({row["sweep"] for row in failed if row["state"] == "failed"}):
         panels.append(f"resume them from their newest checkpoints: gridrun resubmit conf={sweep} --failed")
     if not failed:
         panels.append("no failed cells")

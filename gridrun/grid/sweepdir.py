@@ -9,6 +9,10 @@
       cells.parquet  table1.md  table1.csv  table1.tex
       figures/     PNGs drawn by `gridrun collect` (gridrun/grid/figures.py)
 
+A damaged sweep.json (not UTF-8 JSON, wrong types) raises `SweepDamaged` for that sweep
+alone: plain `gridrun status` and `gridrun collect` go on with the other sweeps, and
+`gridrun plan` writes it again. Sweep names are checked here, so no name leaves the root.
+
 Stdlib only (filelock is imported when a lock is taken): `gridrun status` goes through here.
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,11 +32,29 @@ from gridrun.rundir import RunDir, atomic_write_json
 
 RESULTS_ENV = "GRIDRUN_RESULTS"
 SWEEP_JSON = "sweep.json"
+SWEEP_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+class SweepDamaged(GridError):
+    """sweep.json exists but cannot be read as a plan."""
+
+
+def check_sweep_name(name: str) -> str:
+    """A sweep's name is a folder name under the results root: no separators, not `.`/`..`."""
+    if not SWEEP_NAME.fullmatch(name) or name in (".", ".."):
+        raise GridError(
+            f"sweep name {name!r} is not a folder name: use letters, digits, '_', '.' and '-' "
+            "(not '.' or '..'), e.g. rename the sweep file to sweeps/my_sweep.yaml"
+        )
+    return name
 
 
 def results_root(option: str | None = None) -> Path:
-    """--results-dir, else $GRIDRUN_RESULTS, else ./results; refuses a sweep's own directory."""
+    """--results-dir, else $GRIDRUN_RESULTS, else ./results; refuses a sweep's own directory
+    and a path that is not a directory."""
     root = Path(option or os.environ.get(RESULTS_ENV) or "results")
+    if root.exists() and not root.is_dir():
+        raise GridError(f"results root {root} is a file, not a directory: pass --results-dir <a directory>")
     if (root / SWEEP_JSON).is_file():
         raise GridError(
             f"{root} is the directory of sweep '{root.name}', not a results root: "
@@ -43,7 +66,7 @@ def results_root(option: str | None = None) -> Path:
 class SweepDir:
     def __init__(self, results: Path, name: str) -> None:
         self.results = results
-        self.name = name
+        self.name = check_sweep_name(name)
         self.root = results / name
 
     def __repr__(self) -> str:
@@ -93,19 +116,32 @@ class SweepDir:
         return self.sweep_json.is_file()
 
     def read(self) -> dict[str, Any]:
-        """The plan; fails with the fix when the sweep was never planned here."""
+        """The plan; fails with the fix when the sweep was never planned here or its
+        sweep.json is damaged (SweepDamaged)."""
+        fix = f"re-plan it with `gridrun plan conf={self.name}` (cells already on disk are kept)"
         try:
-            data = json.loads(self.sweep_json.read_text())
+            data = json.loads(self.sweep_json.read_bytes().decode("utf-8"))
         except FileNotFoundError:
             raise GridError(self._missing_message()) from None
-        except json.JSONDecodeError:
-            raise GridError(f"{self.sweep_json} is corrupt: re-plan with `gridrun plan conf={self.name}`") from None
+        except UnicodeDecodeError:
+            raise SweepDamaged(f"{self.sweep_json} is damaged (not UTF-8 text): {fix}") from None
+        except ValueError:
+            raise SweepDamaged(f"{self.sweep_json} is damaged (not JSON): {fix}") from None
+        why = _plan_problem(data)
+        if why:
+            raise SweepDamaged(f"{self.sweep_json} is damaged ({why}): {fix}")
         if data.get("name") != self.name:
             raise GridError(
                 f"{self.root} holds sweep '{data.get('name')}', not '{self.name}': use "
                 f"conf={data.get('name')}, or plan '{self.name}' into another --results-dir"
             )
         return data
+
+    def set_aside_damaged(self) -> Path:
+        """Move a damaged sweep.json aside (never delete it) before writing a new one."""
+        target = self.root / f"{SWEEP_JSON}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.sweep_json.rename(target)
+        return target
 
     def write(self, data: dict[str, Any]) -> None:
         atomic_write_json(self.sweep_json, data)
@@ -153,4 +189,35 @@ def planned_sweeps(results: Path) -> list[str]:
     """Names of the sweeps planned under a results root, sorted."""
     if not results.is_dir():
         return []
-    return sorted(entry.name for entry in os.scandir(results) if (Path(entry.path) / SWEEP_JSON).is_file())
+    return sorted(
+        entry.name
+        for entry in os.scandir(results)
+        if SWEEP_NAME.fullmatch(entry.name) and (Path(entry.path) / SWEEP_JSON).is_file()
+    )
+
+
+def _plan_problem(data: object) -> str | None:
+    """Why a parsed sweep.json is not a plan readers can use, or None."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    if not isinstance(data.get("name"), str):
+        return "no sweep name"
+    cells = data.get("cells")
+    if not isinstance(cells, list):
+        return "no list of cells"
+    for cell in cells:
+        if not (
+            isinstance(cell, dict)
+            and isinstance(cell.get("id"), str)
+            and SWEEP_NAME.fullmatch(cell["id"])
+            and isinstance(cell.get("kind"), str)
+            and isinstance(cell.get("coords"), dict)
+            and all(axis in cell["coords"] for axis in ("workflow", "task", "scale"))
+        ):
+            return f"a cell entry without id, kind and coords: {str(cell)[:60]}"
+    for key in ("launcher", "cluster"):
+        if key in data and not isinstance(data[key], dict):
+            return f"{key} is not a mapping"
+    if not isinstance(data.get("plans", []), list):
+        return "plans is not a list"
+    return None

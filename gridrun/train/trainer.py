@@ -14,6 +14,7 @@ checkpoint, and records `preempted`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -46,6 +47,8 @@ from gridrun.train.workflows import get_workflow
 
 log = logging.getLogger("gridrun")
 VAL_SEED = 1234
+# The launcher's id of the job running this cell, written into the run's lock file.
+JOB_ID_ENV = "GRIDRUN_JOB_ID"
 
 
 class Cancelled(BaseException):
@@ -382,39 +385,49 @@ def run_cell(path: Path) -> int:
     run_dir = RunDir(path).require()
     config = load_config(run_dir.config_yaml)
     dist = Dist.from_env()
-    # Rank 0 alone writes state.json; the other ranks' errors reach it through the collectives.
-    record = run_dir.update_state if dist.is_main else (lambda **fields: fields)
-    record(
-        state="running",
-        pid=os.getpid(),
-        node=socket.gethostname(),
-        started_at=time.time(),
-        total_steps=config.train.total_steps if config.trains else 0,
-        error=None,
-    )
-    previous = {s: signal.signal(s, _raise_cancelled) for s in (signal.SIGTERM, signal.SIGINT)}
-    previous[signal.SIGUSR2] = signal.signal(signal.SIGUSR2, lambda signum, frame: setattr(dist, "stop_requested", True))
-    try:
-        Trainer(config, run_dir, dist).fit()
-    except Cancelled as stop:
-        record(state="cancelled", error=f"stopped by {stop}", finished_at=time.time())
-        return 143
-    except Preempted as stop:
-        record(state="preempted", error=str(stop), finished_at=time.time())
-        log.info("%s", stop)
-        return 75
-    except SandboxUnavailable as refused:  # a fix for the user (install bubblewrap), not a bug: one line
-        record(state="failed", error=str(refused), finished_at=time.time())
-        log.error("%s", refused)
-        return 1
-    except Exception:  # noqa: BLE001 - any failure is recorded in state.json, then the exit code says it
-        tail = traceback.format_exc().strip().splitlines()[-12:]
-        record(state="failed", error="\n".join(tail), finished_at=time.time())
-        log.error("run failed:\n%s", "\n".join(tail))
-        return 1
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        dist.close()
-    record(state="done", finished_at=time.time())
-    return 0
+    # One process per cell: rank 0 holds the run dir's lock for the job's life (the other
+    # ranks run under it); a second `gridrun run` of the cell stops here, naming the holder.
+    lock = contextlib.ExitStack()
+    if dist.is_main:
+        try:
+            lock.enter_context(run_dir.hold(job_id=os.environ.get(JOB_ID_ENV)))
+        except BaseException:
+            dist.close()
+            raise
+    with lock:
+        # Rank 0 alone writes state.json; the other ranks' errors reach it through the collectives.
+        record = run_dir.update_state if dist.is_main else (lambda **fields: fields)
+        record(
+            state="running",
+            pid=os.getpid(),
+            node=socket.gethostname(),
+            started_at=time.time(),
+            total_steps=config.train.total_steps if config.trains else 0,
+            error=None,
+        )
+        previous = {s: signal.signal(s, _raise_cancelled) for s in (signal.SIGTERM, signal.SIGINT)}
+        previous[signal.SIGUSR2] = signal.signal(signal.SIGUSR2, lambda signum, frame: setattr(dist, "stop_requested", True))
+        try:
+            Trainer(config, run_dir, dist).fit()
+        except Cancelled as stop:
+            record(state="cancelled", error=f"stopped by {stop}", finished_at=time.time())
+            return 143
+        except Preempted as stop:
+            record(state="preempted", error=str(stop), finished_at=time.time())
+            log.info("%s", stop)
+            return 75
+        except SandboxUnavailable as refused:  # a fix for the user (install bubblewrap), not a bug: one line
+            record(state="failed", error=str(refused), finished_at=time.time())
+            log.error("%s", refused)
+            return 1
+        except Exception:  # noqa: BLE001 - any failure is recorded in state.json, then the exit code says it
+            tail = traceback.format_exc().strip().splitlines()[-12:]
+            record(state="failed", error="\n".join(tail), finished_at=time.time())
+            log.error("run failed:\n%s", "\n".join(tail))
+            return 1
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            dist.close()
+        record(state="done", finished_at=time.time())
+        return 0

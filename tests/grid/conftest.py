@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from gridrun.cli import main
+from gridrun.grid import dispatch
+from gridrun.grid.sweepdir import SweepDir
 
 
 @dataclass
@@ -44,3 +46,16 @@ def gridrun(capsys: pytest.CaptureFixture[str]) -> Gridrun:
 def tree(root: Path) -> list[str]:
     """Every path under root, to check that a refused command wrote nothing."""
     return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
+
+
+@pytest.fixture
+def recording_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`launcher.name=record`: tests/grid/recording.py's launcher, which runs nothing."""
+    monkeypatch.setitem(dispatch.LAUNCHERS, "record", "tests.grid.recording:RecordingLauncher")
+
+
+@pytest.fixture
+def smoke(gridrun: Gridrun, results: Path, recording_launcher: None) -> SweepDir:
+    """The smoke sweep planned for the recording launcher."""
+    assert gridrun("plan", "conf=smoke", "launcher.name=record").code == 0
+    return SweepDir(results, "smoke")

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from gridrun.grid import dispatch
 from gridrun.grid.dispatch import make_launcher, queue, runnable
 from gridrun.grid.errors import GridError
 from gridrun.grid.local import HOST
@@ -22,16 +21,7 @@ from gridrun.grid.sweepdir import SweepDir
 from tests.grid.conftest import Gridrun
 from tests.grid.recording import submissions
 
-
-@pytest.fixture(autouse=True)
-def recording_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(dispatch.LAUNCHERS, "record", "tests.grid.recording:RecordingLauncher")
-
-
-@pytest.fixture
-def smoke(gridrun: Gridrun, results: Path) -> SweepDir:
-    assert gridrun("plan", "conf=smoke", "launcher.name=record").code == 0
-    return SweepDir(results, "smoke")
+pytestmark = pytest.mark.usefixtures("recording_launcher")
 
 
 def dead_pid() -> int:

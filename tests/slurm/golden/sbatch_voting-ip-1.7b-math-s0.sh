@@ -22,4 +22,4 @@ source <REPO>/slurm/setup_node.sh
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output <RESULTS>/full_matrix/jobs/%j/%j_%t_log.out --error <RESULTS>/full_matrix/jobs/%j/%j_%t_log.err /venv/bin/python -u -m submitit.core._submit <RESULTS>/full_matrix/jobs/%j
+srun --unbuffered --output <RESULTS>/full_matrix/jobs/%j/%j_%t_log.out --error <RESULTS>/full_matrix/jobs/%j/%j_%t_log.err /venv/bin/python -P -u -m submitit.core._submit <RESULTS>/full_matrix/jobs/%j

@@ -1,0 +1,202 @@
+"""Damage is local: one damaged state.json, cell.json, metrics.jsonl or sweep.json shows as
+`damaged` (naming the file and the fix: in status for state.json, in show for cell.json,
+in collect for metrics.jsonl) and every other cell is still listed, collected and
+dispatchable; no command crashes or goes blind."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gridrun.grid.dispatch import runnable
+from gridrun.grid.sweepdir import SweepDir
+from gridrun.rundir import RunDir
+from tests.grid.conftest import Gridrun
+from tests.grid.recording import submissions
+
+# What a damaged state.json may hold: bytes that are not UTF-8, random bytes, JSON that is
+# not an object, an object whose fields have the wrong types or an unknown state.
+DAMAGE = {
+    "not_utf8": b"\xff\xfe\x00garbage\x80",
+    "random": os.urandom(64) + b"\xff",
+    "list": b"[1,2,3]",
+    "null": b"null",
+    "wrong_type": b'{"state": "done", "step": "ten"}',
+    "bool_count": b'{"state": "failed", "attempt": true}',
+    "unknown_state": b'{"state": "exploded", "step": 3}',
+    "empty": b"",
+}
+
+
+pytestmark = pytest.mark.usefixtures("recording_launcher")
+
+
+def squeezed(text: str) -> str:
+    """Text without whitespace: rich wraps long lines (and folds long paths) at any width."""
+    return "".join(text.split())
+
+
+def no_traceback(*texts: str) -> None:
+    for text in texts:
+        assert "Traceback" not in text and "Error:" not in text.replace("gridrun: error:", ""), text
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_state_json_is_one_damaged_cell(gridrun: Gridrun, smoke: SweepDir, damage: str) -> None:
+    ids = smoke.cell_ids()
+    bad = smoke.cell(ids[0])
+    bad.state_json.write_bytes(DAMAGE[damage])
+    smoke.cell(ids[1]).update_state(state="failed", attempt=1, error="boom")
+
+    state = bad.read_state()
+    assert state["state"] == "damaged"
+    assert str(bad.state_json) in state["error"] and f"rm {bad.state_json}" in state["error"]
+
+    # status: every cell listed, the damaged one as damaged with its file and fix.
+    listed = gridrun("status", "conf=smoke", "--json")
+    assert listed.code == 0, listed.err
+    rows = {row["cell"]: row for row in json.loads(listed.out)}
+    assert list(rows) == ids
+    assert rows[ids[0]]["state"] == "damaged" and str(bad.state_json) in rows[ids[0]]["error"]
+    assert [rows[i]["state"] for i in ids[2:]] == ["planned"] * 9
+    table = gridrun("status")
+    assert table.code == 0 and "damaged" in table.out and "1 damaged" in table.out, table.out
+    # --failed: a panel for the failed cell and one for the damaged cell.
+    failed = gridrun("status", "conf=smoke", "--failed")
+    assert failed.code == 0 and ids[0] in failed.out and ids[1] in failed.out, failed.out
+
+    # sweep: the 10 others are dispatched (one is failed, dispatched again); the damaged one is not.
+    assert runnable(smoke, ids) == ids[1:]
+    swept = gridrun("sweep", "conf=smoke", "launcher.name=record")
+    assert swept.code == 0, swept.err
+    assert "not dispatching 1 damaged cell(s)" in swept.out
+    assert [sorted(s["ids"]) for s in submissions(smoke)] == [sorted(ids[1:])]
+    assert bad.state_json.read_bytes() == DAMAGE[damage]  # nothing wrote over it
+
+    # resubmit names the damage and skips; cancel cancels the queued ones only.
+    resubmit = gridrun("resubmit", "conf=smoke", "--cells", ids[0])
+    assert resubmit.code == 0 and squeezed(f"skip {ids[0]}: damaged: {bad.state_json}") in squeezed(resubmit.out)
+    cancel = gridrun("cancel", "conf=smoke")
+    assert cancel.code == 0 and cancel.out.count(": cancelled") == 10, cancel.out
+
+    # plan, show and collect read on.
+    assert gridrun("plan", "conf=smoke", "launcher.name=record").code == 0
+    show = gridrun("show", ids[0])
+    assert show.code == 0 and "damaged" in show.out, show.err
+    collected = gridrun("collect", "conf=smoke")
+    assert collected.code == 0, collected.err
+    assert "damaged:" in collected.out and "11 cells (" in collected.out
+    no_traceback(listed.err, table.err, swept.err, resubmit.err, cancel.err, show.err, collected.err)
+
+
+def test_removing_a_damaged_state_json_makes_the_cell_dispatchable(gridrun: Gridrun, smoke: SweepDir) -> None:
+    ids = smoke.cell_ids()
+    smoke.cell(ids[0]).state_json.write_bytes(DAMAGE["list"])
+    assert ids[0] not in runnable(smoke, ids)
+    smoke.cell(ids[0]).state_json.unlink()  # the fix the message names
+    assert runnable(smoke, ids) == ids
+
+
+def test_a_writer_moves_a_damaged_state_json_aside(tmp_path: Path) -> None:
+    run_dir = RunDir(tmp_path / "cell")
+    run_dir.root.mkdir()
+    run_dir.state_json.write_bytes(DAMAGE["null"])
+    state = run_dir.update_state(state="running", step=3)
+    assert (state["state"], state["step"]) == ("running", 3) and "error" not in state
+    (aside,) = run_dir.root.glob("state.json.damaged-*")
+    assert aside.read_bytes() == DAMAGE["null"]
+
+
+@pytest.mark.parametrize("damage", ["not_utf8", "list", "null", "wrong_type"])
+def test_a_damaged_cell_json_is_shown_and_repaired_by_planning(gridrun: Gridrun, smoke: SweepDir, damage: str) -> None:
+    ids = smoke.cell_ids()
+    bad = smoke.cell(ids[2])
+    # wrong_type here: resources must be a mapping.
+    bad.cell_json.write_bytes(DAMAGE[damage] if damage != "wrong_type" else b'{"resources": 4}')
+    state = bad.inspect()
+    assert state["state"] == "damaged" and str(bad.cell_json) in state["error"]
+    assert "gridrun plan conf=<sweep>" in state["error"]
+    shown = gridrun("show", ids[2])
+    assert shown.code == 0 and "damaged" in shown.out
+    # status reads state.json alone (its fast path) and lists every cell.
+    rows = json.loads(gridrun("status", "conf=smoke", "--json").out)
+    assert [row["cell"] for row in rows] == ids and {row["state"] for row in rows} == {"planned"}
+    # The fix, which `gridrun sweep` applies first: planning writes it again from config.yaml
+    # (whose fingerprint still matches), then every cell is dispatched.
+    swept = gridrun("sweep", "conf=smoke", "launcher.name=record")
+    assert swept.code == 0 and squeezed("1 repaired (cell.json or config.yaml written again)") in squeezed(swept.out)
+    assert bad.read_record()["id"] == ids[2]  # type: ignore[index]
+    assert bad.inspect()["state"] == "queued"
+    assert [sorted(s["ids"]) for s in submissions(smoke)] == [sorted(ids)]
+
+
+def test_damaged_metrics_rows_are_skipped_and_named(gridrun: Gridrun, smoke: SweepDir) -> None:
+    ids = smoke.cell_ids()
+    run_dir = smoke.cell(ids[0])
+    run_dir.update_state(state="done", step=2)
+    good = [{"step": 0, "split": "val", "val/acc": 0.25}, {"step": 2, "split": "val", "val/acc": 0.5}]
+    lines = [json.dumps(good[0]).encode(), b"\xff\xfe not utf-8", b"[1, 2]", b'{"step": "x", "split": "val"}',
+             json.dumps(good[1]).encode()]
+    run_dir.metrics_jsonl.write_bytes(b"\n".join(lines) + b"\n")
+    # The three bad lines are skipped, the two good rows read in order.
+    assert run_dir.read_metrics() == good
+    damage = run_dir.metrics_damage()
+    assert damage is not None and f"{run_dir.metrics_jsonl} line 2 and 2 more line(s) is damaged (not UTF-8" in damage
+    collected = gridrun("collect", "conf=smoke")
+    assert collected.code == 0, collected.err
+    assert squeezed(f"damaged: {run_dir.metrics_jsonl} line 2") in squeezed(collected.out)
+
+
+def test_a_torn_last_metrics_line_is_not_damage(tmp_path: Path) -> None:
+    # A kill mid-write leaves half a row; resuming rewrites it, so it is no damage.
+    run_dir = RunDir(tmp_path)
+    run_dir.metrics_jsonl.write_text('{"step": 1, "split": "train", "lr": 0.1}\n{"step": 2, "split": "tr')
+    assert run_dir.read_metrics() == [{"step": 1, "split": "train", "lr": 0.1}]
+    assert run_dir.metrics_damage() is None
+
+
+@pytest.mark.parametrize("damage", ["not_utf8", "list", "null", "wrong_type", "empty"])
+def test_a_damaged_sweep_json_affects_only_its_sweep(gridrun: Gridrun, results: Path, damage: str) -> None:
+    assert gridrun("plan", "conf=smoke", "launcher.name=record").code == 0
+    assert gridrun("plan", "conf=full_matrix", "scale=0.6b", "task=math", "seed=0").code == 0
+    smoke = SweepDir(results, "smoke")
+    smoke.sweep_json.write_bytes(DAMAGE[damage] if damage != "wrong_type" else b'{"name": "smoke", "cells": {}}')
+    everything = gridrun("status", "--json")
+    assert everything.code == 0
+    rows = json.loads(everything.out)
+    assert {row["sweep"] for row in rows} == {"full_matrix"} and len(rows) > 0
+    assert f"gridrun: warning: skipped a sweep: {smoke.sweep_json} is damaged" in everything.err
+    assert "gridrun plan conf=smoke" in everything.err
+    assert gridrun("status").code == 0
+    # Naming the sweep: one line naming the file and the fix, exit 2.
+    for args in (["status", "conf=smoke"], ["cancel", "conf=smoke"], ["resubmit", "conf=smoke", "--failed"]):
+        result = gridrun(*args)
+        assert result.code == 2 and f"{smoke.sweep_json} is damaged" in result.err, (args, result.err)
+        assert result.err.count("\n") == 1
+    # collect does the others and fails for this one; show finds cells of the others.
+    collected = gridrun("collect")
+    assert collected.code == 2 and (results / "full_matrix" / "table1.md").is_file()
+    assert gridrun("show", "base-single-0.6b-math").code == 0
+    # The fix: planning again moves the damaged file aside and writes the plan again.
+    assert gridrun("plan", "conf=smoke", "launcher.name=record").code == 0
+    assert len(smoke.cell_ids()) == 11
+    (aside,) = smoke.root.glob("sweep.json.damaged-*")
+    assert aside.read_bytes() == (DAMAGE[damage] if damage != "wrong_type" else b'{"name": "smoke", "cells": {}}')
+
+
+def test_a_binary_config_yaml_is_one_line(gridrun: Gridrun, smoke: SweepDir) -> None:
+    run_dir = smoke.cell(smoke.cell_ids()[0])
+    planned = run_dir.config_yaml.read_bytes()
+    run_dir.config_yaml.write_bytes(b"\xff\xfe\x00binary")
+    for args in (["run", str(run_dir.root)], ["show", str(run_dir.root)]):
+        result = gridrun(*args)
+        assert result.code == 2, result.err
+        assert result.err == f"gridrun: error: {run_dir.config_yaml} is damaged (not UTF-8 text): re-plan its sweep " \
+            "(`gridrun plan conf=<sweep>`, with --replace if it says so) to write it again\n"
+    # Planning again restores it: cell.json still vouches for the planned fingerprint.
+    assert gridrun("plan", "conf=smoke", "launcher.name=record").code == 0
+    assert run_dir.config_yaml.read_bytes() == planned
+    assert run_dir.inspect()["state"] == "planned"

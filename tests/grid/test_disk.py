@@ -1,0 +1,206 @@
+"""What is on disk is never lost or escaped: history is never reset silently (a cell that
+lost its config.yaml is refused, then moved aside), sweep names stay inside the results
+root, and a results root that is a file, read-only or full fails in one line, with every
+cell resumable after a full disk.
+
+The disk cases mount a real tmpfs (full) or a read-only bind mount in a private mount
+namespace, so they need root and `unshare`; elsewhere they are skipped, saying why."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from gridrun.grid.dispatch import runnable
+from gridrun.grid.sweepdir import SweepDir
+from gridrun.rundir import RunDir
+from tests.grid.conftest import Gridrun, tree
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# --- history is never reset silently ------------------------------------------------------------
+def test_a_cell_that_lost_its_config_is_refused_then_moved_aside(gridrun: Gridrun, results: Path) -> None:
+    assert gridrun("plan", "conf=smoke").code == 0
+    sweep = SweepDir(results, "smoke")
+    cell_id = sweep.cell_ids()[0]
+    run_dir = sweep.cell(cell_id)
+    run_dir.update_state(state="done", step=20, peak_val_acc=0.5)
+    run_dir.append_metrics([{"step": 20, "split": "val", "val/acc": 0.5}])
+    run_dir.config_yaml.unlink()
+    before = tree(results)
+    refused = gridrun("plan", "conf=smoke")
+    assert refused.code == 2
+    assert f"{cell_id}: config.yaml is missing but the folder holds a run" in refused.err
+    assert "re-plan with --replace to move their old runs to replaced/" in refused.err
+    assert tree(results) == before and run_dir.read_state()["state"] == "done"
+    # --replace moves the whole folder aside (never deletes it) and plans the cell afresh.
+    replaced = gridrun("plan", "conf=smoke", "--replace")
+    assert replaced.code == 0 and "0new,10unchanged,1replaced" in "".join(replaced.out.split())
+    (aside,) = (results / "smoke" / "replaced").iterdir()
+    assert aside.name.startswith(f"{cell_id}.")
+    assert RunDir(aside).read_state()["peak_val_acc"] == 0.5 and RunDir(aside).read_metrics()[0]["step"] == 20
+    assert run_dir.read_state()["state"] == "planned" and run_dir.config_yaml.is_file()
+
+
+def test_a_running_cell_that_lost_its_config_is_not_moved(gridrun: Gridrun, results: Path) -> None:
+    assert gridrun("plan", "conf=smoke").code == 0
+    sweep = SweepDir(results, "smoke")
+    run_dir = sweep.cell(sweep.cell_ids()[0])
+    run_dir.update_state(state="running", pid=os.getpid(), node=socket.gethostname(), launcher="local",
+                         job_id=f"{os.getpid()}@{socket.gethostname()}", started_at=time.time())
+    run_dir.config_yaml.unlink()
+    refused = gridrun("plan", "conf=smoke", "--replace")
+    assert refused.code == 2 and "are queued or running" in refused.err and "cancel them first" in refused.err
+    assert not (results / "smoke" / "replaced").exists()
+
+
+# --- names and results roots ---------------------------------------------------------------------
+def test_a_sweep_name_must_be_a_folder_name(gridrun: Gridrun, results: Path, tmp_path: Path) -> None:
+    dots = tmp_path / "...yaml"
+    shutil.copy(REPO / "sweeps" / "smoke.yaml", dots)
+    result = gridrun("plan", f"conf={dots}")
+    assert result.code == 2
+    assert result.err == (
+        "gridrun: error: sweep name '..' is not a folder name: use letters, digits, '_', '.' and '-' "
+        "(not '.' or '..'), e.g. rename the sweep file to sweeps/my_sweep.yaml\n"
+    )
+    for name in ("..", ".", "a/b", "../smoke", "sp ace"):
+        result = gridrun("status", f"conf={name}")
+        assert result.code == 2 and f"sweep name {name!r} is not a folder name" in result.err, result.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["...yaml"]
+
+
+def test_a_results_root_that_is_a_file(gridrun: Gridrun, tmp_path: Path) -> None:
+    path = tmp_path / "results.txt"
+    path.write_text("not a directory")
+    for command in (["plan", "conf=smoke"], ["sweep", "conf=smoke"], ["status"], ["collect"], ["resubmit", "conf=smoke"]):
+        result = gridrun(*command, "--results-dir", str(path))
+        assert result.code == 2
+        assert result.err == f"gridrun: error: results root {path} is a file, not a directory: pass --results-dir <a directory>\n"
+    assert path.read_text() == "not a directory"
+
+
+# --- read-only and full disks (a private mount namespace) ---------------------------------------------
+def _unshare_works() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to mount a tmpfs in a private mount namespace"
+    if shutil.which("unshare") is None:
+        return "needs unshare (util-linux)"
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, text=True, check=False)
+    return None if probe.returncode == 0 else f"unshare -m fails here: {probe.stderr.strip()}"
+
+
+needs_mounts = pytest.mark.skipif(_unshare_works() is not None, reason=str(_unshare_works()))
+
+
+def in_namespace(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """Run a shell script in a private mount namespace; `gridrun` there is this checkout's."""
+    prelude = f"set -u\ngridrun() {{ {sys.executable} -m gridrun.cli \"$@\"; }}\ncd {tmp_path}\n"
+    return subprocess.run(["unshare", "-m", "bash", "-c", prelude + textwrap.dedent(script)], capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)), check=False)
+
+
+def one_line_error(path: Path, expected: str) -> None:
+    text = path.read_text()
+    assert text.startswith("gridrun: error: ") and text.count("\n") == 1, text
+    assert expected in text, text
+
+
+@needs_mounts
+def test_a_read_only_results_root_is_one_line(gridrun: Gridrun, results: Path, tmp_path: Path) -> None:
+    assert gridrun("plan", "conf=smoke").code == 0
+    sweep = SweepDir(results, "smoke")
+    cell = sweep.cell(sweep.cell_ids()[0])
+    cell.update_state(state="failed", attempt=1)
+    before = tree(results)
+    out = tmp_path / "out"
+    out.mkdir()
+    done = in_namespace(f"""
+        mount --bind {results} {results} && mount -o remount,ro,bind {results}
+        gridrun plan conf=smoke 2> out/plan; echo $? >> out/codes
+        gridrun sweep conf=smoke 2> out/sweep; echo $? >> out/codes
+        gridrun resubmit conf=smoke --failed 2> out/resubmit; echo $? >> out/codes
+        gridrun collect conf=smoke > /dev/null 2> out/collect; echo $? >> out/codes
+        gridrun run {cell.root} 2> out/run; echo $? >> out/codes
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (out / "codes").read_text().split() == ["2"] * 5
+    for name in ("plan", "sweep", "resubmit", "collect", "run"):
+        one_line_error(out / name, "Read-only file system: pass --results-dir <a writable directory>")
+    assert tree(results) == before
+
+
+@needs_mounts
+def test_a_full_disk_is_one_line_and_every_cell_stays_resumable(gridrun: Gridrun, tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    # 64 KiB: room for a few of the 11 cells' files (4 KiB pages), then ENOSPC mid-plan.
+    done = in_namespace(f"""
+        mount -t tmpfs -o size=64k tmpfs {disk}
+        gridrun plan conf=smoke --results-dir {disk} > /dev/null 2> out/plan_full; echo $? >> out/codes
+        find {disk} -name '*.tmp' > out/temp_files
+        mount -o remount,size=8m {disk}
+        gridrun plan conf=smoke --results-dir {disk} > out/plan_again 2>&1; echo $? >> out/codes
+        # Fill the disk to the last page, then dispatch and run: both refused in one line.
+        dd if=/dev/zero of={disk}/filler bs=4k > /dev/null 2>&1
+        gridrun sweep conf=smoke --results-dir {disk} > /dev/null 2> out/sweep_full; echo $? >> out/codes
+        gridrun run {disk}/smoke/cells/sa_rl-toy-arith-s0 2> out/run_full; echo $? >> out/codes
+        rm {disk}/filler
+        gridrun status conf=smoke --json --results-dir {disk} > out/status; echo $? >> out/codes
+        cp -r {disk} {tmp_path}/copy
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (out / "codes").read_text().split() == ["2", "0", "2", "2", "0"], (out / "plan_again").read_text()
+    one_line_error(out / "plan_full", "No space left on device: free space there (or pass --results-dir on another "
+                   "disk), then re-run the same command: every cell resumes from its newest checkpoint")
+    for name in ("sweep_full", "run_full"):
+        one_line_error(out / name, "No space left on device")
+    assert (out / "temp_files").read_text() == ""  # no half-written file left behind
+    assert "11 cells" in (out / "plan_again").read_text()
+    # Every cell is listed, planned (none damaged) and dispatchable.
+    rows = json.loads((out / "status").read_text())
+    assert len(rows) == 11 and {row["state"] for row in rows} == {"planned"}
+    sweep = SweepDir(tmp_path / "copy", "smoke")
+    assert runnable(sweep, sweep.cell_ids()) == sweep.cell_ids()
+    assert all(sweep.cell(cell_id).read_record() is not None for cell_id in sweep.cell_ids())
+
+
+@needs_mounts
+@pytest.mark.slow
+def test_a_disk_filling_up_while_cells_train_leaves_them_resumable(toy_world: Path, tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    # 2 MiB: the config, state and metrics fit, a toy checkpoint (about 2.2 MB) does not.
+    # Then the disk grows (space freed) and the same command finishes both cells.
+    sweep = f"gridrun sweep conf=smoke kind=train,sa_rl workflow=voting policy=shared train.total_steps=4 --results-dir {disk}"
+    done = in_namespace(f"""
+        mount -t tmpfs -o size=2m tmpfs {disk}
+        {sweep} > out/first.out 2> out/first.err; echo $? >> out/codes
+        gridrun status conf=smoke --json --results-dir {disk} > out/between; echo $? >> out/codes
+        mount -o remount,size=64m {disk}
+        {sweep} > out/second.out 2> out/second.err; echo $? >> out/codes
+        gridrun status conf=smoke --json --results-dir {disk} > out/after; echo $? >> out/codes
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (out / "codes").read_text().split() == ["2", "0", "0", "0"], (out / "second.err").read_text()
+    one_line_error(out / "first.err", "No space left on device: free space there")
+    # Between the two: no cell is done, and none is shown as running or damaged.
+    between = {row["cell"]: row["state"] for row in json.loads((out / "between").read_text())}
+    assert len(between) == 2 and set(between.values()) <= {"failed", "cancelled"}, between
+    after = json.loads((out / "after").read_text())
+    assert {row["cell"]: row["state"] for row in after} == dict.fromkeys(between, "done")
+    assert all(row["step"] == 4 and row["attempt"] == 2 for row in after), after
