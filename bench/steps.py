@@ -31,7 +31,7 @@ def cell_config(workflow: str, policy: str, steps: int, engine: str) -> dict:
     return {
         "cell": {"id": f"{workflow}-{policy}", "kind": "train", "seed": 0},
         "model": {"name_or_path": "toy"},
-        "workflow": {"name": workflow, "max_revisions": 2},
+        "workflow": {"name": workflow, "rounds": 2},
         "task": {"name": "arith"},
         "lengths": {"max_prompt_tokens": 256, "max_response_tokens": 48},
         "policy": {"name": policy, "lora_rank": 16, "lora_alpha": 32},
