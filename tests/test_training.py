@@ -142,19 +142,33 @@ def test_chi2_is_e_rho_squared_minus_one_and_ppl_is_per_sequence(tmp_path: Path)
                      train={"ppo_mini_batch": 64})
     trainer = trainer_for(cell)
     seqs = one_minibatch_seqs(trainer, ["generator", "aggregator"])
+    generator = [s for s in seqs if s.role == "generator"]
+    alone = [single_forward(trainer, s) for s in generator]  # before the update moves the weights
     metrics = run_update(trainer, seqs)
     for prefix in ("role/generator/", "role/aggregator/", "train/"):
         assert metrics[prefix + "chi2"] == pytest.approx(3.0, rel=1e-4)
         assert metrics[prefix + "chi2_centered"] == pytest.approx(1.0, rel=1e-4)
-    # ppl: mean over sequences of exp(-mean log-prob), from the pre-update log-probs.
-    generator = [s for s in seqs if s.role == "generator"]
-    per_seq = [math.exp(-sum(s.old_logp) / len(s.old_logp)) for s in generator]
+    # ppl: mean over sequences of exp(-mean log-prob) of the pre-update policy, here each
+    # sequence's log-probs computed alone; entropy: that policy's too.
+    per_seq = [math.exp(-logp.mean().item()) for logp, _ in alone]
     assert metrics["role/generator/ppl"] == pytest.approx(sum(per_seq) / len(per_seq), rel=1e-4)
-    pooled = math.exp(-sum(sum(s.old_logp) for s in generator) / sum(len(s.old_logp) for s in generator))
+    pooled = math.exp(-sum(logp.sum().item() for logp, _ in alone) / sum(len(logp) for logp, _ in alone))
     assert metrics["role/generator/ppl"] != pytest.approx(pooled, rel=1e-6)
-    # Entropy is the pre-update policy's, filled in the old-log-prob pass.
-    entropy = sum(s.old_entropy for s in generator) / sum(len(s.completion_ids) for s in generator)
-    assert metrics["role/generator/entropy"] == pytest.approx(entropy, rel=1e-6)
+    entropy = sum(ent.sum().item() for _, ent in alone) / sum(len(ent) for _, ent in alone)
+    assert metrics["role/generator/entropy"] == pytest.approx(entropy, rel=1e-4)
+
+
+def single_forward(trainer: Trainer, seq: TrainSeq) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropies of one sequence's completion under the current weights."""
+    from gridrun.train.policy import activate
+    from gridrun.train.update import _pack, completion_logprobs
+
+    activate(trainer.model, seq.adapter)
+    with torch.no_grad():
+        logp, entropy = completion_logprobs(trainer.model, _pack([seq], trainer.pad_id),
+                                            trainer.config.engine.temperature, with_entropy=True)
+    assert entropy is not None
+    return logp[0], entropy[0]
 
 
 def test_partial_mini_batch_is_scaled_by_rows_over_size(tmp_path: Path) -> None:
@@ -332,3 +346,39 @@ def test_a_corrupt_checkpoint_fails_with_the_fix(tmp_path: Path) -> None:
     state = RunDir(cell).read_state()
     assert state["state"] == "failed" and "move it aside" in state["error"]
     assert (RunDir(cell).checkpoint(1) / "adapters").is_dir(), "nothing that was there is lost"
+
+
+def test_first_mini_batch_skips_the_old_log_prob_pass_without_changing_the_update(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    # Orch-Workers under IP, 4 mini-batches of 2 rows for the worker adapter, 1 for the others.
+    # Each adapter's first mini-batch needs no old-log-prob pass (its weights are those of
+    # the rollout): the pass sees only the other rows, and the adapters end where a run that
+    # recomputes every old log-prob ends (the same maths; float noise of two forwards).
+    from gridrun.train import update as update_module
+
+    cell = make_cell(tmp_path, workflow={"name": "orch_workers"}, policy={"name": "isolated"},
+                     train={"ppo_mini_batch": 1})
+    results = {}
+    for name, skip in (("skipping", True), ("recomputing", False)):
+        trainer = trainer_for(cell)
+        seqs = seqs_for(trainer, ["orchestrator", "worker", "synthesizer"])
+        passed: list[int] = []
+        real = update_module.fill_reference_logprobs
+
+        def spy(model, old_seqs, *args, real=real, passed=passed, skip=skip, seqs=seqs):
+            extra = [] if skip else [s for s in seqs if all(s is not o for o in old_seqs)]
+            passed.append(len(old_seqs) + len(extra))
+            return real(model, old_seqs + extra, *args)
+
+        monkeypatch.setattr(update_module, "fill_reference_logprobs", spy)
+        metrics = run_update(trainer, seqs)
+        results[name] = ({n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n},
+                         metrics, passed[0])
+    # 2 problems x 2 episodes x 5 turns = 20 sequences; the first cut of each of the three
+    # adapters (1 problem x n=2 = 2 rows) needs no pass: 14 of 20 go through it.
+    (skip_w, skip_m, skip_n), (full_w, full_m, full_n) = results["skipping"], results["recomputing"]
+    assert (full_n, skip_n) == (20, 14)
+    for key, value in full_w.items():
+        torch.testing.assert_close(skip_w[key], value, rtol=1e-4, atol=1e-3 / 100)
+    for key in ("role/worker/loss", "role/worker/entropy", "role/worker/chi2", "role/orchestrator/ppl"):
+        assert skip_m[key] == pytest.approx(full_m[key], rel=1e-4, abs=1e-6), key

@@ -19,15 +19,20 @@ Semantics (the paper's stack, reproduced rather than smoothed; conf/grpo/ picks 
   gradient-mass share, measured, not estimated from token counts.
 - A mini-batch whose loss or gradient norm is not finite is skipped for its adapter: no
   optimizer step, counted in `train/skipped_nonfinite`.
+- PPO's old log-probs are recomputed before the update (grpo.old_logprobs=recompute)
+  except for each adapter's first mini-batch, whose weights have not moved since the
+  rollout: there the update's own forward, detached, is the old policy (verl's on-policy
+  case; the same maths, one forward fewer).
 - Data parallel (gridrun/train/distributed.py): the same global mini-batches are cut on
-  every rank; each rank backpropagates its stride of each with the global counts as loss
-  weights, and gradients (and each role's gradient, for its norm) are summed across ranks
+  every rank; each rank computes the old log-probs of, and backpropagates, its stride of
+  each with the global counts as loss weights, and gradients (and each role's gradient, for its norm) are summed across ranks
   before the optimizer step. On one rank every collective is the identity.
 Diagnostics per role and over all roles (`train/...`): chi2 = E[rho^2] - 1 of the token
 ratio rho = pi_theta / pi_rollout (as verl's rollout_corr/chi2_token), chi2_centered =
 mean (rho - 1)^2, ppl = mean over sequences of exp(-mean log-prob), entropy of the
-pre-update policy (measured in the old-log-prob pass; with grpo.old_logprobs=rollout there
-is none, and the update's own forward measures it).
+pre-update policy (measured in the old-log-prob pass, or in the forward of an adapter's
+first mini-batch; with grpo.old_logprobs=rollout there is no pass, and the update's own
+forward measures it).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from typing import Any
 import torch
 
 from gridrun.train import grpo
-from gridrun.train.config import RunConfig
+from gridrun.train.config import GRPOSpec, RunConfig
 from gridrun.train.distributed import Dist
 from gridrun.train.policy import Routing, activate, adapter_parameters
 
@@ -163,10 +168,10 @@ def micro_batches(seqs: list[TrainSeq], token_budget: int) -> Iterator[list[Trai
 
 @torch.no_grad()
 def fill_reference_logprobs(
-    model: Any, seqs: list[TrainSeq], config: RunConfig, pad_id: int, kl_roles: set[str]
+    model: Any, seqs: list[TrainSeq], ref_seqs: list[TrainSeq], config: RunConfig, pad_id: int
 ) -> None:
-    """Old log-probs and entropies (each adapter before the update) and, for roles with a KL
-    term, the base model's log-probs."""
+    """Old log-probs and entropies of `seqs` (each adapter before the update) and the base
+    model's log-probs of `ref_seqs` (the roles with a KL term)."""
     temperature = config.engine.temperature
     budget = config.train.micro_token_budget
     by_adapter: dict[str, list[TrainSeq]] = defaultdict(list)
@@ -185,10 +190,9 @@ def fill_reference_logprobs(
         else:
             for s in group:
                 s.old_logp = s.rollout_logp
-    needs_ref = [s for s in seqs if s.role in kl_roles]
-    if needs_ref:
+    if ref_seqs:
         with model.disable_adapter():
-            for chunk in micro_batches(needs_ref, budget):
+            for chunk in micro_batches(ref_seqs, budget):
                 logp, _ = completion_logprobs(model, _pack(chunk, pad_id), temperature)
                 for row, s in enumerate(chunk):
                     s.ref_logp = logp[row, logp.shape[1] - len(s.completion_ids) :].tolist()
@@ -216,58 +220,66 @@ def update(
     """One training step's update of every trainable adapter; returns flat metrics.
 
     lrs: each trainable adapter's learning rate for this step. `seqs` are this rank's (all
-    of them in one process); with several ranks they are gathered after their old log-probs
-    are filled, and every rank returns the same metrics."""
+    of them in one process); with several ranks they are gathered first, every rank cuts
+    the same mini-batches, computes the old (and reference) log-probs of the strides it
+    trains, and every rank returns the same metrics."""
     dist = dist or Dist()
-    gcfg, tcfg = config.grpo, config.train
+    gcfg = config.grpo
     kl_roles = {r for r, beta in gcfg.kl_beta.items() if beta > 0}
-    seqs = [s for s in seqs if s.completion_ids]
-    fill_reference_logprobs(model, seqs, config, pad_id, kl_roles)
-    seqs, _ = dist.gather(seqs)
-    size = tcfg.ppo_mini_batch * gcfg.n
-    if gcfg.minibatch_order == "balanced":
-        # verl balances the step's whole batch once; each adapter then trains its own
-        # sequences in that order.
-        order = grpo.balanced_order([len(s.prompt_ids) + len(s.completion_ids) for s in seqs], dist.world, size)
-        seqs = [seqs[i] for i in order]
+    seqs, _ = dist.gather([s for s in seqs if s.completion_ids])
+    size = config.train.ppo_mini_batch * gcfg.n
+    plan = minibatch_plan(seqs, routing.trainable, gcfg, size, dist.world, rng)
+    trained = {id(s): s for cuts in plan.values() for batch in cuts for s in dist.stride(batch)}
+    # An adapter's first mini-batch is trained on the weights that rolled it out, so its old
+    # log-probs are the update's own forward, detached (verl's on-policy case): no separate
+    # pass. Not with several epochs (the next epoch needs them again) nor with rollout ones.
+    on_policy = (
+        {id(s) for cuts in plan.values() for first in cuts[:1] for s in first}
+        if gcfg.ppo_epochs == 1 and gcfg.old_logprobs == "recompute"
+        else set()
+    )
+    for key in on_policy.intersection(trained):
+        trained[key].old_logp = trained[key].old_entropy = None
+    fill_reference_logprobs(
+        model,
+        [s for key, s in trained.items() if key not in on_policy],
+        [s for s in trained.values() if s.role in kl_roles],
+        config,
+        pad_id,
+    )
     stats: dict[str, _RoleStats] = defaultdict(_RoleStats)
     metrics: dict[str, float] = {}
     skipped_total = 0
-    for adapter in routing.trainable:
-        mine = [s for s in seqs if s.adapter == adapter]
+    for adapter, cuts in plan.items():
         activate(model, adapter)
         params = adapter_parameters(model, adapter)
         optimizer = optimizers[adapter]
         for group in optimizer.param_groups:
             group["lr"] = lrs[adapter]
         steps, skipped, grad_norms = 0, 0, []
-        for _ in range(gcfg.ppo_epochs):
-            if gcfg.minibatch_order == "shuffled":
-                rng.shuffle(mine)
-            for first in range(0, len(mine), size):
-                batch = mine[first : first + size]
-                scale = grpo.partial_scale(len(batch), size) if gcfg.partial_minibatch == "scaled" else 1.0
-                measured = {role: len(stats[role].grad_norms) for role in {s.role for s in batch}}
-                loss = _minibatch(model, batch, params, config, stats, pad_id, dist, scale)
-                if dist.world > 1:
-                    local = _norm([p.grad for p in params.values() if p.grad is not None])
-                    log.info("rank %d/%d adapter %s: local grad norm %.6g", dist.rank, dist.world, adapter, local)
-                dist.all_reduce_grads(params.values())
-                norm = float(torch.nn.utils.clip_grad_norm_(list(params.values()), config.optim.grad_clip))
-                (loss,) = dist.all_reduce_sum([loss])
-                if not (math.isfinite(norm) and math.isfinite(loss)):
-                    # One non-finite step would turn every AdamW moment into NaN: skip it.
-                    log.warning("adapter %s: non-finite loss %s / grad norm %s, optimizer step skipped",
-                                adapter, loss, norm)
-                    optimizer.zero_grad(set_to_none=True)
-                    for role, count in measured.items():
-                        del stats[role].grad_norms[count:]
-                    skipped += 1
-                    continue
-                grad_norms.append(norm)
-                optimizer.step()
+        for batch in cuts:
+            scale = grpo.partial_scale(len(batch), size) if gcfg.partial_minibatch == "scaled" else 1.0
+            measured = {role: len(stats[role].grad_norms) for role in {s.role for s in batch}}
+            loss = _minibatch(model, batch, params, config, stats, pad_id, dist, scale)
+            if dist.world > 1:
+                local = _norm([p.grad for p in params.values() if p.grad is not None])
+                log.info("rank %d/%d adapter %s: local grad norm %.6g", dist.rank, dist.world, adapter, local)
+            dist.all_reduce_grads(params.values())
+            norm = float(torch.nn.utils.clip_grad_norm_(list(params.values()), config.optim.grad_clip))
+            (loss,) = dist.all_reduce_sum([loss])
+            if not (math.isfinite(norm) and math.isfinite(loss)):
+                # One non-finite step would turn every AdamW moment into NaN: skip it.
+                log.warning("adapter %s: non-finite loss %s / grad norm %s, optimizer step skipped",
+                            adapter, loss, norm)
                 optimizer.zero_grad(set_to_none=True)
-                steps += 1
+                for role, count in measured.items():
+                    del stats[role].grad_norms[count:]
+                skipped += 1
+                continue
+            grad_norms.append(norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            steps += 1
         skipped_total += skipped
         metrics[f"adapter/{adapter}/opt_steps"] = steps
         metrics[f"adapter/{adapter}/skipped_nonfinite"] = skipped
@@ -320,6 +332,28 @@ def _divergences(prefix: str, s: _RoleStats) -> dict[str, float]:
         prefix + "ppl": s.ppl_sum / max(s.seqs, 1),
         prefix + "entropy": s.entropy_sum / n,
     }
+
+
+def minibatch_plan(
+    seqs: list[TrainSeq], adapters: tuple[str, ...], spec: GRPOSpec, size: int, world: int, rng: random.Random
+) -> dict[str, list[list[TrainSeq]]]:
+    """Each adapter's mini-batches of the step, every epoch's in turn, cut before anything
+    is computed. balanced: verl balances the step's whole batch once (on `world` ranks) and
+    each adapter trains its own sequences in that order, cut consecutively; shuffled: each
+    adapter's sequences are shuffled every epoch (by `rng`)."""
+    if spec.minibatch_order == "balanced":
+        order = grpo.balanced_order([len(s.prompt_ids) + len(s.completion_ids) for s in seqs], world, size)
+        seqs = [seqs[i] for i in order]
+    plan: dict[str, list[list[TrainSeq]]] = {}
+    for adapter in adapters:
+        mine = [s for s in seqs if s.adapter == adapter]
+        cuts: list[list[TrainSeq]] = []
+        for _ in range(spec.ppo_epochs):
+            if spec.minibatch_order == "shuffled":
+                rng.shuffle(mine)
+            cuts += [mine[first : first + size] for first in range(0, len(mine), size)]
+        plan[adapter] = cuts
+    return plan
 
 
 def _sum_stats(stats: dict[str, _RoleStats], roles: list[str], dist: Dist) -> None:
@@ -389,9 +423,16 @@ def _accumulate(
     micro = _pack(chunk, pad_id)
     t_max = micro.targets.shape[1]
     mask = micro.mask.to(device)
-    pre_update_entropy = all(seq.old_entropy is not None for seq in chunk)
-    logp, entropy = completion_logprobs(model, micro, config.engine.temperature, with_entropy=not pre_update_entropy)
+    # Rows without an old-log-prob pass (an adapter's first mini-batch) take this forward's
+    # log-probs and entropy: the weights have not moved since the rollout. (With rollout
+    # old log-probs there was no pass at all: this forward measures the entropy.)
+    on_policy = torch.tensor([seq.old_logp is None for seq in chunk], device=device)
+    unmeasured = torch.tensor([seq.old_entropy is None for seq in chunk], device=device)
+    logp, entropy = completion_logprobs(
+        model, micro, config.engine.temperature, with_entropy=bool(unmeasured.any())
+    )
     old = _aligned([s.old_logp or [] for s in chunk], t_max).to(device)
+    old = torch.where(on_policy.unsqueeze(1), logp.detach(), old)
     rollout = _aligned([s.rollout_logp for s in chunk], t_max).to(device)
     adv = torch.tensor([s.advantage for s in chunk], device=device).unsqueeze(1).expand_as(logp)
     token_loss, clipped = grpo.clipped_policy_loss(
@@ -413,10 +454,9 @@ def _accumulate(
         s.truncated += sum(seq.truncated for seq in chunk)
         lengths = mask.sum(dim=1).clamp(min=1.0)
         s.ppl_sum += float(torch.exp(-(logp * mask).sum(dim=1) / lengths).sum())
-        if pre_update_entropy:
-            s.entropy_sum += sum(seq.old_entropy or 0.0 for seq in chunk)
-        elif entropy is not None:
-            s.entropy_sum += float((entropy * mask).sum())
+        s.entropy_sum += sum(seq.old_entropy for seq in chunk if seq.old_entropy is not None)
+        if entropy is not None:
+            s.entropy_sum += float((entropy * mask)[unmeasured].sum())
         # rho = pi_theta / pi_rollout, its log clamped to +-20 as verl's chi2_token.
         rho = torch.exp(torch.clamp(logp - rollout, -_RHO_LOG_BOUND, _RHO_LOG_BOUND))
         s.rho2_sum += float((rho**2 * mask).sum())
