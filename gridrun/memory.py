@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from gridrun.arch import lora_parameter_count, parameter_count, published
-from gridrun.train.config import RunConfig
+from gridrun.train.config import WORKFLOW_ROLES, RunConfig
 
 GIB = 2**30
 # Completion positions whose float32 logits exist at once (gridrun/train/logprobs.py).
@@ -76,12 +76,10 @@ def architecture(config: RunConfig) -> dict | None:
 
 
 def trainable_adapters(config: RunConfig) -> int:
-    from gridrun.train.workflows import get_workflow
-
     if not config.trains:
         return 0
     if config.policy.name == "isolated":
-        return len(get_workflow(config.workflow.name).roles)
+        return len(WORKFLOW_ROLES[config.workflow.name])
     return 1
 
 

@@ -48,3 +48,19 @@ def test_missing_or_corrupt_file(tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text("cell: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(tmp_path / "config.yaml")
+
+
+def test_kl_beta_keys_must_be_roles_of_the_workflow() -> None:
+    # A misspelt role would silently train without its KL term.
+    with pytest.raises(ConfigError, match=r"grpo.kl_beta: 'agregator' is not a role of voting \(did you mean 'aggregator'\?\)"):
+        config_from_dict(minimal(grpo={"kl_beta": {"agregator": 0.01}}))
+    with pytest.raises(ConfigError, match="roles of voting: generator, aggregator"):
+        config_from_dict(minimal(grpo={"kl_beta": {"worker": 0.01}}))
+    assert config_from_dict(minimal(grpo={"kl_beta": {"aggregator": 0.01}})).grpo.kl_beta == {"aggregator": 0.01}
+
+
+def test_eval_opt_rounds_and_dual_clip_bounds() -> None:
+    with pytest.raises(ConfigError, match="workflow.rounds must be >= 1"):
+        config_from_dict(minimal(workflow={"name": "eval_opt", "rounds": 0}))
+    with pytest.raises(ConfigError, match="grpo.clip_ratio_c must be > 1"):
+        config_from_dict(minimal(grpo={"clip_ratio_c": 1.0}))

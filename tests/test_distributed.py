@@ -48,8 +48,8 @@ def _trainer(cell: Path) -> Trainer:
 
 
 def _update(trainer: Trainer, seqs: list[TrainSeq], dist: Dist | None = None) -> dict[str, float]:
-    return update(trainer.model, trainer.routing, trainer.optimizers, seqs, trainer.config, LR,
-                  random.Random(0), trainer.pad_id, dist)
+    return update(trainer.model, trainer.routing, trainer.optimizers, seqs, trainer.config,
+                  {name: LR for name in trainer.routing.trainable}, random.Random(0), trainer.pad_id, dist)
 
 
 def _adapters(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -77,9 +77,10 @@ def test_two_gloo_ranks_take_the_same_update_as_one_process(tmp_path: Path) -> N
     # Orch-Workers under SP: three roles feed one adapter, 2 problems x n=2 episodes. Rank 0
     # holds problem 0's episodes, rank 1 problem 1's (a group never spans ranks). With a
     # mini-batch of 1 problem x n=2 = 2 sequences there are several optimizer steps, each
-    # cut from the gathered, shuffled list exactly as one process cuts it.
+    # cut from the gathered, shuffled list exactly as one process cuts it. (The released
+    # preset's length-balanced order depends on the rank count, as verl's does: shuffled here.)
     cell = make_cell(tmp_path, workflow={"name": "orch_workers"}, policy={"name": "shared"},
-                     train={"ppo_mini_batch": 1})
+                     train={"ppo_mini_batch": 1}, grpo={"minibatch_order": "shuffled"})
     trainer = _trainer(cell)
     episodes = trainer.rollout(trainer.task.train_problems()[:2], 2, 0.7)
     shards: list[list[TrainSeq]] = [[], []]

@@ -86,3 +86,95 @@ def test_lr_schedule_warmup_then_cosine() -> None:
     lr = [grpo.lr_at(s, 1.0, warmup=2, total=6, schedule="cosine") for s in range(1, 7)]
     # Warmup 1/2, 2/2; then cosine over the 4 remaining steps: progress 1/4, 2/4, 3/4, 1.
     assert lr == pytest.approx([0.5, 1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5, 0.5 * (1 + math.cos(3 * math.pi / 4)), 0.0])
+
+
+def test_equal_non_integer_rewards_are_zero_variance() -> None:
+    # Eight equal rewards of -0.1 (the format penalty), 0.3 or 0.7 (pass rates): float32's std
+    # of them is not exactly 0 (about 8e-9 for -0.1), so a `std == 0` test would hand each
+    # row (r - mean) / (std + 1e-6) ~ 0.007. max == min catches them: zero, and counted.
+    for value in (-0.1, 0.3, 0.7):
+        assert torch.tensor([value] * 8).std().item() != 0.0
+    rewards = torch.tensor([-0.1] * 8 + [0.3] * 8 + [0.7] * 8)
+    adv, stats = grpo.group_advantages(rewards, ["a"] * 8 + ["b"] * 8 + ["c"] * 8)
+    assert adv.tolist() == [0.0] * 24
+    assert (stats.groups, stats.singleton, stats.zero_variance) == (3, 0, 3)
+
+
+def test_dual_clip_caps_negative_advantage_losses_at_c_times_a() -> None:
+    # clip 0.2 / 0.28, c = 3. Per token: (ratio, A) -> PPO loss max(-A r, -A clip(r)), then
+    # where A < 0: min(that, -3 A).
+    ratio = torch.tensor([[5.0, 2.0, 5.0, 4.0, 0.5]])
+    adv = torch.tensor([[-1.0, -1.0, 1.0, -2.0, -1.0]])
+    logp, old = torch.log(ratio), torch.zeros_like(ratio)
+    loss, clipped = grpo.clipped_policy_loss(logp, old, adv, 0.2, 0.28, clip_ratio_c=3.0)
+    # r 5, A -1: PPO max(5, 1.28) = 5 -> capped at 3.   r 2, A -1: 2 < 3 stays.
+    # r 5, A +1: -1.28 (A > 0: no cap).                  r 4, A -2: max(8, 2.56) = 8 -> 6.
+    # r 0.5, A -1: max(0.5, 0.8) = 0.8 (clip below), under the cap.
+    assert loss.tolist()[0] == pytest.approx([3.0, 2.0, -1.28, 6.0, 0.8])
+    # Without dual-clip the first and fourth tokens keep the PPO loss (the as_written preset).
+    plain, _ = grpo.clipped_policy_loss(logp, old, adv, 0.2, 0.28)
+    assert plain.tolist()[0] == pytest.approx([5.0, 2.0, -1.28, 8.0, 0.8])
+    # `clipped` reports the PPO clip only: tokens 3 (upper) and 5 (lower).
+    assert clipped.tolist()[0] == [False, False, True, False, True]
+
+
+def test_capped_tokens_carry_no_gradient_and_the_log_ratio_is_clamped_at_20() -> None:
+    logp = torch.tensor([[math.log(5.0), 30.0]], requires_grad=True)
+    old = torch.zeros(1, 2)
+    adv = torch.tensor([[-1.0, -1.0]])
+    loss, _ = grpo.clipped_policy_loss(logp, old, adv, 0.2, 0.28, clip_ratio_c=3.0, log_ratio_clamp=20.0)
+    loss.sum().backward()
+    # Both tokens sit on the cap 3 * |A| = 3: constant in logp, so their gradient is 0.
+    assert loss.tolist()[0] == pytest.approx([3.0, 3.0])
+    assert logp.grad is not None and logp.grad.tolist()[0] == [0.0, 0.0]
+    # A positive advantage at log-ratio 30 is clipped at 1.28 either way; with A = -1 and no
+    # dual-clip the clamp bounds the loss at e^20 instead of e^30.
+    clamped, _ = grpo.clipped_policy_loss(logp.detach(), old, adv, 0.2, 0.28, log_ratio_clamp=20.0)
+    assert clamped[0, 1].item() == pytest.approx(math.exp(20.0), rel=1e-5)
+
+
+def test_k3_kl_clamps_as_verl() -> None:
+    # ref - logp = +25: clamped to 20, e^20 - 21 is far above 10 -> 10.
+    # ref - logp = -30: clamped to -20, e^-20 + 19 = 19.000... -> 10; unclamped: e^-30 + 29 = 29.
+    logp = torch.tensor([0.0, 30.0])
+    ref = torch.tensor([25.0, 0.0])
+    assert grpo.k3_kl(logp, ref, log_ratio_clamp=20.0, kl_clamp=10.0).tolist() == pytest.approx([10.0, 10.0])
+    assert grpo.k3_kl(logp[1:], ref[1:]).item() == pytest.approx(29.0, rel=1e-6)
+    # Inside the bounds the clamps change nothing: the 0.193 of the test above.
+    small = grpo.k3_kl(torch.log(torch.tensor([0.5])), torch.log(torch.tensor([0.25])), 20.0, 10.0)
+    assert small.item() == pytest.approx(0.5 + math.log(2) - 1, rel=1e-5)
+
+
+def test_partial_mini_batch_scale() -> None:
+    # verl: a micro-batch's loss times its rows / the mini-batch size; 40 of 64 rows -> 0.625.
+    assert grpo.partial_scale(40, 64) == 0.625
+    assert grpo.partial_scale(64, 64) == 1.0
+
+
+def test_balanced_order_on_one_rank_is_short_long_short() -> None:
+    # Lengths 5 1 4 2 3 (indices 0..4). Sorted by workload (monotone in length): 1 2 3 4 5 =
+    # indices 1 3 4 2 0; even positions ascending (1 4 0) then odd ones descending (2 3).
+    order = grpo.balanced_order([5, 1, 4, 2, 3], world=1, minibatch_size=2)
+    assert order == [1, 4, 0, 2, 3]
+    # Consecutive cuts of 2: lengths (1, 3), (5, 4), (2) -- the mini-batches verl trains.
+    lengths = [5, 1, 4, 2, 3]
+    assert [[lengths[i] for i in order[k : k + 2]] for k in range(0, 5, 2)] == [[1, 3], [5, 4], [2]]
+
+
+def test_balanced_order_on_two_ranks_pairs_longest_with_shortest() -> None:
+    # Lengths 1 2 3 4 on 2 ranks, equal sizes. Workload w(L) = 24576 L + L^2. Karmarkar-Karp
+    # seeds {L2 | L1} (spread w(2) - w(1) = 24579) and {L4 | L3} (24583); the larger spread
+    # merges first, heaviest with lightest: {4, 1} (5 * 24576 + 17) and {3, 2} (5 * 24576 + 13).
+    # Each rank's part ascending; global mini-batch k = slice k of every rank (2 rows each).
+    assert grpo.balanced_order([1, 2, 3, 4], world=2, minibatch_size=4) == [0, 3, 1, 2]
+    assert grpo.workload(2) - grpo.workload(1) == 24579
+
+
+def test_schedule_position_per_step_and_per_update() -> None:
+    # Step 3 of a run with 2 adapters: per_step puts both at 3; per_update advances once per
+    # adapter update, so step 3's updates are the 5th and 6th.
+    assert [grpo.schedule_position(3, i, 2, "per_step") for i in range(2)] == [3, 3]
+    assert [grpo.schedule_position(3, i, 2, "per_update") for i in range(2)] == [5, 6]
+    assert grpo.schedule_position(1, 0, 1, "per_update") == 1
+    with pytest.raises(ValueError, match="per_step or per_update"):
+        grpo.schedule_position(1, 0, 1, "per_epoch")

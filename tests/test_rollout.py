@@ -72,10 +72,11 @@ def test_orch_workers_stages() -> None:
 
 
 def test_eval_opt_episodes_that_stop_early_leave_the_batch() -> None:
-    # Every verdict is "\\boxed{1}", i.e. malformed: all episodes run the full 3 revisions.
+    # Every verdict is "\\boxed{1}", i.e. malformed: all episodes use the full 3 rounds,
+    # 3 generator turns each judged: 6 stages.
     engine, episodes = run_workflow("eval_opt", 4)
-    assert [len(b) for b in engine.batches] == [4] * 7
-    assert all(len(e.turns) == 7 for e in episodes)
+    assert [len(b) for b in engine.batches] == [4] * 6
+    assert all(len(e.turns) == 6 for e in episodes)
 
 
 def test_sequential_baseline_serves_one_call_at_a_time() -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import random
 import signal
 import time
 from pathlib import Path
@@ -44,10 +47,8 @@ def seqs_for(trainer: Trainer, roles: list[str]) -> list[TrainSeq]:
 
 
 def run_update(trainer: Trainer, seqs: list[TrainSeq]) -> dict[str, float]:
-    import random
-
-    return update(trainer.model, trainer.routing, trainer.optimizers, seqs, trainer.config, 1e-3,
-                  random.Random(0), trainer.pad_id)
+    return update(trainer.model, trainer.routing, trainer.optimizers, seqs, trainer.config,
+                  {name: 1e-3 for name in trainer.routing.trainable}, random.Random(0), trainer.pad_id)
 
 
 def test_isolated_role_tokens_change_only_their_adapter(tmp_path: Path) -> None:
@@ -98,7 +99,7 @@ def test_voting_ip_generator_takes_three_times_the_optimizer_steps(tmp_path: Pat
 def test_lr_schedule_is_identical_under_shared_and_isolated(tmp_path: Path) -> None:
     rows = {}
     for policy in ("shared", "isolated"):
-        cell = make_cell(tmp_path, policy, workflow={"name": "eval_opt", "max_revisions": 1},
+        cell = make_cell(tmp_path, policy, workflow={"name": "eval_opt", "rounds": 1},
                          policy={"name": policy}, optim={"warmup_steps": 2},
                          train={"total_steps": 3, "val_every": 3, "save_every": 3, "batch_problems": 2})
         assert run_cell(cell) == 0
@@ -112,6 +113,166 @@ def test_lr_schedule_is_identical_under_shared_and_isolated(tmp_path: Path) -> N
     )
 
 
+def test_lr_per_update_advances_once_per_adapter_update(tmp_path: Path) -> None:
+    # Voting under IP: 2 adapters. warmup 4, lr 5e-4: per_step gives both adapters step/4 of
+    # the peak; per_update puts step 2's updates at positions 3 and 4 of the schedule.
+    cell = make_cell(tmp_path, workflow={"name": "voting"}, policy={"name": "isolated"},
+                     optim={"warmup_steps": 4, "lr_advance": "per_update"})
+    trainer = trainer_for(cell)
+    assert trainer.routing.trainable == ("generator", "aggregator")
+    assert [trainer.lr(2, i, 2) for i in range(2)] == pytest.approx([5e-4 * 3 / 4, 5e-4])
+    per_step = dataclasses.replace(trainer.config.optim, lr_advance="per_step")
+    trainer.config = dataclasses.replace(trainer.config, optim=per_step)
+    assert [trainer.lr(2, i, 2) for i in range(2)] == pytest.approx([5e-4 / 2] * 2)
+
+
+def one_minibatch_seqs(trainer: Trainer, roles: list[str]) -> list[TrainSeq]:
+    """Real turns of one rollout whose rollout log-probs are shifted by -log 2: the trainer's
+    pi_theta / pi_rollout is then exactly 2 on every token before the update."""
+    seqs = seqs_for(trainer, roles)
+    for s in seqs:
+        s.rollout_logp = [v - math.log(2.0) for v in s.rollout_logp]
+    return seqs
+
+
+def test_chi2_is_e_rho_squared_minus_one_and_ppl_is_per_sequence(tmp_path: Path) -> None:
+    # rho = 2 on every token (rollout log-probs shifted by log 2), one mini-batch (measured
+    # before its optimizer step): chi2 = E[rho^2] - 1 = 3, chi2_centered = E[(rho - 1)^2] = 1.
+    cell = make_cell(tmp_path, workflow={"name": "voting"}, policy={"name": "shared"},
+                     train={"ppo_mini_batch": 64})
+    trainer = trainer_for(cell)
+    seqs = one_minibatch_seqs(trainer, ["generator", "aggregator"])
+    generator = [s for s in seqs if s.role == "generator"]
+    alone = [single_forward(trainer, s) for s in generator]  # before the update moves the weights
+    metrics = run_update(trainer, seqs)
+    for prefix in ("role/generator/", "role/aggregator/", "train/"):
+        assert metrics[prefix + "chi2"] == pytest.approx(3.0, rel=1e-4)
+        assert metrics[prefix + "chi2_centered"] == pytest.approx(1.0, rel=1e-4)
+    # ppl: mean over sequences of exp(-mean log-prob) of the pre-update policy, here each
+    # sequence's log-probs computed alone; entropy: that policy's too.
+    per_seq = [math.exp(-logp.mean().item()) for logp, _ in alone]
+    assert metrics["role/generator/ppl"] == pytest.approx(sum(per_seq) / len(per_seq), rel=1e-4)
+    pooled = math.exp(-sum(logp.sum().item() for logp, _ in alone) / sum(len(logp) for logp, _ in alone))
+    assert metrics["role/generator/ppl"] != pytest.approx(pooled, rel=1e-6)
+    entropy = sum(ent.sum().item() for _, ent in alone) / sum(len(ent) for _, ent in alone)
+    assert metrics["role/generator/entropy"] == pytest.approx(entropy, rel=1e-4)
+
+
+def single_forward(trainer: Trainer, seq: TrainSeq) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropies of one sequence's completion under the current weights."""
+    from gridrun.train.policy import activate
+    from gridrun.train.update import _pack, completion_logprobs
+
+    activate(trainer.model, seq.adapter)
+    with torch.no_grad():
+        logp, entropy = completion_logprobs(trainer.model, _pack([seq], trainer.pad_id),
+                                            trainer.config.engine.temperature, with_entropy=True)
+    assert entropy is not None
+    return logp[0], entropy[0]
+
+
+def test_partial_mini_batch_is_scaled_by_rows_over_size(tmp_path: Path) -> None:
+    # A mini-batch of 4 x n=2 = 8 sequences that holds only 6: released scales its loss, and
+    # so its gradient, by 6 / 8; as_written weighs it fully. lr 0 leaves the weights as they
+    # were, so both read the same gradient; its norm (before clipping) shows the factor.
+    cell = make_cell(tmp_path, workflow={"name": "voting"}, policy={"name": "isolated"})
+    trainer = trainer_for(cell)
+    seqs = [s for s in seqs_for(trainer, ["generator"])][:6]
+    assert len(seqs) == 6
+    norms = {}
+    for mode in ("scaled", "full"):
+        trainer.config = dataclasses.replace(
+            trainer.config, grpo=dataclasses.replace(trainer.config.grpo, partial_minibatch=mode)
+        )
+        metrics = update(trainer.model, trainer.routing, trainer.optimizers, [dataclasses.replace(s) for s in seqs],
+                         trainer.config, {"generator": 0.0, "aggregator": 0.0}, random.Random(0), trainer.pad_id)
+        norms[mode] = metrics["adapter/generator/grad_norm"]
+    assert norms["scaled"] == pytest.approx(0.75 * norms["full"], rel=1e-5)
+
+
+def test_released_mini_batches_are_length_balanced_consecutive_cuts(tmp_path: Path, monkeypatch) -> None:
+    # Released: the step's sequences in verl's balance_batch order (one rank: by length,
+    # short-long-short), cut consecutively, no shuffle; as_written: a shuffle that the
+    # update's rng decides. The spy records each mini-batch the update trains.
+    from gridrun.train import grpo as grpo_maths
+    from gridrun.train import update as update_module
+
+    cell = make_cell(tmp_path, workflow={"name": "orch_workers"}, policy={"name": "shared"},
+                     train={"ppo_mini_batch": 1})
+    trainer = trainer_for(cell)
+    seqs = seqs_for(trainer, ["orchestrator", "worker", "synthesizer"])
+    seen: list[list[int]] = []
+    real = update_module._minibatch
+
+    def spy(model, batch, *args):
+        seen.append([id(s) for s in batch])
+        return real(model, batch, *args)
+
+    monkeypatch.setattr(update_module, "_minibatch", spy)
+    run_update(trainer, seqs)
+    order = grpo_maths.balanced_order([len(s.prompt_ids) + len(s.completion_ids) for s in seqs], 1, 2)
+    expected = [[id(seqs[i]) for i in order[k : k + 2]] for k in range(0, len(seqs), 2)]
+    assert seen == expected and len(seen) == 10  # 2 problems x 2 episodes x 5 turns, 2 per cut
+    lengths = [len(seqs[i].prompt_ids) + len(seqs[i].completion_ids) for i in order]
+    peak = lengths.index(max(lengths))
+    assert lengths[: peak + 1] == sorted(lengths[: peak + 1])
+    assert lengths[peak:] == sorted(lengths[peak:], reverse=True)
+    seen.clear()
+    trainer.config = dataclasses.replace(
+        trainer.config, grpo=dataclasses.replace(trainer.config.grpo, minibatch_order="shuffled")
+    )
+    run_update(trainer, seqs)
+    shuffled = [id(s) for s in seqs]
+    random.Random(0).shuffle(shuffled)
+    assert seen == [shuffled[k : k + 2] for k in range(0, len(seqs), 2)]
+
+
+def test_a_non_finite_loss_skips_the_optimizer_step(tmp_path: Path) -> None:
+    # A NaN advantage makes its mini-batch's loss and gradient NaN: no optimizer step (AdamW
+    # keeps no state, the LoRA weights stay), the skip is counted; the next batch trains.
+    cell = make_cell(tmp_path, workflow={"name": "voting"}, policy={"name": "shared"})
+    trainer = trainer_for(cell)
+    seqs = seqs_for(trainer, ["generator", "aggregator"])
+    for s in seqs:
+        s.advantage = float("nan")
+    before = snapshot(trainer.model)
+    metrics = run_update(trainer, seqs)
+    # 2 problems x 2 episodes x 4 turns = 16 sequences in mini-batches of 4 x n=2 = 8: 2 skips.
+    assert metrics["train/skipped_nonfinite"] == metrics["adapter/shared/skipped_nonfinite"] == 2
+    assert metrics["adapter/shared/opt_steps"] == 0
+    assert not changed(before, trainer.model)
+    assert not trainer.optimizers["shared"].state
+    assert all(math.isfinite(metrics[f"role/{r}/grad_share"]) for r in ("generator", "aggregator"))
+    assert run_update(trainer, seqs_for(trainer, ["generator"]))["train/skipped_nonfinite"] == 0
+    assert changed(before, trainer.model)
+
+
+def test_skipped_non_finite_steps_show_as_an_alert(tmp_path: Path, monkeypatch) -> None:
+    # Step 1's advantages are NaN (one mini-batch: 4 problems x n=2 in one cut of 8), step 2's
+    # are real: state.json counts one skipped step and carries the alert `gridrun status` shows.
+    from gridrun.train import trainer as trainer_module
+
+    real = trainer_module.turn_advantages
+    calls = []
+
+    def first_step_nan(episodes, *args):
+        advantages, stats = real(episodes, *args)
+        calls.append(1)
+        if len(calls) == 1:
+            advantages = [[float("nan")] * len(row) for row in advantages]
+        return advantages, stats
+
+    monkeypatch.setattr(trainer_module, "turn_advantages", first_step_nan)
+    cell = make_cell(tmp_path, train={"total_steps": 2, "val_every": 1})
+    assert run_cell(cell) == 0, RunDir(cell).read_state().get("error")
+    train = [r for r in RunDir(cell).read_metrics() if r["split"] == "train"]
+    assert [r["train/skipped_nonfinite"] for r in train] == [1, 0]
+    assert [r["adapter/shared/opt_steps"] for r in train] == [0, 1]
+    state = RunDir(cell).read_state()
+    assert state["skipped_nonfinite"] == 1
+    assert "non-finite update: 1 optimizer step skipped" in state["alerts"]
+
+
 WORKFLOW_ROLES = {
     "eval_opt": ("generator", "evaluator"),
     "voting": ("generator", "aggregator"),
@@ -122,7 +283,7 @@ WORKFLOW_ROLES = {
 @pytest.mark.parametrize("policy", ["shared", "isolated"])
 @pytest.mark.parametrize("workflow", sorted(WORKFLOW_ROLES))
 def test_every_workflow_and_policy_trains_two_steps(tmp_path: Path, workflow: str, policy: str) -> None:
-    cell = make_cell(tmp_path, workflow={"name": workflow, "max_revisions": 2}, policy={"name": policy})
+    cell = make_cell(tmp_path, workflow={"name": workflow, "rounds": 2}, policy={"name": policy})
     assert run_cell(cell) == 0, RunDir(cell).read_state().get("error")
     rows = RunDir(cell).read_metrics()
     train = [r for r in rows if r["split"] == "train"]
@@ -185,3 +346,39 @@ def test_a_corrupt_checkpoint_fails_with_the_fix(tmp_path: Path) -> None:
     state = RunDir(cell).read_state()
     assert state["state"] == "failed" and "move it aside" in state["error"]
     assert (RunDir(cell).checkpoint(1) / "adapters").is_dir(), "nothing that was there is lost"
+
+
+def test_first_mini_batch_skips_the_old_log_prob_pass_without_changing_the_update(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    # Orch-Workers under IP, 4 mini-batches of 2 rows for the worker adapter, 1 for the others.
+    # Each adapter's first mini-batch needs no old-log-prob pass (its weights are those of
+    # the rollout): the pass sees only the other rows, and the adapters end where a run that
+    # recomputes every old log-prob ends (the same maths; float noise of two forwards).
+    from gridrun.train import update as update_module
+
+    cell = make_cell(tmp_path, workflow={"name": "orch_workers"}, policy={"name": "isolated"},
+                     train={"ppo_mini_batch": 1})
+    results = {}
+    for name, skip in (("skipping", True), ("recomputing", False)):
+        trainer = trainer_for(cell)
+        seqs = seqs_for(trainer, ["orchestrator", "worker", "synthesizer"])
+        passed: list[int] = []
+        real = update_module.fill_reference_logprobs
+
+        def spy(model, old_seqs, *args, real=real, passed=passed, skip=skip, seqs=seqs):
+            extra = [] if skip else [s for s in seqs if all(s is not o for o in old_seqs)]
+            passed.append(len(old_seqs) + len(extra))
+            return real(model, old_seqs + extra, *args)
+
+        monkeypatch.setattr(update_module, "fill_reference_logprobs", spy)
+        metrics = run_update(trainer, seqs)
+        results[name] = ({n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n},
+                         metrics, passed[0])
+    # 2 problems x 2 episodes x 5 turns = 20 sequences; the first cut of each of the three
+    # adapters (1 problem x n=2 = 2 rows) needs no pass: 14 of 20 go through it.
+    (skip_w, skip_m, skip_n), (full_w, full_m, full_n) = results["skipping"], results["recomputing"]
+    assert (full_n, skip_n) == (20, 14)
+    for key, value in full_w.items():
+        torch.testing.assert_close(skip_w[key], value, rtol=1e-4, atol=1e-3 / 100)
+    for key in ("role/worker/loss", "role/worker/entropy", "role/worker/chi2", "role/orchestrator/ppl"):
+        assert skip_m[key] == pytest.approx(full_m[key], rel=1e-4, abs=1e-6), key

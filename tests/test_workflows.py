@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from gridrun.tasks.arith import ArithTask
 from gridrun.tasks.base import Problem
@@ -11,6 +14,7 @@ from gridrun.train.episode import Episode
 from gridrun.train.workflows import get_workflow
 from tests.fakes import run_scripted
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 TASK = ArithTask(n_train=10, n_val=10)
 PROBLEM = Problem(id="p", question="37 + 48", answer="85")
 
@@ -36,7 +40,7 @@ def test_eval_opt_revises_until_accepted() -> None:
         return answers[round_] if role == "generator" else verdicts[round_]
 
     ep = episode()
-    run_scripted(get_workflow("eval_opt"), TASK, WorkflowSpec(name="eval_opt", max_revisions=3), ep, reply)
+    run_scripted(get_workflow("eval_opt"), TASK, WorkflowSpec(name="eval_opt", rounds=3), ep, reply)
     assert [(t.role, t.round) for t in ep.turns] == [
         ("generator", 0), ("evaluator", 0), ("generator", 1), ("evaluator", 1)
     ]
@@ -47,17 +51,37 @@ def test_eval_opt_revises_until_accepted() -> None:
     assert revision[1]["content"] == answers[0] and verdicts[0] in revision[2]["content"]
 
 
-def test_eval_opt_malformed_verdicts_hit_the_revision_cap() -> None:
+def test_eval_opt_malformed_verdicts_use_every_round_and_every_answer_is_judged() -> None:
     def reply(role: str, slot: int, round_: int, messages: list) -> str:
         return f"\\boxed{{{80 + round_}}}" if role == "generator" else "looks fine to me"
 
     ep = episode()
-    run_scripted(get_workflow("eval_opt"), TASK, WorkflowSpec(name="eval_opt", max_revisions=2), ep, reply)
-    # 1 answer + 2 x (review, revision); the last revision is not judged.
-    assert [t.role for t in ep.turns] == ["generator", "evaluator", "generator", "evaluator", "generator"]
+    run_scripted(get_workflow("eval_opt"), TASK, WorkflowSpec(name="eval_opt", rounds=2), ep, reply)
+    # rounds=2: two generator turns, each judged; a malformed verdict is no acceptance.
+    assert [(t.role, t.round) for t in ep.turns] == [
+        ("generator", 0), ("evaluator", 0), ("generator", 1), ("evaluator", 1)
+    ]
     assert ep.info["verdicts"] == [None, None]
-    assert ep.turns[-1].parsed == "82"
-    assert ep.final_response == "\\boxed{82}"
+    assert ep.turns[-2].parsed == "81"
+    assert ep.final_response == "\\boxed{81}"
+
+
+@pytest.mark.parametrize(("task", "generator_turns"), [("math", 3), ("code", 2)])
+def test_eval_opt_always_rejected_makes_the_released_turn_counts(task: str, generator_turns: int) -> None:
+    # The released loop (max_iterations 3 on math, 2 on code) under an evaluator that always
+    # rejects: 3 + 3 turns on math, 2 + 2 on code. The rounds come from the shipped conf.
+    conf = yaml.safe_load((REPO_ROOT / "conf" / "workflow_task" / f"eval_opt-{task}.yaml").read_text())
+    rounds = conf["workflow"]["rounds"]
+
+    def reply(role: str, slot: int, round_: int, messages: list) -> str:
+        return "\\boxed{85}" if role == "generator" else "\\boxed{Incorrect}"
+
+    ep = episode()
+    run_scripted(get_workflow("eval_opt"), TASK, WorkflowSpec(name="eval_opt", rounds=rounds), ep, reply)
+    roles = [t.role for t in ep.turns]
+    assert (roles.count("generator"), roles.count("evaluator")) == (generator_turns, generator_turns)
+    assert roles == ["generator", "evaluator"] * generator_turns
+    assert ep.info["verdicts"] == [False] * generator_turns
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,8 @@ trajectory side), so they work under Shared- and Isolated-Policy alike:
 - a role losing its `\\boxed{}` answer channel (box rate halves);
 - a role's length distribution hitting the response cap (p95 at the cap, truncation > 20%);
 - same-role slots collapsing onto one output (3-gram Jaccard above 0.9 from below 0.7).
+One more comes from the training side: optimizer steps skipped because the loss or the
+gradient was not finite (the guard in update.py); any such step is worth a look.
 """
 
 from __future__ import annotations
@@ -35,3 +37,8 @@ def drift_alerts(first: dict[str, float], now: dict[str, float], response_cap: i
         elif metric == "slot_jaccard3" and value > 0.9 and (before or 0.0) < 0.7:
             alerts.append(f"{role} slots collapsed (jaccard {value:.2f})")
     return sorted(alerts)
+
+
+def nonfinite_alerts(skipped: int) -> list[str]:
+    """The alert for `skipped` optimizer steps skipped on a non-finite loss or gradient."""
+    return [f"non-finite update: {skipped} optimizer step{'s' if skipped != 1 else ''} skipped"] if skipped else []

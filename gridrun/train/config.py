@@ -26,6 +26,14 @@ TASKS = ("arith", "math", "code")
 POLICIES = ("shared", "isolated", "transfer")
 ENGINES = ("hf", "vllm")
 LOSS_AGGS = ("seq-mean-token-mean", "token-mean")
+# Role types of each workflow: the one list the workflows, the routing and the config checks
+# (grpo.kl_beta) share. Order = the order of the adapters under Isolated-Policy.
+WORKFLOW_ROLES: dict[str, tuple[str, ...]] = {
+    "single": ("generator",),
+    "eval_opt": ("generator", "evaluator"),
+    "voting": ("generator", "aggregator"),
+    "orch_workers": ("orchestrator", "worker", "synthesizer"),
+}
 
 
 class ConfigError(ValueError):
@@ -65,8 +73,9 @@ class ModelSpec:
 @dataclass
 class WorkflowSpec:
     name: Literal["single", "eval_opt", "voting", "orch_workers"] = "single"
-    # Eval-Opt: revision rounds after the first answer (3 on math, 2 on code in the paper).
-    max_revisions: int = 3
+    # Eval-Opt: at most this many generator turns, each judged by the evaluator (the released
+    # code's max_iterations: 3 on math, 2 on code).
+    rounds: int = 3
     # Voting: parallel generator slots.
     n_voters: int = 3
     # Orch-Workers: parallel worker slots.
@@ -134,13 +143,29 @@ class EngineSpec:
 class GRPOSpec:
     # Rollouts (episodes) per problem.
     n: int = 8
-    # Episodes sharing this key form one advantage group.
-    group_key: Literal["problem"] = "problem"
+    # Which reading of the paper this cell trains under (conf/grpo/): "released" (its code)
+    # or "as_written" (its text); the keys below are what the preset sets.
+    preset: Literal["released", "as_written"] = "released"
+    # Advantage rows and groups. "problem_trajectory": one row per role turn, grouped by
+    # (problem, trajectory name) (released). "problem": one row per episode, grouped by
+    # problem, its advantage copied to every turn (as_written).
+    group_key: Literal["problem_trajectory", "problem"] = "problem_trajectory"
     # Divide by the group's std (GRPO) or only centre (Dr. GRPO style).
     norm_by_std: bool = True
     adv_eps: float = 1e-6
     clip_low: float = 0.2
     clip_high: float = 0.28
+    # Dual-clip: a negative-advantage token's loss is capped at -clip_ratio_c * A (None: off).
+    clip_ratio_c: float | None = 3.0
+    # Clamp of the log-ratio log(pi/pi_old) (and of the KL's log(ref/pi)) before exp (None: off).
+    log_ratio_clamp: float | None = 20.0
+    # Clamp of the per-token k3 KL to [-kl_clamp, kl_clamp] (None: off).
+    kl_clamp: float | None = 10.0
+    # Order of an adapter's sequences before the mini-batch cut: "balanced" (by sequence
+    # length, consecutive cuts; verl's balance_batch) or "shuffled".
+    minibatch_order: Literal["balanced", "shuffled"] = "balanced"
+    # A short last mini-batch: "scaled" by rows / mini-batch size (verl), or weighed "full".
+    partial_minibatch: Literal["scaled", "full"] = "scaled"
     loss_agg: Literal["seq-mean-token-mean", "token-mean"] = "seq-mean-token-mean"
     ppo_epochs: int = 1
     # PPO's "old" log-probs: recomputed by the trainer before the update (verl's default),
@@ -161,6 +186,10 @@ class OptimSpec:
     schedule: Literal["cosine", "constant"] = "cosine"
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
+    # "per_step": the schedule advances once per training step, identically under SP and IP.
+    # "per_update": once per adapter update (upstream verl's per-update_actor stepping), so
+    # k adapters under IP advance it k times per training step.
+    lr_advance: Literal["per_step", "per_update"] = "per_step"
 
 
 @dataclass
@@ -234,6 +263,16 @@ class RunConfig:
             raise ConfigError("grpo.n must be >= 1")
         if self.model.init == "random" and self.engine.name == "vllm":
             raise ConfigError("model.init=random builds its weights in memory, which vLLM cannot load: set engine=hf")
+        if self.grpo.clip_ratio_c is not None and self.grpo.clip_ratio_c <= 1.0:
+            raise ConfigError("grpo.clip_ratio_c must be > 1 (verl uses 3.0), or null to turn dual-clip off")
+        if self.workflow.name == "eval_opt" and self.workflow.rounds < 1:
+            raise ConfigError("workflow.rounds must be >= 1 for eval_opt (generator turns, each judged)")
+        roles = WORKFLOW_ROLES[self.workflow.name]
+        for role in self.grpo.kl_beta:
+            if role not in roles:
+                close = difflib.get_close_matches(role, roles, n=1)
+                hint = f"did you mean '{close[0]}'?" if close else f"roles of {self.workflow.name}: {', '.join(roles)}"
+                raise ConfigError(f"grpo.kl_beta: '{role}' is not a role of {self.workflow.name} ({hint})")
         if self.task.name in ("math", "code") and not self.task.data_path:
             raise ConfigError(
                 f"task '{self.task.name}' needs task.data_path: run "

@@ -9,6 +9,7 @@ rate, the evaluator's code-fence rate and the orchestrator's unique openers.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections import defaultdict
 
@@ -31,11 +32,12 @@ TERSE_TOKENS = 30
 
 
 def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile, q in [0, 100]; 0 for no values."""
+    """Nearest-rank percentile: the ceil(q/100 * n)-th smallest value, q in [0, 100]; 0 for no
+    values. (The product is rounded to 9 digits first: 0.95 * 20 must rank 19, not 20.)"""
     if not values:
         return 0.0
     ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    rank = max(1, min(len(ordered), math.ceil(round(q / 100 * len(ordered), 9))))
     return float(ordered[rank - 1])
 
 

@@ -1,19 +1,27 @@
-"""GRPO maths, kept pure: group advantages, the clipped policy loss, loss aggregation.
+"""GRPO maths, kept pure: group advantages, the clipped policy loss, the KL term, loss
+aggregation, the order mini-batches are cut in, and the LR schedule.
 
-How this departs from the original GRPO (Shao et al. 2024), on purpose and as the paper ran:
+How this departs from the original GRPO (Shao et al. 2024), on purpose and as the paper ran
+(conf/grpo/ picks between its released code and its text; every switch is a parameter here):
 - No KL penalty by default; an optional per-role KL to the base model (k3 estimator) is
-  added to the loss, not folded into the reward.
-- Asymmetric clipping (clip-higher): ratio clipped to [1 - clip_low, 1 + clip_high].
+  added to the loss, not folded into the reward. verl clamps its log-ratio to +-20 and the
+  estimate to [-10, 10] (`log_ratio_clamp`, `kl_clamp`).
+- Asymmetric clipping (clip-higher): ratio clipped to [1 - clip_low, 1 + clip_high], plus
+  verl's dual-clip (`clip_ratio_c`): a negative-advantage token's loss is capped at
+  -clip_ratio_c * A, and the log-ratio is clamped to +-20 before the exp.
 - Loss aggregation "seq-mean-token-mean" (mean over sequences of each sequence's token
   mean) or "token-mean" (mean over every token of the mini-batch).
-- Outcome reward: one scalar per episode, broadcast to every token of every role.
-- Groups of size 1 and groups with zero reward variance get advantage 0 and are counted;
-  they never fall back to raw rewards.
-Not here: dual-clip, entropy bonus, process rewards.
+- Outcome reward: one scalar per episode, given to every row of the episode (a row is an
+  episode or one role turn, per preset; the grouping is the caller's `keys`).
+- Groups of size 1 and groups whose rewards are all equal get advantage 0 and are counted;
+  they never fall back to raw rewards (verl gives a singleton its raw reward).
+Not here: entropy bonus, process rewards.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -31,9 +39,11 @@ class GroupStats:
 def group_advantages(
     rewards: torch.Tensor, keys: Sequence[Hashable], norm_by_std: bool = True, eps: float = 1e-6
 ) -> tuple[torch.Tensor, GroupStats]:
-    """Per-episode advantage (r - mean_g) / (std_g + eps), std unbiased as in verl.
+    """Per-row advantage (r - mean_g) / (std_g + eps), std unbiased as in verl.
 
-    rewards: (episodes,) float; keys: the group of each episode. Returns (episodes,) float.
+    rewards: (rows,) float; keys: the group of each row. Returns (rows,) float32.
+    A group is zero-variance when its max equals its min: a float32 std of equal values such
+    as -0.1 or 0.3 need not be exactly 0, and would hand the group a small equal advantage.
     """
     members: dict[Hashable, list[int]] = defaultdict(list)
     for i, key in enumerate(keys):
@@ -45,33 +55,57 @@ def group_advantages(
             singleton += 1
             continue
         group = rewards[idx].float()
-        std = group.std()
-        if std.item() == 0.0:
+        if group.max().item() == group.min().item():
             zero_variance += 1
             continue
         centred = group - group.mean()
-        advantages[idx] = centred / (std + eps) if norm_by_std else centred
+        advantages[idx] = centred / (group.std() + eps) if norm_by_std else centred
     return advantages, GroupStats(len(members), singleton, zero_variance)
 
 
 def clipped_policy_loss(
-    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    clip_ratio_c: float | None = None,
+    log_ratio_clamp: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token PPO loss and whether the clipped branch was taken.
+    """Per-token PPO loss and whether the (upper/lower) clipped branch was taken.
 
-    logp, old_logp: (batch, tokens); advantages: (batch, tokens) (the episode's advantage
-    broadcast). Returns (loss (batch, tokens), clipped (batch, tokens) bool).
+    logp, old_logp, advantages: (batch, tokens) (a row's advantage broadcast over its tokens).
+    clip_ratio_c: dual-clip bound (> 1); where A < 0 the loss is min(loss, -clip_ratio_c * A).
+    log_ratio_clamp: clamp logp - old_logp to +-this before the exp (verl: 20).
+    Returns (loss (batch, tokens), clipped (batch, tokens) bool); `clipped` counts the PPO
+    clip only, not the dual-clip cap.
     """
-    ratio = torch.exp(logp - old_logp)
+    log_ratio = logp - old_logp
+    if log_ratio_clamp is not None:
+        log_ratio = torch.clamp(log_ratio, -log_ratio_clamp, log_ratio_clamp)
+    ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    return torch.maximum(unclipped, clipped), clipped > unclipped
+    loss = torch.maximum(unclipped, clipped)
+    if clip_ratio_c is not None:
+        capped = torch.minimum(loss, -advantages * clip_ratio_c)
+        loss = torch.where(advantages < 0, capped, loss)
+    return loss, clipped > unclipped
 
 
-def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """Per-token KL(pi || ref) estimate exp(ref - logp) - (ref - logp) - 1, >= 0. (batch, tokens)."""
+def k3_kl(
+    logp: torch.Tensor, ref_logp: torch.Tensor, log_ratio_clamp: float | None = None, kl_clamp: float | None = None
+) -> torch.Tensor:
+    """Per-token KL(pi || ref) estimate exp(ref - logp) - (ref - logp) - 1, >= 0. (batch, tokens).
+
+    verl clamps ref - logp to +-20 and the estimate to [-10, 10] (log_ratio_clamp, kl_clamp)."""
     delta = ref_logp - logp
-    return torch.exp(delta) - delta - 1.0
+    if log_ratio_clamp is not None:
+        delta = torch.clamp(delta, -log_ratio_clamp, log_ratio_clamp)
+    kl = torch.exp(delta) - delta - 1.0
+    if kl_clamp is not None:
+        kl = torch.clamp(kl, -kl_clamp, kl_clamp)
+    return kl
 
 
 def token_weights(mask: torch.Tensor, mode: str, n_tokens: int, n_seqs: int) -> torch.Tensor:
@@ -95,17 +129,110 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor
     return (loss * token_weights(mask, mode, int(mask.sum().item()), mask.shape[0])).sum()
 
 
-def lr_at(step: int, base_lr: float, warmup: int, total: int, schedule: str, min_ratio: float = 0.0) -> float:
-    """Learning rate of training step `step` (1-based): linear warmup, then cosine to min_ratio.
+def partial_scale(rows: int, minibatch_size: int) -> float:
+    """verl's weight of a mini-batch of `rows` rows: rows / mini-batch size (1 when full).
 
-    One value per training step, whatever the number of optimizer steps an adapter takes
-    in it, so the schedule is identical under Shared- and Isolated-Policy.
+    verl scales each micro-batch's aggregated loss by its rows / the nominal mini-batch size,
+    so a short last mini-batch (40 of 64 rows) counts 0.625x a full one."""
+    return min(rows, minibatch_size) / minibatch_size
+
+
+def workload(length: int) -> int:
+    """verl's cost of one sequence of `length` tokens (prompt + response), used to balance:
+    proportional to a dense transformer block's FLOPs, 6 * 4096 * L + L^2."""
+    return 24576 * length + length * length
+
+
+def _largest_differencing(costs: list[int], parts: int) -> list[list[int]]:
+    """Karmarkar-Karp partition of item indices into `parts` sets of near-equal total cost
+    (equal item counts when len(costs) is a multiple of parts). Each set's indices sorted."""
+    ranked = sorted((cost, i) for i, cost in enumerate(costs))
+    equal = len(costs) % parts == 0
+
+    def state(items: list[tuple[int, int]]) -> list[tuple[int, list[tuple[int, int]]]]:
+        sets = [(cost, [(i, cost)]) for cost, i in items] + [(0, []) for _ in range(parts - len(items))]
+        return sorted(sets, key=_set_key, reverse=True)
+
+    seeds = (
+        [ranked[k : k + parts] for k in range(0, len(ranked), parts)] if equal else [[item] for item in ranked]
+    )
+    heap = [_State(state(items)) for items in seeds]
+    heapq.heapify(heap)
+    while len(heap) > 1:
+        first, second = heapq.heappop(heap), heapq.heappop(heap)
+        # The heaviest set of one state takes the lightest of the other, and so on.
+        merged = [
+            (a[0] + b[0], a[1] + b[1]) for a, b in zip(first.sets, reversed(second.sets))
+        ]
+        heapq.heappush(heap, _State(sorted(merged, key=_set_key, reverse=True)))
+    return [sorted(i for i, _ in items) for _, items in heap[0].sets]
+
+
+def _set_key(entry: tuple[int, list[tuple[int, int]]]) -> tuple:
+    total, items = entry
+    return (total, len(items), items)
+
+
+class _State:
+    """A partial partition; the heap pops the one with the largest spread first."""
+
+    def __init__(self, sets: list[tuple[int, list[tuple[int, int]]]]) -> None:
+        self.sets = sets
+        self.spread = sets[0][0] - sets[-1][0]
+
+    def __lt__(self, other: _State) -> bool:
+        if self.spread != other.spread:
+            return self.spread > other.spread
+        return _set_key(self.sets[0]) > _set_key(other.sets[0])
+
+
+def balanced_order(lengths: Sequence[int], world: int, minibatch_size: int) -> list[int]:
+    """verl's `balance_batch` order of a step's rows, laid out so that consecutive slices of
+    `minibatch_size` are the mini-batches verl's ranks train together.
+
+    lengths: (rows,) prompt + response tokens. The rows are split into `world` partitions of
+    near-equal workload (one per data-parallel rank); each partition is sorted by workload
+    and laid out short-long-short (even positions ascending, then odd ones descending);
+    rank r's k-th mini-batch is the k-th consecutive slice of partition r, so global
+    mini-batch k = the k-th slice of every partition. Returns a permutation of range(rows).
     """
-    import math
+    costs = [workload(length) for length in lengths]
+    if not costs:
+        return []
+    parts = [list(range(len(costs)))] if world <= 1 or len(costs) < world else _largest_differencing(costs, world)
+    laid_out = []
+    for part in parts:
+        part = sorted(part, key=lambda i: (costs[i], i))
+        laid_out.append(part[::2] + part[1::2][::-1])
+    if len(laid_out) == 1:
+        return laid_out[0]
+    per_rank = max(1, minibatch_size // len(laid_out))
+    longest = max(len(part) for part in laid_out)
+    return [i for start in range(0, longest, per_rank) for part in laid_out for i in part[start : start + per_rank]]
 
+
+def lr_at(step: int, base_lr: float, warmup: int, total: int, schedule: str, min_ratio: float = 0.0) -> float:
+    """Learning rate at schedule position `step` (1-based): linear warmup, then cosine to
+    min_ratio, held at the floor past `total`.
+
+    The trainer passes the training step (one value per step, identical under SP and IP) or,
+    with optim.lr_advance=per_update, the count of adapter updates so far (see
+    schedule_position)."""
     if warmup > 0 and step <= warmup:
         return base_lr * step / warmup
     if schedule == "constant":
         return base_lr
     progress = (step - warmup) / max(1, total - warmup)
     return base_lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))))
+
+
+def schedule_position(step: int, update_index: int, updates_per_step: int, advance: str) -> int:
+    """The LR schedule's position (1-based) for the `update_index`-th (0-based) adapter update
+    of training step `step`. per_step: `step` for every adapter. per_update: one advance per
+    adapter update, as upstream verl steps its scheduler once per update_actor call, so k
+    adapters under IP reach position k * step within step `step`."""
+    if advance == "per_step":
+        return step
+    if advance == "per_update":
+        return (step - 1) * updates_per_step + update_index + 1
+    raise ValueError(f"unknown optim.lr_advance '{advance}': use per_step or per_update")

@@ -33,8 +33,8 @@ from gridrun.rundir import RunDir, atomic_write_text
 from gridrun.tasks.base import Problem, Task
 from gridrun.tasks.sandbox import SandboxUnavailable
 from gridrun.train import checkpoint, grpo
-from gridrun.train.alerts import drift_alerts
-from gridrun.train.config import RunConfig, load_config
+from gridrun.train.alerts import drift_alerts, nonfinite_alerts
+from gridrun.train.config import GRPOSpec, RunConfig, load_config
 from gridrun.train.distributed import Dist
 from gridrun.train.episode import Episode
 from gridrun.train.model import load_base
@@ -43,12 +43,41 @@ from gridrun.train.rollout import ChatEncoder, RolloutEngine, SamplingParams, St
 from gridrun.train.scoring import BackgroundScorer
 from gridrun.train.update import TrainSeq, update
 from gridrun.train.validate import validation_metrics
-from gridrun.train.workflows import get_workflow
+from gridrun.train.workflows import Workflow, get_workflow
 
 log = logging.getLogger("gridrun")
 VAL_SEED = 1234
 # The launcher's id of the job running this cell, written into the run's lock file.
 JOB_ID_ENV = "GRIDRUN_JOB_ID"
+
+
+def turn_advantages(
+    episodes: list[Episode], workflow: Workflow, spec: GRPOSpec, dist: Dist | None = None
+) -> tuple[list[list[float]], grpo.GroupStats]:
+    """The advantage of every turn of every episode (outer list: episodes, inner: turns).
+
+    group_key=problem_trajectory (released): one row per turn, reward = its episode's final
+    outcome, grouped by (problem, the workflow's trajectory name of the turn).
+    group_key=problem (as_written): one row per episode grouped by problem, its advantage
+    copied to every turn. With several ranks the rows of every rank are gathered (a
+    problem's episodes are all on one rank) and each rank gets its own turns' values."""
+    dist = dist or Dist()
+    if spec.group_key == "problem":
+        rows = [(e.problem.id, e.reward) for e in episodes]
+    else:
+        rows = [((e.problem.id, workflow.trajectory_name(t)), e.reward) for e in episodes for t in e.turns]
+    everyone, mine = dist.gather(rows)
+    values, stats = grpo.group_advantages(
+        torch.tensor([r for _, r in everyone], dtype=torch.float32), [k for k, _ in everyone], spec.norm_by_std, spec.adv_eps
+    )
+    own = values[mine].tolist()
+    if spec.group_key == "problem":
+        return [[adv] * len(e.turns) for e, adv in zip(episodes, own)], stats
+    out, at = [], 0
+    for e in episodes:
+        out.append(own[at : at + len(e.turns)])
+        at += len(e.turns)
+    return out, stats
 
 
 class Cancelled(BaseException):
@@ -192,6 +221,10 @@ class Trainer:
         self.encoder = ChatEncoder(self.tokenizer, config.model.enable_thinking, config.lengths.max_prompt_tokens)
         self.sampler = ProblemSampler(self.task.train_problems(), seed)
         self.update_rng = random.Random(seed + 1)
+        # Optimizer steps skipped for a non-finite loss or gradient, over the whole run.
+        self.skipped_nonfinite = 0
+        # The drift alerts of the latest validation (state.json's alerts add the non-finite one).
+        self.val_alerts: list[str] = []
         self.pad_id = self.tokenizer.pad_token_id
         self.total_steps = config.train.total_steps if config.trains else 0
         self.dist.decorrelate_rng(seed, 0)
@@ -248,14 +281,9 @@ class Trainer:
         episodes = self.rollout(problems, cfg.grpo.n, cfg.engine.temperature)
         rolled = time.time()
         # Every rank's outcomes, in single-process order (groups are whole on one rank).
-        outcomes, mine = self.dist.gather(
-            [(e.problem.id, e.reward, e.score.correct, e.score.parsed is None) for e in episodes]
-        )
-        rewards = torch.tensor([o[1] for o in outcomes])
-        advantages, groups = grpo.group_advantages(
-            rewards, [o[0] for o in outcomes], cfg.grpo.norm_by_std, cfg.grpo.adv_eps
-        )
-        advantages = advantages[mine]
+        outcomes, _ = self.dist.gather([(e.reward, e.score.correct, e.score.parsed is None) for e in episodes])
+        rewards = torch.tensor([o[0] for o in outcomes])
+        advantages, groups = turn_advantages(episodes, self.workflow, cfg.grpo, self.dist)
         trainable = set(self.routing.trainable)
         seqs = [
             TrainSeq(
@@ -264,18 +292,20 @@ class Trainer:
                 prompt_ids=turn.prompt_ids,
                 completion_ids=turn.completion_ids,
                 rollout_logp=turn.logprobs,
-                advantage=float(adv),
+                advantage=adv,
                 truncated=turn.finish_reason == "length",
             )
-            for episode, adv in zip(episodes, advantages)
-            for turn in episode.turns
+            for episode, episode_advantages in zip(episodes, advantages)
+            for turn, adv in zip(episode.turns, episode_advantages)
             if (adapter := self.routing.adapter(turn.role)) in trainable
         ]
-        lr = grpo.lr_at(step, cfg.optim.lr, cfg.optim.warmup_steps, self.total_steps, cfg.optim.schedule, cfg.optim.min_lr_ratio)
+        lr = self.lr(step, 0, 1)
+        lrs = {name: self.lr(step, i, len(self.routing.trainable)) for i, name in enumerate(self.routing.trainable)}
         self.engine.sleep()
         update_metrics = update(
-            self.model, self.routing, self.optimizers, seqs, cfg, lr, self.update_rng, self.pad_id, self.dist
+            self.model, self.routing, self.optimizers, seqs, cfg, lrs, self.update_rng, self.pad_id, self.dist
         )
+        self.record_skipped(int(update_metrics["train/skipped_nonfinite"]))
         self.engine.check_agreement(update_metrics)
         self.engine.refresh()
         done = time.time()
@@ -284,8 +314,8 @@ class Trainer:
             "split": "train",
             "lr": lr,
             "reward/mean": float(rewards.mean()),
-            "reward/acc": sum(o[2] for o in outcomes) / len(outcomes),
-            "reward/no_answer_rate": sum(o[3] for o in outcomes) / len(outcomes),
+            "reward/acc": sum(o[1] for o in outcomes) / len(outcomes),
+            "reward/no_answer_rate": sum(o[2] for o in outcomes) / len(outcomes),
             "adv/groups": groups.groups,
             "adv/singleton_groups": groups.singleton,
             "adv/zero_variance_groups": groups.zero_variance,
@@ -296,6 +326,21 @@ class Trainer:
         }
         log.info("step %d/%d reward %.3f acc %.3f (%.1fs)", step, self.total_steps, row["reward/mean"], row["reward/acc"], row["time/step_s"])
         return row
+
+    def lr(self, step: int, update_index: int, updates_per_step: int) -> float:
+        opt = self.config.optim
+        position = grpo.schedule_position(step, update_index, updates_per_step, opt.lr_advance)
+        return grpo.lr_at(position, opt.lr, opt.warmup_steps, self.total_steps, opt.schedule, opt.min_lr_ratio)
+
+    def record_skipped(self, skipped: int) -> None:
+        """Count non-finite updates; the count and its alert go to state.json at once."""
+        if not skipped:
+            return
+        self.skipped_nonfinite += skipped
+        if self.dist.is_main:
+            self.run_dir.update_state(
+                skipped_nonfinite=self.skipped_nonfinite, alerts=self.val_alerts + nonfinite_alerts(self.skipped_nonfinite)
+            )
 
     def validate(self, step: int) -> None:
         cfg = self.config
@@ -331,7 +376,8 @@ class Trainer:
         if step == 0:
             fields["first_val"] = {k: v for k, v in metrics.items() if k.startswith("val/role/")}
         else:
-            fields["alerts"] = drift_alerts(state.get("first_val", {}), metrics, self.config.lengths.max_response_tokens)
+            self.val_alerts = drift_alerts(state.get("first_val", {}), metrics, self.config.lengths.max_response_tokens)
+            fields["alerts"] = self.val_alerts + nonfinite_alerts(self.skipped_nonfinite)
         self.run_dir.update_state(**fields)
 
     # --- checkpoints ----------------------------------------------------------------------
@@ -342,6 +388,7 @@ class Trainer:
             "step": step,
             "sampler": self.sampler.state(),
             "update_rng": self.update_rng.getstate(),
+            "skipped_nonfinite": self.skipped_nonfinite,
             "python_rng": random.getstate(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
@@ -361,6 +408,10 @@ class Trainer:
         state = checkpoint.load(path, self.model, self.routing.trainable, self.optimizers)
         self.sampler.restore(state["sampler"])
         self.update_rng.setstate(state["update_rng"])
+        self.skipped_nonfinite = state.get("skipped_nonfinite", 0)
+        if self.dist.is_main:
+            alerts = self.run_dir.read_state().get("alerts") or []
+            self.val_alerts = [a for a in alerts if a not in nonfinite_alerts(self.skipped_nonfinite)]
         random.setstate(state["python_rng"])
         torch.set_rng_state(state["torch_rng"])
         if state.get("cuda_rng") is not None and torch.cuda.is_available():

@@ -1,21 +1,38 @@
-"""The policy update of one training step: per adapter, shuffled mini-batches, one optimizer
+"""The policy update of one training step: per adapter, ordered mini-batches, one optimizer
 step each, with per-role diagnostics under Shared- and Isolated-Policy alike.
 
-Semantics (the paper's stack, reproduced rather than smoothed):
-- An adapter's sequences (one per role turn routed to it) are shuffled and cut into
+Semantics (the paper's stack, reproduced rather than smoothed; conf/grpo/ picks the preset):
+- An adapter's sequences (one per role turn routed to it) are ordered and cut into
   mini-batches of `ppo_mini_batch * n` sequences; each mini-batch is one optimizer step.
-  A role with more sequences (3 voters) therefore takes more steps per training step:
+  Order: `balanced` (released: verl's balance_batch over the step's whole batch, then each
+  adapter's sequences in that order, consecutive cuts, no shuffle) or `shuffled`
+  (as_written). A role with more sequences (3 voters) takes more steps per training step:
   `gradient_amplification` under IP. Under SP every role feeds the one adapter, and the
-  role with the most tokens dominates its gradient: `sp_role_capture`.
+  role with the most tokens dominates its gradient: `sp_role_capture`; the order decides
+  which roles share an optimizer step.
+- A short last mini-batch is scaled by rows / mini-batch size (released, as verl) or
+  weighed fully (as_written).
 - Micro-batches are bounded by a token budget, hold one role each, and accumulate with
   weights that make the sum exactly the mini-batch's aggregated loss.
 - Because micro-batches are role-pure and ordered by role, the gradient each role adds to
   a mini-batch is read off at role boundaries: that is the per-role gradient norm and
   gradient-mass share, measured, not estimated from token counts.
+- A mini-batch whose loss or gradient norm is not finite is skipped for its adapter: no
+  optimizer step, counted in `train/skipped_nonfinite`.
+- PPO's old log-probs are recomputed before the update (grpo.old_logprobs=recompute)
+  except for each adapter's first mini-batch, whose weights have not moved since the
+  rollout: there the update's own forward, detached, is the old policy (verl's on-policy
+  case; the same maths, one forward fewer).
 - Data parallel (gridrun/train/distributed.py): the same global mini-batches are cut on
-  every rank; each rank backpropagates its stride of each with the global counts as loss
-  weights, and gradients (and each role's gradient, for its norm) are summed across ranks
+  every rank; each rank computes the old log-probs of, and backpropagates, its stride of
+  each with the global counts as loss weights, and gradients (and each role's gradient, for its norm) are summed across ranks
   before the optimizer step. On one rank every collective is the identity.
+Diagnostics per role and over all roles (`train/...`): chi2 = E[rho^2] - 1 of the token
+ratio rho = pi_theta / pi_rollout (as verl's rollout_corr/chi2_token), chi2_centered =
+mean (rho - 1)^2, ppl = mean over sequences of exp(-mean log-prob), entropy of the
+pre-update policy (measured in the old-log-prob pass, or in the forward of an adapter's
+first mini-batch; with grpo.old_logprobs=rollout there is no pass, and the update's own
+forward measures it).
 """
 
 from __future__ import annotations
@@ -32,11 +49,13 @@ from typing import Any
 import torch
 
 from gridrun.train import grpo, logprobs
-from gridrun.train.config import RunConfig
+from gridrun.train.config import GRPOSpec, RunConfig
 from gridrun.train.distributed import Dist
 from gridrun.train.policy import Routing, activate, adapter_parameters
 
 log = logging.getLogger("gridrun")
+# verl's safety bound on log(pi_theta / pi_rollout) when it computes chi2.
+_RHO_LOG_BOUND = 20.0
 
 @dataclass
 class TrainSeq:
@@ -49,6 +68,8 @@ class TrainSeq:
     truncated: bool
     old_logp: list[float] | None = None
     ref_logp: list[float] | None = None
+    # Sum of the pre-update policy's per-token entropies (filled with old_logp).
+    old_entropy: float | None = None
 
 
 @dataclass
@@ -56,9 +77,10 @@ class _RoleStats:
     seqs: int = 0
     tokens: int = 0
     truncated: int = 0
-    logp_sum: float = 0.0
+    ppl_sum: float = 0.0
     entropy_sum: float = 0.0
-    chi2_sum: float = 0.0
+    rho2_sum: float = 0.0
+    centred_sum: float = 0.0
     clipped: int = 0
     loss_sum: float = 0.0
     kl_sum: float = 0.0
@@ -130,10 +152,10 @@ def micro_batches(seqs: list[TrainSeq], token_budget: int) -> Iterator[list[Trai
 
 @torch.no_grad()
 def fill_reference_logprobs(
-    model: Any, seqs: list[TrainSeq], config: RunConfig, pad_id: int, kl_roles: set[str]
+    model: Any, seqs: list[TrainSeq], ref_seqs: list[TrainSeq], config: RunConfig, pad_id: int
 ) -> None:
-    """Old log-probs (each adapter before the update) and, for roles with a KL term, the
-    base model's log-probs."""
+    """Old log-probs and entropies of `seqs` (each adapter before the update) and the base
+    model's log-probs of `ref_seqs` (the roles with a KL term)."""
     temperature = config.engine.temperature
     budget = config.train.micro_token_budget
     by_adapter: dict[str, list[TrainSeq]] = defaultdict(list)
@@ -144,16 +166,17 @@ def fill_reference_logprobs(
             activate(model, adapter)
             for chunk in micro_batches(group, budget):
                 micro = _pack(chunk, pad_id)
-                logp, _ = completion_logprobs(model, micro, temperature)
+                logp, entropy = completion_logprobs(model, micro, temperature, with_entropy=True)
+                assert entropy is not None
                 for row, s in enumerate(chunk):
                     s.old_logp = logp[row, logp.shape[1] - len(s.completion_ids) :].tolist()
+                    s.old_entropy = float((entropy[row] * micro.mask[row].to(entropy.device)).sum())
         else:
             for s in group:
                 s.old_logp = s.rollout_logp
-    needs_ref = [s for s in seqs if s.role in kl_roles]
-    if needs_ref:
+    if ref_seqs:
         with model.disable_adapter():
-            for chunk in micro_batches(needs_ref, budget):
+            for chunk in micro_batches(ref_seqs, budget):
                 logp, _ = completion_logprobs(model, _pack(chunk, pad_id), temperature)
                 for row, s in enumerate(chunk):
                     s.ref_logp = logp[row, logp.shape[1] - len(s.completion_ids) :].tolist()
@@ -173,50 +196,82 @@ def update(
     optimizers: dict[str, torch.optim.Optimizer],
     seqs: list[TrainSeq],
     config: RunConfig,
-    lr: float,
+    lrs: dict[str, float],
     rng: random.Random,
     pad_id: int,
     dist: Dist | None = None,
 ) -> dict[str, float]:
     """One training step's update of every trainable adapter; returns flat metrics.
 
-    `seqs` are this rank's (all of them in one process); with several ranks they are
-    gathered after their old log-probs are filled, and every rank returns the same metrics."""
+    lrs: each trainable adapter's learning rate for this step. `seqs` are this rank's (all
+    of them in one process); with several ranks they are gathered first, every rank cuts
+    the same mini-batches, computes the old (and reference) log-probs of the strides it
+    trains, and every rank returns the same metrics."""
     dist = dist or Dist()
-    gcfg, tcfg = config.grpo, config.train
+    gcfg = config.grpo
     kl_roles = {r for r, beta in gcfg.kl_beta.items() if beta > 0}
-    seqs = [s for s in seqs if s.completion_ids]
-    fill_reference_logprobs(model, seqs, config, pad_id, kl_roles)
-    seqs, _ = dist.gather(seqs)
+    seqs, _ = dist.gather([s for s in seqs if s.completion_ids])
+    size = config.train.ppo_mini_batch * gcfg.n
+    plan = minibatch_plan(seqs, routing.trainable, gcfg, size, dist.world, rng)
+    trained = {id(s): s for cuts in plan.values() for batch in cuts for s in dist.stride(batch)}
+    # An adapter's first mini-batch is trained on the weights that rolled it out, so its old
+    # log-probs are the update's own forward, detached (verl's on-policy case): no separate
+    # pass. Not with several epochs (the next epoch needs them again) nor with rollout ones.
+    on_policy = (
+        {id(s) for cuts in plan.values() for first in cuts[:1] for s in first}
+        if gcfg.ppo_epochs == 1 and gcfg.old_logprobs == "recompute"
+        else set()
+    )
+    for key in on_policy.intersection(trained):
+        trained[key].old_logp = trained[key].old_entropy = None
+    fill_reference_logprobs(
+        model,
+        [s for key, s in trained.items() if key not in on_policy],
+        [s for s in trained.values() if s.role in kl_roles],
+        config,
+        pad_id,
+    )
     stats: dict[str, _RoleStats] = defaultdict(_RoleStats)
     metrics: dict[str, float] = {}
-    for adapter in routing.trainable:
-        mine = [s for s in seqs if s.adapter == adapter]
+    skipped_total = 0
+    for adapter, cuts in plan.items():
         activate(model, adapter)
         params = adapter_parameters(model, adapter)
         optimizer = optimizers[adapter]
         for group in optimizer.param_groups:
-            group["lr"] = lr
-        steps, grad_norms = 0, []
-        for _ in range(gcfg.ppo_epochs):
-            rng.shuffle(mine)
-            size = tcfg.ppo_mini_batch * gcfg.n
-            for first in range(0, len(mine), size):
-                _minibatch(model, mine[first : first + size], params, config, stats, pad_id, dist)
-                if dist.world > 1:
-                    local = _norm([p.grad for p in params.values() if p.grad is not None])
-                    log.info("rank %d/%d adapter %s: local grad norm %.6g", dist.rank, dist.world, adapter, local)
-                dist.all_reduce_grads(params.values())
-                norm = torch.nn.utils.clip_grad_norm_(list(params.values()), config.optim.grad_clip)
-                grad_norms.append(float(norm))
-                optimizer.step()
+            group["lr"] = lrs[adapter]
+        steps, skipped, grad_norms = 0, 0, []
+        for batch in cuts:
+            scale = grpo.partial_scale(len(batch), size) if gcfg.partial_minibatch == "scaled" else 1.0
+            measured = {role: len(stats[role].grad_norms) for role in {s.role for s in batch}}
+            loss = _minibatch(model, batch, params, config, stats, pad_id, dist, scale)
+            if dist.world > 1:
+                local = _norm([p.grad for p in params.values() if p.grad is not None])
+                log.info("rank %d/%d adapter %s: local grad norm %.6g", dist.rank, dist.world, adapter, local)
+            dist.all_reduce_grads(params.values())
+            norm = float(torch.nn.utils.clip_grad_norm_(list(params.values()), config.optim.grad_clip))
+            (loss,) = dist.all_reduce_sum([loss])
+            if not (math.isfinite(norm) and math.isfinite(loss)):
+                # One non-finite step would turn every AdamW moment into NaN: skip it.
+                log.warning("adapter %s: non-finite loss %s / grad norm %s, optimizer step skipped",
+                            adapter, loss, norm)
                 optimizer.zero_grad(set_to_none=True)
-                steps += 1
+                for role, count in measured.items():
+                    del stats[role].grad_norms[count:]
+                skipped += 1
+                continue
+            grad_norms.append(norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            steps += 1
+        skipped_total += skipped
         metrics[f"adapter/{adapter}/opt_steps"] = steps
+        metrics[f"adapter/{adapter}/skipped_nonfinite"] = skipped
         metrics[f"adapter/{adapter}/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else 0.0
-        metrics[f"adapter/{adapter}/lr"] = lr
+        metrics[f"adapter/{adapter}/lr"] = lrs[adapter]
         for role in routing.roles_of(adapter):
             metrics[f"role/{role}/opt_steps"] = steps
+    metrics["train/skipped_nonfinite"] = skipped_total
     if dist.world > 1:
         _sum_stats(stats, sorted({s.role for s in seqs}), dist)
         if log.isEnabledFor(logging.DEBUG):
@@ -235,9 +290,7 @@ def update(
                 prefix + "grad_share": sum(s.grad_norms) / total_mass,
                 prefix + "grad_norm": sum(s.grad_norms) / len(s.grad_norms) if s.grad_norms else 0.0,
                 prefix + "loss": s.loss_sum / n,
-                prefix + "chi2": s.chi2_sum / n,
-                prefix + "ppl": math.exp(-s.logp_sum / n),
-                prefix + "entropy": s.entropy_sum / n,
+                **_divergences(prefix, s),
                 prefix + "clip_frac": s.clipped / n,
                 prefix + "len_mean": s.tokens / max(s.seqs, 1),
                 prefix + "trunc_rate": s.truncated / max(s.seqs, 1),
@@ -246,7 +299,45 @@ def update(
         )
         if role in kl_roles:
             metrics[prefix + "kl"] = s.kl_sum / n
+    if stats:
+        everything = _RoleStats()
+        for name in ("seqs", "tokens", "ppl_sum", "entropy_sum", "rho2_sum", "centred_sum"):
+            setattr(everything, name, sum(getattr(s, name) for s in stats.values()))
+        metrics.update(_divergences("train/", everything))
     return metrics
+
+
+def _divergences(prefix: str, s: _RoleStats) -> dict[str, float]:
+    """chi2 (E[rho^2] - 1), chi2_centered (mean (rho - 1)^2), per-sequence ppl, entropy."""
+    n = max(s.tokens, 1)
+    return {
+        prefix + "chi2": s.rho2_sum / n - 1.0,
+        prefix + "chi2_centered": s.centred_sum / n,
+        prefix + "ppl": s.ppl_sum / max(s.seqs, 1),
+        prefix + "entropy": s.entropy_sum / n,
+    }
+
+
+def minibatch_plan(
+    seqs: list[TrainSeq], adapters: tuple[str, ...], spec: GRPOSpec, size: int, world: int, rng: random.Random
+) -> dict[str, list[list[TrainSeq]]]:
+    """Each adapter's mini-batches of the step, every epoch's in turn, cut before anything
+    is computed. balanced: verl balances the step's whole batch once (on `world` ranks) and
+    each adapter trains its own sequences in that order, cut consecutively; shuffled: each
+    adapter's sequences are shuffled every epoch (by `rng`)."""
+    if spec.minibatch_order == "balanced":
+        order = grpo.balanced_order([len(s.prompt_ids) + len(s.completion_ids) for s in seqs], world, size)
+        seqs = [seqs[i] for i in order]
+    plan: dict[str, list[list[TrainSeq]]] = {}
+    for adapter in adapters:
+        mine = [s for s in seqs if s.adapter == adapter]
+        cuts: list[list[TrainSeq]] = []
+        for _ in range(spec.ppo_epochs):
+            if spec.minibatch_order == "shuffled":
+                rng.shuffle(mine)
+            cuts += [mine[first : first + size] for first in range(0, len(mine), size)]
+        plan[adapter] = cuts
+    return plan
 
 
 def _sum_stats(stats: dict[str, _RoleStats], roles: list[str], dist: Dist) -> None:
@@ -267,8 +358,10 @@ def _minibatch(
     stats: dict[str, _RoleStats],
     pad_id: int,
     dist: Dist,
-) -> None:
-    """Accumulate this rank's part of one (global) mini-batch's gradient into .grad."""
+    scale: float,
+) -> float:
+    """Accumulate this rank's part of one (global) mini-batch's gradient into .grad, each
+    token's weight times `scale`; returns this rank's part of the (scaled) loss."""
     # Loss weights use the whole mini-batch's counts, so the ranks' parts sum to its loss.
     n_tokens = sum(len(s.completion_ids) for s in batch)
     n_seqs = len(batch)
@@ -276,6 +369,7 @@ def _minibatch(
     device = next(model.parameters()).device
     role_start: list[torch.Tensor] | None = None
     current_role: str | None = None
+    loss = 0.0
 
     def close_role() -> None:
         # Gradient added by the role just finished = grad now - grad at its start (summed
@@ -290,8 +384,9 @@ def _minibatch(
         close_role()
         current_role, role_start = role, _grads(params)
         for chunk in micro_batches([s for s in mine if s.role == role], config.train.micro_token_budget):
-            _accumulate(model, chunk, config, stats, pad_id, device, n_tokens, n_seqs)
+            loss += _accumulate(model, chunk, config, stats, pad_id, device, n_tokens, n_seqs, scale)
     close_role()
+    return loss
 
 
 def _accumulate(
@@ -303,36 +398,56 @@ def _accumulate(
     device: torch.device,
     n_tokens: int,
     n_seqs: int,
-) -> None:
-    """Backpropagate one role-pure micro-batch with the mini-batch's loss weights."""
+    scale: float,
+) -> float:
+    """Backpropagate one role-pure micro-batch with the mini-batch's loss weights (times
+    `scale`); returns its share of the mini-batch loss."""
     gcfg = config.grpo
     role = chunk[0].role
     micro = _pack(chunk, pad_id)
     t_max = micro.targets.shape[1]
     mask = micro.mask.to(device)
-    logp, entropy = completion_logprobs(model, micro, config.engine.temperature, with_entropy=True)
+    # Rows without an old-log-prob pass (an adapter's first mini-batch) take this forward's
+    # log-probs and entropy: the weights have not moved since the rollout. (With rollout
+    # old log-probs there was no pass at all: this forward measures the entropy.)
+    on_policy = torch.tensor([seq.old_logp is None for seq in chunk], device=device)
+    unmeasured = torch.tensor([seq.old_entropy is None for seq in chunk], device=device)
+    logp, entropy = completion_logprobs(
+        model, micro, config.engine.temperature, with_entropy=bool(unmeasured.any())
+    )
     old = _aligned([s.old_logp or [] for s in chunk], t_max).to(device)
+    old = torch.where(on_policy.unsqueeze(1), logp.detach(), old)
     rollout = _aligned([s.rollout_logp for s in chunk], t_max).to(device)
     adv = torch.tensor([s.advantage for s in chunk], device=device).unsqueeze(1).expand_as(logp)
-    token_loss, clipped = grpo.clipped_policy_loss(logp, old, adv, gcfg.clip_low, gcfg.clip_high)
+    token_loss, clipped = grpo.clipped_policy_loss(
+        logp, old, adv, gcfg.clip_low, gcfg.clip_high, gcfg.clip_ratio_c, gcfg.log_ratio_clamp
+    )
     beta = gcfg.kl_beta.get(role, 0.0)
     kl = None
     if beta > 0:
         ref = _aligned([s.ref_logp or [] for s in chunk], t_max).to(device)
-        kl = grpo.k3_kl(logp, ref)
+        kl = grpo.k3_kl(logp, ref, gcfg.log_ratio_clamp, gcfg.kl_clamp)
         token_loss = token_loss + beta * kl
-    weights = grpo.token_weights(mask, gcfg.loss_agg, n_tokens, n_seqs)
-    (weights * token_loss).sum().backward()
+    weights = grpo.token_weights(mask, gcfg.loss_agg, n_tokens, n_seqs) * scale
+    loss = (weights * token_loss).sum()
+    loss.backward()
     with torch.no_grad():
         s = stats[role]
         s.seqs += len(chunk)
         s.tokens += int(mask.sum())
         s.truncated += sum(seq.truncated for seq in chunk)
-        s.logp_sum += float((logp * mask).sum())
-        s.entropy_sum += float((entropy * mask).sum()) if entropy is not None else 0.0
-        s.chi2_sum += float(((torch.exp(logp - rollout) - 1.0) ** 2 * mask).sum())
+        lengths = mask.sum(dim=1).clamp(min=1.0)
+        s.ppl_sum += float(torch.exp(-(logp * mask).sum(dim=1) / lengths).sum())
+        s.entropy_sum += sum(seq.old_entropy for seq in chunk if seq.old_entropy is not None)
+        if entropy is not None:
+            s.entropy_sum += float((entropy * mask)[unmeasured].sum())
+        # rho = pi_theta / pi_rollout, its log clamped to +-20 as verl's chi2_token.
+        rho = torch.exp(torch.clamp(logp - rollout, -_RHO_LOG_BOUND, _RHO_LOG_BOUND))
+        s.rho2_sum += float((rho**2 * mask).sum())
+        s.centred_sum += float(((rho - 1.0) ** 2 * mask).sum())
         s.clipped += int((clipped.float() * mask).sum())
         s.loss_sum += float((token_loss * mask).sum())
         s.absdiff_sum += float(((old - rollout).abs() * mask).sum())
         if kl is not None:
             s.kl_sum += float((kl * mask).sum())
+    return float(loss.detach())

@@ -124,7 +124,7 @@ def test_lengths_and_rounds_per_workflow_and_task(
     tree_ = composer.compose([f"workflow={workflow}", f"task={task}", "scale=0.6b"])
     assert (tree_["lengths"]["max_prompt_tokens"], tree_["lengths"]["max_response_tokens"]) == (prompt, response)
     if revisions is not None:
-        assert tree_["workflow"]["max_revisions"] == revisions
+        assert tree_["workflow"]["rounds"] == revisions
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ WORKFLOWS = ("eval_opt", "voting", "orch_workers")
 def run(tmp_path: Path, name: str, workflow: str, policy: str, engine: str) -> list[dict]:
     # TOY_CELL validates on 16 problems: with fewer, a key that needs one correct answer
     # (the aggregator's select_acc) can be missing from one of the two runs by chance.
-    cell = make_cell(tmp_path, name, workflow={"name": workflow, "max_revisions": 2}, policy={"name": policy},
+    cell = make_cell(tmp_path, name, workflow={"name": workflow, "rounds": 2}, policy={"name": policy},
                      engine={"name": engine})
     assert run_cell(cell) == 0, RunDir(cell).read_state().get("error")
     return RunDir(cell).read_metrics()

@@ -8,7 +8,7 @@ from typing import Any
 
 from gridrun.tasks.base import Task
 from gridrun.train.config import WorkflowSpec
-from gridrun.train.episode import Episode
+from gridrun.train.episode import Episode, Turn
 from gridrun.train.rollout import EpisodeLLM
 
 Program = Callable[[EpisodeLLM, Episode, Task, WorkflowSpec], Coroutine[Any, Any, None]]
@@ -22,6 +22,18 @@ class Workflow:
     # The role played by several parallel slots (voters, workers), if any.
     parallel_role: str | None
     run: Program
+    # Whether the parallel slots are distinct trajectories (the released code names Voting's
+    # voters generator0/1/2) or one (Orch-Workers' three workers are all `worker`).
+    distinct_slots: bool = False
+
+    def trajectory_name(self, turn: Turn) -> str:
+        """The released code's trajectory name of a turn: its advantage group within a problem.
+
+        Every Eval-Opt turn is its own trajectory named after its role, so all of a problem's
+        generator turns (every round, every episode) form one group."""
+        if self.distinct_slots and turn.role == self.parallel_role:
+            return f"{turn.role}{turn.slot}"
+        return turn.role
 
     def slots(self, spec: WorkflowSpec) -> int:
         """Same-role multiplicity of parallel_role."""

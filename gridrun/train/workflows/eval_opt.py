@@ -1,15 +1,18 @@
-"""`eval_opt`: a generator answers, an evaluator judges; revise until accepted or capped.
+"""`eval_opt`: a generator answers, an evaluator judges; revise until accepted or out of rounds.
 
-The evaluator's verdict is its last `\\boxed{Correct}` / `\\boxed{Incorrect}`. A malformed
-verdict is not an acceptance: the generator revises. The last revision is not judged (no
-further round could use the verdict); the workflow commits to the latest generator answer.
+`workflow.rounds` means what the released code's `max_iterations` means: at most that many
+generator turns, each judged by the evaluator (3 on math, 2 on code). An always-rejecting
+evaluator therefore gives rounds + rounds turns, and every answer the workflow could commit to
+has been judged. The evaluator's verdict is its last `\\boxed{Correct}` /
+`\\boxed{Incorrect}`; a malformed verdict is not an acceptance. The workflow commits to the
+latest generator answer.
 """
 
 from __future__ import annotations
 
 from gridrun.tasks.answers import parse_verdict
 from gridrun.tasks.base import Task
-from gridrun.train.config import WorkflowSpec
+from gridrun.train.config import WORKFLOW_ROLES, WorkflowSpec
 from gridrun.train.episode import Episode
 from gridrun.train.rollout import EpisodeLLM
 from gridrun.train.workflows import Workflow
@@ -20,11 +23,11 @@ async def run(llm: EpisodeLLM, episode: Episode, task: Task, spec: WorkflowSpec)
     answer = await llm.chat("generator", prompts.generator(question))
     answer.parsed = task.extract_answer(answer.text)
     verdicts: list[bool | None] = []
-    for round_ in range(spec.max_revisions):
+    for round_ in range(spec.rounds):
         review = await llm.chat("evaluator", prompts.evaluator(question, answer.text), round=round_)
         review.parsed = parse_verdict(review.text)
         verdicts.append(review.parsed)
-        if review.parsed is True:
+        if review.parsed is True or round_ + 1 == spec.rounds:
             break
         answer = await llm.chat(
             "generator", prompts.revision(question, answer.text, review.text), round=round_ + 1
@@ -34,4 +37,4 @@ async def run(llm: EpisodeLLM, episode: Episode, task: Task, spec: WorkflowSpec)
     episode.info.update(verdicts=verdicts, revisions=answer.round)
 
 
-WORKFLOW = Workflow(name="eval_opt", roles=("generator", "evaluator"), parallel_role=None, run=run)
+WORKFLOW = Workflow(name="eval_opt", roles=WORKFLOW_ROLES["eval_opt"], parallel_role=None, run=run)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from gridrun.tasks.answers import parse_strategies
 from gridrun.tasks.base import Task
-from gridrun.train.config import WorkflowSpec
+from gridrun.train.config import WORKFLOW_ROLES, WorkflowSpec
 from gridrun.train.episode import Episode
 from gridrun.train.rollout import EpisodeLLM
 from gridrun.train.workflows import Workflow
@@ -36,5 +36,5 @@ async def run(llm: EpisodeLLM, episode: Episode, task: Task, spec: WorkflowSpec)
 
 
 WORKFLOW = Workflow(
-    name="orch_workers", roles=("orchestrator", "worker", "synthesizer"), parallel_role="worker", run=run
+    name="orch_workers", roles=WORKFLOW_ROLES["orch_workers"], parallel_role="worker", run=run
 )

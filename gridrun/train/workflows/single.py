@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gridrun.tasks.base import Task
-from gridrun.train.config import WorkflowSpec
+from gridrun.train.config import WORKFLOW_ROLES, WorkflowSpec
 from gridrun.train.episode import Episode
 from gridrun.train.rollout import EpisodeLLM
 from gridrun.train.workflows import Workflow
@@ -15,4 +15,4 @@ async def run(llm: EpisodeLLM, episode: Episode, task: Task, spec: WorkflowSpec)
     episode.final_response = turn.text
 
 
-WORKFLOW = Workflow(name="single", roles=("generator",), parallel_role=None, run=run)
+WORKFLOW = Workflow(name="single", roles=WORKFLOW_ROLES["single"], parallel_role=None, run=run)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from gridrun.tasks.answers import parse_selection
 from gridrun.tasks.base import Task
-from gridrun.train.config import WorkflowSpec
+from gridrun.train.config import WORKFLOW_ROLES, WorkflowSpec
 from gridrun.train.episode import Episode
 from gridrun.train.rollout import EpisodeLLM
 from gridrun.train.workflows import Workflow
@@ -27,4 +27,6 @@ async def run(llm: EpisodeLLM, episode: Episode, task: Task, spec: WorkflowSpec)
     episode.info.update(selected=pick.parsed, candidate_answers=[c.parsed for c in candidates])
 
 
-WORKFLOW = Workflow(name="voting", roles=("generator", "aggregator"), parallel_role="generator", run=run)
+WORKFLOW = Workflow(
+    name="voting", roles=WORKFLOW_ROLES["voting"], parallel_role="generator", run=run, distinct_slots=True
+)

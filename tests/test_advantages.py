@@ -1,0 +1,120 @@
+"""Advantage rows of a training step (trainer.turn_advantages) under both presets, on
+hand-built episodes: the released code's turn-level groups vs the text's episode groups."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gridrun.tasks.base import Problem, Score
+from gridrun.train.config import GRPOSpec
+from gridrun.train.episode import Episode, Turn
+from gridrun.train.trainer import turn_advantages
+from gridrun.train.workflows import get_workflow
+
+RELEASED = GRPOSpec(group_key="problem_trajectory", adv_eps=0.0)
+AS_WRITTEN = GRPOSpec(group_key="problem", adv_eps=0.0)
+
+
+def turn(role: str, slot: int = 0, round_: int = 0) -> Turn:
+    return Turn(role, slot, round_, [], [1], [2], [-0.5], "", "stop")
+
+
+def episode(problem: str, sample: int, reward: float, turns: list[Turn]) -> Episode:
+    ep = Episode(Problem(id=problem, question="q", answer="a"), sample, turns)
+    ep.score = Score(reward, None, "correct" if reward == 1.0 else "wrong")
+    return ep
+
+
+def orch_workers_episode(sample: int, reward: float) -> Episode:
+    turns = [turn("orchestrator")] + [turn("worker", k) for k in range(3)] + [turn("synthesizer")]
+    return episode("p", sample, reward, turns)
+
+
+def test_orch_workers_worker_advantages_are_1_0465_times_the_episode_ones() -> None:
+    # 8 episodes, rewards 1 1 0 0 0 0 0 0: mean 0.25, sum of squared deviations
+    # 2 * 0.75^2 + 6 * 0.25^2 = 1.5. Episode groups: std = sqrt(1.5 / 7). The three workers
+    # share one trajectory name, so their group holds 24 rows with the same mean and 3 x the
+    # squared deviations: std = sqrt(4.5 / 23). Ratio of advantages sqrt(23 / 21) = 1.04654.
+    rewards = [1.0, 1.0] + [0.0] * 6
+    episodes = [orch_workers_episode(k, r) for k, r in enumerate(rewards)]
+    workflow = get_workflow("orch_workers")
+    released, stats = turn_advantages(episodes, workflow, RELEASED)
+    written, _ = turn_advantages(episodes, workflow, AS_WRITTEN)
+    assert stats.groups == 3  # orchestrator, worker, synthesizer of problem p
+    ratio = math.sqrt(23 / 21)
+    assert ratio == pytest.approx(1.0465, abs=1e-4)
+    for released_row, written_row in zip(released, written):
+        orchestrator, *workers, synthesizer = released_row
+        assert orchestrator == pytest.approx(written_row[0]) and synthesizer == pytest.approx(written_row[4])
+        assert workers == pytest.approx([written_row[1] * ratio] * 3, rel=1e-6)
+    assert released[0][1] == pytest.approx(0.75 / math.sqrt(4.5 / 23), rel=1e-6)
+
+
+def test_voting_voters_are_distinct_trajectories_so_both_presets_agree() -> None:
+    # generator0/1/2 each form a group of 8 rows with the episodes' rewards: the same
+    # advantages as one row per episode.
+    workflow = get_workflow("voting")
+    rewards = [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    episodes = [
+        episode("p", k, r, [turn("generator", s) for s in range(3)] + [turn("aggregator")])
+        for k, r in enumerate(rewards)
+    ]
+    released, stats = turn_advantages(episodes, workflow, RELEASED)
+    written, _ = turn_advantages(episodes, workflow, AS_WRITTEN)
+    assert stats.groups == 4
+    assert [v for row in released for v in row] == pytest.approx([v for row in written for v in row], rel=1e-6)
+
+
+def eval_opt_episodes() -> list[Episode]:
+    # Problem p, 4 episodes with 0-3 revisions: right answers accepted at once (1 generator
+    # turn), wrong ones revised 3 times (4 generator + 4 evaluator turns). Problem q: the
+    # other way round, the right ones revised twice.
+    def rounds(n: int) -> list[Turn]:
+        return [t for r in range(n) for t in (turn("generator", 0, r), turn("evaluator", 0, r))]
+
+    return [
+        episode("p", 0, 1.0, rounds(1)), episode("p", 1, 1.0, rounds(1)),
+        episode("p", 2, 0.0, rounds(4)), episode("p", 3, 0.0, rounds(4)),
+        episode("q", 0, 1.0, rounds(3)), episode("q", 1, 0.0, rounds(1)),
+        episode("q", 2, 0.0, rounds(2)), episode("q", 3, 0.0, rounds(1)),
+    ]
+
+
+def generator_sums(episodes: list[Episode], advantages: list[list[float]]) -> dict[str, float]:
+    sums: dict[str, float] = {}
+    for ep, row in zip(episodes, advantages):
+        for t, adv in zip(ep.turns, row):
+            if t.role == "generator":
+                sums[ep.problem.id] = sums.get(ep.problem.id, 0.0) + adv
+    return sums
+
+
+def test_eval_opt_generator_advantages_sum_to_zero_per_problem_under_released() -> None:
+    episodes = eval_opt_episodes()
+    workflow = get_workflow("eval_opt")
+    released, stats = turn_advantages(episodes, workflow, RELEASED)
+    assert stats.groups == 4  # (p, generator), (p, evaluator), (q, generator), (q, evaluator)
+    # Every turn is its own trajectory: p's generator group is 10 rows, rewards 1 1 0 x 8:
+    # mean 0.2, std sqrt((2 * 0.64 + 8 * 0.04) / 9) = sqrt(1.6 / 9), so +0.8 / std = 1.8974
+    # and -0.2 / std = -0.4743; they sum to 2 * 1.8974 - 8 * 0.4743 = 0.
+    std = math.sqrt(1.6 / 9)
+    assert released[0] == pytest.approx([0.8 / std] * 2, rel=1e-6)
+    assert released[2][0] == pytest.approx(-0.2 / std, rel=1e-6)
+    assert generator_sums(episodes, released) == pytest.approx({"p": 0.0, "q": 0.0}, abs=1e-5)
+    # The episode reading gives every turn its episode's +-0.866 (p: mean 0.5, std
+    # sqrt(1/3)): wrong episodes have more turns, so p's generator turns sum to
+    # 2 * 0.866 - 8 * 0.866 = -5.196, the net negative push the released code did not have.
+    written, _ = turn_advantages(episodes, workflow, AS_WRITTEN)
+    assert generator_sums(episodes, written)["p"] == pytest.approx(-6 * 0.5 / math.sqrt(1 / 3), rel=1e-6)
+
+
+def test_a_problem_whose_episodes_all_fail_the_format_gets_zero_everywhere() -> None:
+    # Both presets count the all -0.1 groups as zero-variance: 3 (one per role) turn groups.
+    episodes = [orch_workers_episode(k, -0.1) for k in range(4)]
+    advantages, stats = turn_advantages(episodes, get_workflow("orch_workers"), RELEASED)
+    assert all(v == 0.0 for row in advantages for v in row)
+    assert (stats.groups, stats.zero_variance) == (3, 3)
+    _, episode_stats = turn_advantages(episodes, get_workflow("orch_workers"), AS_WRITTEN)
+    assert (episode_stats.groups, episode_stats.zero_variance) == (1, 1)
