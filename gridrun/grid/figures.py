@@ -28,15 +28,17 @@ from typing import Any
 
 import pandas as pd
 
+from gridrun.grid.analysis.summary import MetricColumns
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.rundir import RunDir
 
 # The paper's order; a workflow it does not name comes after, alphabetically.
 WORKFLOW_ORDER = ("eval_opt", "voting", "orch_workers")
 POLICY_ORDER = ("isolated", "shared")
 POLICY_LABELS = {"isolated": "IP", "shared": "SP"}
-# Fixed colours per series, so IP, SP and SA-RL look the same in every panel and figure.
-SERIES_COLORS = {"IP": "C0", "SP": "C1", "SA-RL": "C2"}
+# Okabe-Ito, a palette that colour-blind readers tell apart; fixed per series, so IP, SP and
+# SA-RL look the same in every panel and figure.
+OKABE_ITO = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
+SERIES_COLORS = {"IP": OKABE_ITO[0], "SP": OKABE_ITO[1], "SA-RL": OKABE_ITO[2]}
 
 Series = dict[int, float]  # step -> value
 # States whose curves will not grow any more (preempted cells resume, so they still count).
@@ -51,17 +53,12 @@ class Curves:
     grad_share: dict[str, Series] = field(default_factory=dict)  # role -> share
 
 
-def read_curves(run_dir: RunDir) -> Curves:
-    curves = Curves()
-    prefix, suffix = "role/", "/grad_share"
-    for row in run_dir.read_metrics():
-        step = row.get("step")
-        if row.get("split") == "val" and row.get("val/acc") is not None:
-            curves.val_acc[step] = 100 * row["val/acc"]
-        elif row.get("split") == "train":
-            for key, value in row.items():
-                if key.startswith(prefix) and key.endswith(suffix) and value is not None:
-                    curves.grad_share.setdefault(key[len(prefix) : -len(suffix)], {})[step] = value
+def read_curves(columns: MetricColumns) -> Curves:
+    curves = Curves(val_acc={s: 100 * v for s, v in columns.series("val", "val/acc").items()})
+    for role in columns.roles():
+        share = columns.series("train", f"role/{role}/grad_share")
+        if share:
+            curves.grad_share[role] = share
     return curves
 
 
@@ -127,7 +124,7 @@ def val_acc_grid(block: list[dict[str, Any]], curves: Callable[[str], Curves]) -
         for index, policy in enumerate(_policies(train)):
             label = _policy_label(policy)
             cells = [r for r in train if r["workflow"] == workflow and r["policy"] == policy]
-            color = SERIES_COLORS.get(label, f"C{3 + index}")
+            color = SERIES_COLORS.get(label, OKABE_ITO[3 + index % 5])
             lines.append(_line(label, color, cells, val_acc))
         lines.append(_line("SA-RL", SERIES_COLORS["SA-RL"], sa_rl, val_acc))
         base = base_acc.get(workflow)
@@ -149,7 +146,7 @@ def grad_share_grid(block: list[dict[str, Any]], curves: Callable[[str], Curves]
                 continue
             roles = list(dict.fromkeys(role for r in cells for role in curves(r["cell"]).grad_share))
             lines = [
-                _line(role, f"C{i % 10}", cells, lambda r, role=role: curves(r["cell"]).grad_share.get(role, {}))
+                _line(role, OKABE_ITO[i % len(OKABE_ITO)], cells, lambda r, role=role: curves(r["cell"]).grad_share.get(role, {}))
                 for i, role in enumerate(roles)
             ]
             row.append(Panel(f"{workflow} · {_policy_label(policy)}", lines))
@@ -183,14 +180,10 @@ def _plot_line(ax: Any, line: Line) -> bool:
 
 
 def _draw(grid: Grid, title: str, ylabel: str, ylim: tuple[float, float] | None) -> bytes:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     nrows, ncols = len(grid), max(len(row) for row in grid)
-    # The Figure API with the Agg canvas, not pyplot: no global backend or figure registry.
-    figure = Figure(figsize=(4.5 * ncols, 3.2 * nrows + 0.5), layout="constrained")
-    FigureCanvasAgg(figure)
+    figure = new_figure(4.5 * ncols, 3.2 * nrows + 0.5)
     axes = figure.subplots(nrows, ncols, squeeze=False)
     for grid_row, axes_row in zip(grid, axes):
         for position, ax in enumerate(axes_row):
@@ -213,41 +206,60 @@ def _draw(grid: Grid, title: str, ylabel: str, ylim: tuple[float, float] | None)
                 ax.set_ylim(*ylim)
             ax.grid(alpha=0.3)
     figure.suptitle(title)
+    return to_png(figure)
+
+
+def new_figure(width: float, height: float) -> Any:
+    """A matplotlib Figure on the Agg canvas (inches), laid out to fit its labels."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    # The Figure API, not pyplot: no global backend or figure registry.
+    figure = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def to_png(figure: Any) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
     return buffer.getvalue()
 
 
-def _write(path: Path, grid: Grid, title: str, ylabel: str, ylim: tuple[float, float] | None = None) -> bool:
+def write_png(path: Path, grid: Grid, title: str, ylabel: str, ylim: tuple[float, float] | None = None) -> bool:
     if not any(panel is not None and panel.has_data() for row in grid for panel in row):
         # A figure from an earlier collect whose cells were since replaced would mislead.
         path.unlink(missing_ok=True)
         return False
-    png = _draw(grid, title, ylabel, ylim)
+    save_png(path, _draw(grid, title, ylabel, ylim))
+    return True
+
+
+def save_png(path: Path, png: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(png)
     os.replace(tmp, path)  # a reader never sees half a PNG
-    return True
 
 
-def write_figures(sweep: SweepDir, cells: pd.DataFrame) -> list[Path]:
-    """Draw the figures of every (task, scale) in `cells` (collect's cell frame); the paths written."""
+def write_figures(sweep: SweepDir, cells: pd.DataFrame, columns: dict[str, MetricColumns]) -> list[Path]:
+    """Draw the figures of every (task, scale) in `cells` (collect's cell frame) from each
+    cell's metric columns; the paths written."""
     records = cells.to_dict("records")
 
     @functools.cache
     def curves(cell_id: str) -> Curves:
-        return read_curves(sweep.cell(cell_id))
+        return read_curves(columns.get(cell_id, MetricColumns()))
 
     written = []
     for task, scale in dict.fromkeys((r["task"], r["scale"]) for r in records):
         block = [r for r in records if r["task"] == task and r["scale"] == scale]
         where = f"{task} · {scale} · sweep {sweep.name}"
         val_acc = sweep.figure("val_acc", task, scale)
-        if _write(val_acc, val_acc_grid(block, curves), f"Validation accuracy — {where}", "validation accuracy (%)"):
+        if write_png(val_acc, val_acc_grid(block, curves), f"Validation accuracy — {where}", "validation accuracy (%)"):
             written.append(val_acc)
         grad_share = sweep.figure("grad_share", task, scale)
         title = f"Gradient share per role (train) — {where}"
-        if _write(grad_share, grad_share_grid(block, curves), title, "gradient share", (-0.02, 1.02)):
+        if write_png(grad_share, grad_share_grid(block, curves), title, "gradient share", (-0.02, 1.02)):
             written.append(grad_share)
     return written
