@@ -34,8 +34,10 @@ import pandas as pd
 from gridrun.grid.analysis.stats import mean_ci95
 from gridrun.grid.analysis.summary import MetricColumns
 from gridrun.grid.analysis.tables import ordered_workflows
+from gridrun.grid.errors import GridError
 from gridrun.grid.figures import OKABE_ITO, SERIES_COLORS, new_figure, save_png, to_png
 from gridrun.grid.sweepdir import SweepDir
+from gridrun.rundir import RunDir
 
 POLICY_LABEL = {"isolated": "IP", "shared": "SP"}
 POLICY_MARKER = {"IP": "o", "SP": "s"}
@@ -386,3 +388,20 @@ def write_paper_figures(sweep: SweepDir, cells: pd.DataFrame, columns: dict[str,
         written.append(write_fig6(sweep, cells, columns, chosen))
     return written
 
+
+
+def plot_cell(run_dir: RunDir) -> Path:
+    """`gridrun plot <cell>`: Fig. 6 for one cell of a planned sweep (and its other-policy
+    twin's validation curve), from the run dirs as they are now; the path written."""
+    cells_dir = run_dir.root.parent
+    sweep = SweepDir(cells_dir.parent.parent, cells_dir.parent.name)
+    plan = sweep.read()["cells"]
+    cells = pd.DataFrame([{"cell": c["id"], "kind": c["kind"], **c["coords"]} for c in plan])
+    cell = run_dir.root.name
+    if cell not in set(cells["cell"]):
+        raise GridError(f"{run_dir.root} is not a cell of sweep '{sweep.name}': pass a planned cell's id or directory")
+    other = twin(cells, cell)
+    columns = {c: MetricColumns.from_rows(sweep.cell(c).read_metrics()) for c in (cell, other) if c is not None}
+    if not columns[cell].splits:
+        raise GridError(f"cell '{cell}' has no metrics yet: plot it once it has run a step (`gridrun status`)")
+    return write_fig6(sweep, cells, columns, cell)
