@@ -61,8 +61,13 @@ def read_cell(root: str) -> tuple[MetricColumns, dict[str, Any]]:
     return columns, cell_summary(columns)
 
 
+def _workers(cells: int) -> int:
+    """Worker processes for reading and drawing: none below PARALLEL_FROM_CELLS cells."""
+    return min(cells // PARALLEL_FROM_CELLS, os.cpu_count() or 1, 8)
+
+
 def _read_all(roots: Sequence[str], description: str) -> list[tuple[MetricColumns, dict[str, Any]]]:
-    workers = min(len(roots) // PARALLEL_FROM_CELLS, os.cpu_count() or 1, 8)
+    workers = _workers(len(roots))
     if workers < 2:
         return [read_cell(root) for root in track(roots, description)]
     with ProcessPoolExecutor(max_workers=workers) as pool:
@@ -182,9 +187,9 @@ def _parquet_ready(frame: pd.DataFrame) -> pd.DataFrame:
 
 def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0) -> list[Table]:
     """Write every output (see the module docstring); print Table 1 and where the rest went."""
-    from gridrun.grid.analysis.figures import write_paper_figures
+    from gridrun.grid.analysis.figures import paper_figure_jobs
     from gridrun.grid.analysis.report import write_report
-    from gridrun.grid.figures import write_figures
+    from gridrun.grid.figures import figure_jobs, render
 
     data = read_sweep(sweep, tolerance_pp)
     cells = data.cells
@@ -203,7 +208,8 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0) -> list[Ta
     write_parquet(metrics_frame(data.columns), sweep.metrics_parquet)
     for table in tables:
         write_table(sweep, table)
-    figures = write_figures(sweep, cells, data.columns) + write_paper_figures(sweep, cells, data.columns)
+    jobs = figure_jobs(sweep, cells, data.columns) + paper_figure_jobs(sweep, cells, data.columns)
+    figures = render(jobs, _workers(len(cells)))
     write_report(sweep, cells, tables, figures)
 
     from rich.markdown import Markdown

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import functools
 import io
+import multiprocessing
 import os
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ OKABE_ITO = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "
 SERIES_COLORS = {"IP": OKABE_ITO[0], "SP": OKABE_ITO[1], "SA-RL": OKABE_ITO[2]}
 
 Series = dict[int, float]  # step -> value
+THIN_POINTS = 150  # points per seed's thin line
 # States whose curves will not grow any more (preempted cells resume, so they still count).
 STOPPED = ("failed", "cancelled")
 
@@ -167,8 +170,7 @@ def _plot_line(ax: Any, line: Line) -> bool:
     if len(runs) == 1 and not stopped:
         plot(runs[0], sorted(runs[0]), linewidth=1.5, label=line.label)
         return True
-    for run in runs:
-        plot(run, sorted(run), linewidth=0.8, alpha=0.35)
+    thin_runs(ax, runs, line.color, linewidth=0.8, alpha=0.35)
     for index, run in enumerate(stopped):
         label = f"{line.label} (failed/cancelled)" if index == 0 and not runs else None
         plot(run, sorted(run), linewidth=0.8, alpha=0.5, linestyle=":", label=label)
@@ -177,6 +179,26 @@ def _plot_line(ax: Any, line: Line) -> bool:
         mean = {s: sum(run[s] for run in runs) / len(runs) for s in common}
         plot(mean, common, linewidth=2, label=f"{line.label} (mean of {len(runs)})" if len(runs) > 1 else line.label)
     return bool(runs or stopped)
+
+
+def thin_runs(ax: Any, runs: list[Series], color: str, **style: Any) -> None:
+    """Seeds as thin lines in one artist (a LineCollection: a thousand Line2D objects take
+    matplotlib seconds), each thinned to at most THIN_POINTS points (a panel is a few hundred
+    pixels wide; the mean keeps every step); a run of one point as a dot."""
+    from matplotlib.collections import LineCollection
+
+    curves = []
+    for run in (run for run in runs if run):
+        steps = sorted(run)
+        if len(steps) > THIN_POINTS:
+            steps = steps[:: -(-len(steps) // THIN_POINTS)] + steps[-1:]
+        curves.append([(s, run[s]) for s in steps])
+    if any(len(c) > 1 for c in curves):
+        ax.add_collection(LineCollection([c for c in curves if len(c) > 1], colors=color, **style))
+        ax.autoscale_view()
+    dots = [c[0] for c in curves if len(c) == 1]
+    if dots:
+        ax.scatter(*zip(*dots, strict=True), color=color, s=8, alpha=style.get("alpha"))
 
 
 def _draw(grid: Grid, title: str, ylabel: str, ylim: tuple[float, float] | None) -> bytes:
@@ -195,7 +217,7 @@ def _draw(grid: Grid, title: str, ylabel: str, ylim: tuple[float, float] | None)
             if panel.baseline is not None:
                 ax.axhline(panel.baseline, color="black", linestyle="--", linewidth=1, label="base")
             if any(drawn) or panel.baseline is not None:
-                ax.legend(fontsize="small")
+                legend(ax)
             else:
                 ax.text(0.5, 0.5, "no metrics yet", ha="center", va="center", transform=ax.transAxes, color="grey")
             ax.set_title(panel.title)
@@ -207,6 +229,13 @@ def _draw(grid: Grid, title: str, ylabel: str, ylim: tuple[float, float] | None)
             ax.grid(alpha=0.3)
     figure.suptitle(title)
     return to_png(figure)
+
+
+def legend(ax: Any, **options: Any) -> None:
+    """A legend where it hides least, unless the axes hold so many points that matplotlib's
+    search for that place ('best' tests every point) would take seconds."""
+    points = sum(len(line.get_xdata()) for line in ax.get_lines())
+    ax.legend(fontsize="small", loc="best" if points <= 2000 else "upper left", **options)
 
 
 def new_figure(width: float, height: float) -> Any:
@@ -226,13 +255,11 @@ def to_png(figure: Any) -> bytes:
     return buffer.getvalue()
 
 
-def write_png(path: Path, grid: Grid, title: str, ylabel: str, ylim: tuple[float, float] | None = None) -> bool:
+def grid_png(grid: Grid, title: str, ylabel: str, ylim: tuple[float, float] | None = None) -> bytes | None:
+    """The grid drawn, or None when no panel has anything to draw."""
     if not any(panel is not None and panel.has_data() for row in grid for panel in row):
-        # A figure from an earlier collect whose cells were since replaced would mislead.
-        path.unlink(missing_ok=True)
-        return False
-    save_png(path, _draw(grid, title, ylabel, ylim))
-    return True
+        return None
+    return _draw(grid, title, ylabel, ylim)
 
 
 def save_png(path: Path, png: bytes) -> None:
@@ -242,24 +269,60 @@ def save_png(path: Path, png: bytes) -> None:
     os.replace(tmp, path)  # a reader never sees half a PNG
 
 
-def write_figures(sweep: SweepDir, cells: pd.DataFrame, columns: dict[str, MetricColumns]) -> list[Path]:
-    """Draw the figures of every (task, scale) in `cells` (collect's cell frame) from each
-    cell's metric columns; the paths written."""
+def figure_jobs(sweep: SweepDir, cells: pd.DataFrame, columns: dict[str, MetricColumns]) -> list[Job]:
+    """The two figures of every (task, scale) in `cells` (collect's cell frame), drawn from
+    each cell's metric columns when `render` runs them."""
     records = cells.to_dict("records")
 
     @functools.cache
     def curves(cell_id: str) -> Curves:
         return read_curves(columns.get(cell_id, MetricColumns()))
 
-    written = []
+    jobs: list[Job] = []
     for task, scale in dict.fromkeys((r["task"], r["scale"]) for r in records):
         block = [r for r in records if r["task"] == task and r["scale"] == scale]
         where = f"{task} · {scale} · sweep {sweep.name}"
-        val_acc = sweep.figure("val_acc", task, scale)
-        if write_png(val_acc, val_acc_grid(block, curves), f"Validation accuracy — {where}", "validation accuracy (%)"):
-            written.append(val_acc)
-        grad_share = sweep.figure("grad_share", task, scale)
-        title = f"Gradient share per role (train) — {where}"
-        if write_png(grad_share, grad_share_grid(block, curves), title, "gradient share", (-0.02, 1.02)):
-            written.append(grad_share)
+        jobs.append((sweep.figure("val_acc", task, scale), functools.partial(
+            lambda b, w: grid_png(val_acc_grid(b, curves), f"Validation accuracy — {w}", "validation accuracy (%)"),
+            block, where)))
+        jobs.append((sweep.figure("grad_share", task, scale), functools.partial(
+            lambda b, w: grid_png(grad_share_grid(b, curves), f"Gradient share per role (train) — {w}", "gradient share",
+                                  (-0.02, 1.02)),
+            block, where)))
+    return jobs
+
+
+# --- rendering, in worker processes for large sweeps ---------------------------------------------
+Job = tuple[Path, Callable[[], "bytes | None"]]  # where, and how to draw it (None: nothing to draw)
+_PENDING: list[Job] = []  # the jobs forked workers inherit (closures over large frames do not pickle cheaply)
+
+
+def _draw_pending(index: int) -> bytes | None:
+    return _PENDING[index][1]()
+
+
+def render(jobs: list[Job], workers: int = 1) -> list[Path]:
+    """Draw every job, in `workers` forked processes when more than one, and write the PNGs;
+    a job that draws nothing removes its file (an earlier collect's figure of cells since
+    replaced would mislead). Returns the paths written."""
+    global _PENDING
+    if workers > 1 and len(jobs) > 1 and "fork" in multiprocessing.get_all_start_methods():
+        import matplotlib.figure  # noqa: F401  (loaded once here, inherited by the workers)
+
+        _PENDING = jobs
+        try:
+            context = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+                pngs = list(pool.map(_draw_pending, range(len(jobs))))
+        finally:
+            _PENDING = []
+    else:
+        pngs = [draw() for _, draw in jobs]
+    written = []
+    for (path, _), png in zip(jobs, pngs, strict=True):
+        if png is None:
+            path.unlink(missing_ok=True)
+        else:
+            save_png(path, png)
+            written.append(path)
     return written

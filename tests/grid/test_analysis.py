@@ -326,3 +326,14 @@ def test_results_api_loads_without_torch_or_matplotlib(gridrun: Gridrun, analyse
     assert loaded.tables["table3"].set_index("workflow").loc["voting", "transfer"] == "46.0"
     with pytest.raises(KeyError, match="no metric 'val/acc'"):
         loaded.curve("transfer-eval_opt-1.7b-math-s0", "val/acc")
+
+
+def test_render_in_worker_processes_writes_what_one_process_writes(tmp_path: Path) -> None:
+    from gridrun.grid.figures import render
+
+    # Forked workers draw; the parent writes. A job that draws nothing removes a stale file.
+    stale = tmp_path / "stale.png"
+    stale.write_bytes(b"old")
+    jobs = [(tmp_path / "a.png", lambda: b"\x89PNG a"), (stale, lambda: None), (tmp_path / "b.png", lambda: b"\x89PNG b")]
+    assert render(jobs, workers=2) == [tmp_path / "a.png", tmp_path / "b.png"]
+    assert (tmp_path / "b.png").read_bytes() == b"\x89PNG b" and not stale.exists()

@@ -24,6 +24,7 @@ per-(task, scale) copies of Figures 2, 3 and 5 (one figure holds every block).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,11 +32,11 @@ from typing import Any
 
 import pandas as pd
 
-from gridrun.grid.analysis.stats import mean_ci95
+from gridrun.grid.analysis.stats import mean_ci95, t95
 from gridrun.grid.analysis.summary import MetricColumns
 from gridrun.grid.analysis.tables import ordered_workflows
 from gridrun.grid.errors import GridError
-from gridrun.grid.figures import OKABE_ITO, SERIES_COLORS, new_figure, save_png, to_png
+from gridrun.grid.figures import OKABE_ITO, SERIES_COLORS, Job, legend, new_figure, save_png, thin_runs, to_png
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.rundir import RunDir
 
@@ -55,16 +56,18 @@ Series = dict[int, float]
 
 def mean_band(runs: Sequence[Series]) -> tuple[list[int], list[float], list[float]]:
     """Steps every run reached, the mean there and the 95% t half-width (0 for one run)."""
+    import numpy as np
+
     runs = [run for run in runs if run]
     if not runs:
         return [], [], []
     steps = sorted(set.intersection(*(set(run) for run in runs)))
-    means, half = [], []
-    for step in steps:
-        mean, ci = mean_ci95([run[step] for run in runs])
-        means.append(mean)
-        half.append(0.0 if math.isnan(ci) else ci)
-    return steps, means, half
+    values = np.array([[run[s] for s in steps] for run in runs]).reshape(len(runs), len(steps))
+    mean = values.mean(axis=0)
+    if len(runs) < 2:
+        return steps, mean.tolist(), [0.0] * len(steps)
+    half = t95(len(runs) - 1) * values.std(axis=0, ddof=1) / math.sqrt(len(runs))
+    return steps, mean.tolist(), half.tolist()
 
 
 def _draw_runs(ax: Any, runs: Sequence[Series], color: str, label: str, linestyle: str = "-") -> bool:
@@ -76,9 +79,7 @@ def _draw_runs(ax: Any, runs: Sequence[Series], color: str, label: str, linestyl
         ax.plot(steps, [runs[0][s] for s in steps], color=color, linestyle=linestyle, linewidth=1.6, label=label,
                 marker="." if len(steps) <= 40 else None)
         return True
-    for run in runs:
-        steps = sorted(run)
-        ax.plot(steps, [run[s] for s in steps], color=color, linestyle=linestyle, linewidth=0.6, alpha=0.35)
+    thin_runs(ax, runs, color, linestyle=linestyle, linewidth=0.6, alpha=0.35)
     steps, mean, half = mean_band(runs)
     ax.plot(steps, mean, color=color, linestyle=linestyle, linewidth=2, label=f"{label} (mean of {len(runs)}, 95% band)")
     ax.fill_between(steps, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)], color=color, alpha=0.2)
@@ -155,7 +156,7 @@ def fig2(cells: pd.DataFrame, sweep_name: str) -> bytes | None:
             ax.grid(axis="y", alpha=0.3)
             any_point |= bool(labelled)
             if labelled:
-                ax.legend(fontsize="small")
+                legend(ax)
             else:
                 ax.text(0.5, 0.5, f"no finished {name}", ha="center", va="center", transform=ax.transAxes, color="grey")
     if not any_point:
@@ -231,7 +232,7 @@ def fig4(cells: pd.DataFrame, columns: dict[str, MetricColumns], task: str, scal
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize="small")
+                legend(ax)
     if not drawn:
         return None
     figure.suptitle(f"Fig. 4 — training success rate and validation accuracy, IP vs SP — {task} · {scale} · sweep {sweep_name}")
@@ -267,7 +268,7 @@ def fig5(cells: pd.DataFrame, sweep_name: str) -> bytes | None:
         ax.set_ylabel(title)
         ax.grid(axis="y", alpha=0.3)
         if labelled:
-            ax.legend(fontsize="small")
+            legend(ax)
     axes[-1].set_xlabel("matched cell (E = Eval-Opt, V = Voting, O = Orch-Workers · scale · task)")
     figure.suptitle(f"Fig. 5 — training-side instability amplitude, IP vs SP — sweep {sweep_name}")
     return to_png(figure)
@@ -325,7 +326,7 @@ def fig6(cells: pd.DataFrame, columns: dict[str, MetricColumns], cell: str) -> b
         _integer_steps(ax)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="small")
+            legend(ax)
         else:
             ax.text(0.5, 0.5, f"no {name} logged", ha="center", va="center", transform=ax.transAxes, color="grey")
     overlay = axes[4]
@@ -343,7 +344,7 @@ def fig6(cells: pd.DataFrame, columns: dict[str, MetricColumns], cell: str) -> b
     overlay.set_ylabel("validation accuracy (%)")
     overlay.grid(alpha=0.3)
     if overlay.get_legend_handles_labels()[0]:
-        overlay.legend(fontsize="small")
+        legend(overlay)
     share = axes[5]
     for index, role in enumerate(roles):
         series = metrics.series("train", f"role/{role}/grad_share")
@@ -356,7 +357,7 @@ def fig6(cells: pd.DataFrame, columns: dict[str, MetricColumns], cell: str) -> b
     share.grid(alpha=0.3)
     _integer_steps(share)
     if share.get_legend_handles_labels()[0]:
-        share.legend(fontsize="small")
+        legend(share)
     figure.suptitle(f"Fig. 6 — per-role diagnostics normalised to their first value — {cell}")
     return to_png(figure)
 
@@ -367,27 +368,19 @@ def write_fig6(sweep: SweepDir, cells: pd.DataFrame, columns: dict[str, MetricCo
     return path
 
 
-def write_paper_figures(sweep: SweepDir, cells: pd.DataFrame, columns: dict[str, MetricColumns]) -> list[Path]:
-    """Figures 2-6 that have something to draw; a stale one of a name not drawn is removed."""
-    drawn: list[tuple[Path, bytes | None]] = [
-        (sweep.figure("fig2_delta"), fig2(cells, sweep.name)),
-        (sweep.figure("fig3_ip_vs_sp"), fig3(cells, sweep.name)),
+def paper_figure_jobs(sweep: SweepDir, cells: pd.DataFrame, columns: dict[str, MetricColumns]) -> list[Job]:
+    """Figures 2-6 as `render` jobs; Fig. 6 for `fig6_cell`'s choice."""
+    jobs: list[Job] = [
+        (sweep.figure("fig2_delta"), functools.partial(fig2, cells, sweep.name)),
+        (sweep.figure("fig3_ip_vs_sp"), functools.partial(fig3, cells, sweep.name)),
     ]
-    drawn += [(sweep.figure("fig4_dynamics", task, scale), fig4(cells, columns, task, scale, sweep.name))
-              for task, scale in _blocks(cells)]
-    drawn.append((sweep.figure("fig5_amplitude"), fig5(cells, sweep.name)))
-    written = []
-    for path, png in drawn:
-        if png is None:
-            path.unlink(missing_ok=True)
-            continue
-        save_png(path, png)
-        written.append(path)
+    jobs += [(sweep.figure("fig4_dynamics", task, scale), functools.partial(fig4, cells, columns, task, scale, sweep.name))
+             for task, scale in _blocks(cells)]
+    jobs.append((sweep.figure("fig5_amplitude"), functools.partial(fig5, cells, sweep.name)))
     chosen = fig6_cell(cells)
     if chosen is not None:
-        written.append(write_fig6(sweep, cells, columns, chosen))
-    return written
-
+        jobs.append((sweep.figure("fig6", chosen), functools.partial(fig6, cells, columns, chosen)))
+    return jobs
 
 
 def plot_cell(run_dir: RunDir) -> Path:

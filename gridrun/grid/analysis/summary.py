@@ -36,44 +36,65 @@ logged values) and anything needing the samples/ files.
 from __future__ import annotations
 
 import itertools
-import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-Column = tuple[list[int], list[float]]  # steps, values (in logging order)
+import numpy as np
+
+Column = tuple["np.ndarray", "np.ndarray"]  # steps (int64), values (float64), sorted by step
 ROLE_KEY = re.compile(r"^role/([^/]+)/([^/]+)$")
 ADAPTER_KEY = re.compile(r"^adapter/([^/]+)/([^/]+)$")
 RATIO_METRICS = ("chi2", "ppl", "grad_norm")
+NOT_METRICS = ("step", "split")
+
+
+def _empty() -> Column:
+    return np.zeros(0, dtype=np.int64), np.zeros(0)
 
 
 @dataclass
 class MetricColumns:
-    """A cell's numeric metrics: split -> metric -> (steps, values)."""
+    """A cell's numeric metrics: split -> metric -> (steps, values). Missing and non-numeric
+    values (None, strings, flags) are left out."""
 
     splits: dict[str, dict[str, Column]] = field(default_factory=dict)
 
     @classmethod
     def from_rows(cls, rows: Iterable[Mapping[str, Any]]) -> MetricColumns:
-        splits: dict[str, dict[str, Column]] = {}
+        # Rows of one split mostly share their keys (and metrics.jsonl sorts them): group rows
+        # by key tuple and transpose each group with zip, so no per-value Python loop runs.
+        groups: dict[tuple[str, tuple[str, ...]], list[tuple[Any, ...]]] = {}
         for row in rows:
-            step = row.get("step")
-            if not isinstance(step, int):
-                continue
-            columns = splits.setdefault(str(row.get("split", "train")), {})
-            for key, value in row.items():
-                # bool is an int: a flag would become 0/1, which no statistic here wants.
-                if type(value) is float or (type(value) is int and key != "step"):
-                    column = columns.get(key)
-                    if column is None:
-                        column = columns[key] = ([], [])
-                    column[0].append(step)
-                    column[1].append(float(value))
+            if type(row.get("step")) is int:
+                groups.setdefault((str(row.get("split", "train")), tuple(row)), []).append(tuple(row.values()))
+        parts: dict[str, dict[str, list[Column]]] = {}
+        for (split, keys), values in groups.items():
+            transposed = list(zip(*values, strict=True))
+            steps = np.asarray(transposed[keys.index("step")], dtype=np.int64)
+            for key, column in zip(keys, transposed, strict=True):
+                if key in NOT_METRICS or isinstance(column[0], bool):
+                    continue
+                try:
+                    numbers = np.asarray(column, dtype=np.float64)  # None -> nan
+                except (TypeError, ValueError):
+                    continue  # text
+                kept = ~np.isnan(numbers)
+                parts.setdefault(split, {}).setdefault(key, []).append((steps[kept], numbers[kept]))
+        splits: dict[str, dict[str, Column]] = {}
+        for split, by_metric in parts.items():
+            for key, pieces in by_metric.items():
+                if len(pieces) == 1:
+                    splits.setdefault(split, {})[key] = pieces[0]
+                    continue
+                steps = np.concatenate([p[0] for p in pieces])
+                order = np.argsort(steps, kind="stable")
+                splits.setdefault(split, {})[key] = (steps[order], np.concatenate([p[1] for p in pieces])[order])
         return cls(splits)
 
     def column(self, split: str, metric: str) -> Column:
-        return self.splits.get(split, {}).get(metric, ([], []))
+        return self.splits.get(split, {}).get(metric) or _empty()
 
     def metrics(self, split: str) -> list[str]:
         return list(self.splits.get(split, {}))
@@ -81,7 +102,8 @@ class MetricColumns:
     def series(self, split: str, metric: str) -> dict[int, float]:
         """step -> value, finite values only (a later row for a step wins)."""
         steps, values = self.column(split, metric)
-        return {s: v for s, v in zip(steps, values) if math.isfinite(v)}
+        kept = np.isfinite(values)
+        return dict(zip(steps[kept].tolist(), values[kept].tolist(), strict=True))
 
     def roles(self) -> list[str]:
         """Roles with training metrics, in first-logged order."""
@@ -125,38 +147,53 @@ def cliff(val_acc: Mapping[int, float]) -> tuple[float | None, int | None]:
 
 
 # --- training-side amplitudes (Fig. 5) and Table 2 ratios ---------------------------------------
-def _max(values: Iterable[float]) -> float | None:
-    finite = [v for v in values if math.isfinite(v)]
-    return max(finite) if finite else None
+def _finite(columns: MetricColumns, metric: str) -> Column:
+    steps, values = columns.column("train", metric)
+    kept = np.isfinite(values)
+    return steps[kept], values[kept]
 
 
-def token_weighted(columns: MetricColumns, roles: list[str], metric: str) -> dict[int, float]:
-    """step -> the roles' `metric` averaged with their token counts as weights (plain mean
-    at a step where a role's token count is missing)."""
-    per_role = [(columns.series("train", f"role/{r}/{metric}"), columns.series("train", f"role/{r}/tokens")) for r in roles]
-    steps = sorted({s for values, _ in per_role for s in values})
-    out = {}
-    for step in steps:
-        pairs = [(values[step], tokens.get(step)) for values, tokens in per_role if step in values]
-        if all(t is not None and t > 0 for _, t in pairs):
-            total = sum(t for _, t in pairs)  # type: ignore[misc]
-            out[step] = sum(v * t for v, t in pairs) / total  # type: ignore[operator]
-        else:
-            out[step] = sum(v for v, _ in pairs) / len(pairs)
-    return out
+def _max(columns: MetricColumns, metrics: Iterable[str]) -> float | None:
+    values = [v for m in metrics if len(v := _finite(columns, m)[1])]
+    return float(max(v.max() for v in values)) if values else None
 
 
-def peak_over_first(series: Mapping[int, float]) -> tuple[float | None, int | None]:
+def token_weighted(columns: MetricColumns, roles: list[str], metric: str) -> Column:
+    """(steps, the roles' `metric` averaged with their token counts as weights); the plain
+    mean at a step where a present role's token count is missing or zero."""
+    present = [(r, _finite(columns, f"role/{r}/{metric}")) for r in roles]
+    present = [(r, c) for r, c in present if len(c[0])]
+    if not present:
+        return _empty()
+    steps = np.unique(np.concatenate([c[0] for _, c in present]))
+    values = np.full((len(present), len(steps)), np.nan)
+    weights = np.full_like(values, np.nan)
+    for i, (role, (role_steps, role_values)) in enumerate(present):
+        values[i, np.searchsorted(steps, role_steps)] = role_values
+        token_steps, tokens = _finite(columns, f"role/{role}/tokens")
+        weights[i, np.searchsorted(steps, token_steps)] = tokens
+    logged = ~np.isnan(values)
+    weighted_ok = np.all(~logged | (weights > 0), axis=0)
+    filled, mass = np.where(logged, values, 0.0), np.where(logged & weighted_ok, np.nan_to_num(weights), 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        weighted = (filled * mass).sum(axis=0) / mass.sum(axis=0)
+        plain = filled.sum(axis=0) / logged.sum(axis=0)
+    return steps, np.where(weighted_ok, weighted, plain)
+
+
+def peak_over_first(column: Column) -> tuple[float | None, int | None]:
     """(max / value at the first step, step of the max); None ratio when the first is not > 0."""
-    if not series:
+    steps, values = column
+    kept = np.isfinite(values)
+    steps, values = steps[kept], values[kept]
+    if not len(steps):
         return None, None
-    steps = sorted(series)
-    peak_step = min(steps, key=lambda s: (-series[s], s))
-    first = series[steps[0]]
-    return (series[peak_step] / first if first > 0 else None), peak_step
+    peak = int(np.argmax(values))  # the first step reaching the max
+    first = float(values[0])
+    return (float(values[peak]) / first if first > 0 else None), int(steps[peak])
 
 
-def ratio_columns(prefix: str, chi2: Mapping[int, float], ppl: Mapping[int, float], grad_norm: Mapping[int, float]) -> dict[str, Any]:
+def ratio_columns(prefix: str, chi2: Column, ppl: Column, grad_norm: Column) -> dict[str, Any]:
     chi2_ratio, chi2_peak_step = peak_over_first(chi2)
     return {
         f"{prefix}/chi2_ratio": chi2_ratio,
@@ -169,32 +206,27 @@ def ratio_columns(prefix: str, chi2: Mapping[int, float], ppl: Mapping[int, floa
 def training_summary(columns: MetricColumns) -> dict[str, Any]:
     """Training success rate, the Fig. 5 amplitudes and the Table 2 ratios of one cell."""
     roles, adapters = columns.roles(), columns.adapters()
-    reward = columns.series("train", "reward/acc")
-    steps = sorted(reward)
-    entropy = token_weighted(columns, roles, "entropy")
-    entropy_steps = sorted(entropy)
+    reward = _finite(columns, "reward/acc")[1]
+    entropy = token_weighted(columns, roles, "entropy")[1]
     out: dict[str, Any] = {
-        "train_acc_start": reward[steps[0]] if steps else None,
-        "train_acc_peak": max(reward.values()) if reward else None,
-        "train_acc_end": reward[steps[-1]] if steps else None,
-        "max_chi2": _max(v for r in roles for v in columns.series("train", f"role/{r}/chi2").values()),
-        "max_grad_norm": _max(v for a in adapters for v in columns.series("train", f"adapter/{a}/grad_norm").values()),
-        "entropy_collapse": entropy[entropy_steps[0]] - min(entropy.values()) if entropy else None,
+        "train_acc_start": float(reward[0]) if len(reward) else None,
+        "train_acc_peak": float(reward.max()) if len(reward) else None,
+        "train_acc_end": float(reward[-1]) if len(reward) else None,
+        "max_chi2": _max(columns, (f"role/{r}/chi2" for r in roles)),
+        "max_grad_norm": _max(columns, (f"adapter/{a}/grad_norm" for a in adapters)),
+        "entropy_collapse": float(entropy[0] - entropy.min()) if len(entropy) else None,
     }
     for role in roles:
-        opt_steps = columns.series("train", f"role/{role}/opt_steps")
-        out[f"role/{role}/opt_steps"] = sum(opt_steps.values()) / len(opt_steps) if opt_steps else None
-        out.update(ratio_columns(
-            f"role/{role}",
-            *(columns.series("train", f"role/{role}/{metric}") for metric in RATIO_METRICS),
-        ))
+        opt_steps = _finite(columns, f"role/{role}/opt_steps")[1]
+        out[f"role/{role}/opt_steps"] = float(opt_steps.mean()) if len(opt_steps) else None
+        out.update(ratio_columns(f"role/{role}", *(_finite(columns, f"role/{role}/{m}") for m in RATIO_METRICS)))
     if len(adapters) == 1 and len(roles) > 1:
         (adapter,) = adapters
         out.update(ratio_columns(
             f"adapter/{adapter}",
             token_weighted(columns, roles, "chi2"),
             token_weighted(columns, roles, "ppl"),
-            columns.series("train", f"adapter/{adapter}/grad_norm"),
+            _finite(columns, f"adapter/{adapter}/grad_norm"),
         ))
     return out
 
