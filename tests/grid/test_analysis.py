@@ -201,7 +201,7 @@ def test_table2_ratios_per_role_and_shared_adapter(gridrun: Gridrun, analysed: S
     # SP: only seed 0 is done. Shared adapter: chi2 per step (0.02*300 + 0.10*100)/400 = 0.04,
     # (0.05*300 + 12)/400 = 0.0675, (0.08*300 + 11)/400 = 0.0875, (12 + 10)/400 = 0.055
     # -> 0.0875 / 0.04 = 2.19 at step 3; grad norm 1.2 / 1.0.
-    adapter = rows[("SP", "shared policy (shared adapter)")]
+    adapter = rows[("SP", "all roles (shared adapter)")]
     assert (adapter["chi2_ratio"], adapter["chi2_ratio_n"], adapter["chi2_peak_step"]) == ("2.19", "1", "3")
     assert adapter["grad_norm_ratio"] == "1.20"
     assert rows[("SP", "generator")]["chi2_ratio"] == "4.00"

@@ -240,8 +240,8 @@ def fig4(cells: pd.DataFrame, columns: dict[str, MetricColumns], task: str, scal
 
 
 # --- Figure 5 -----------------------------------------------------------------------------------
-AMPLITUDES = (("max_chi2", "max χ²"), ("max_grad_norm", "max adapter grad norm"),
-              ("entropy_collapse", "entropy collapse depth (first − min)"))
+AMPLITUDES = (("max_chi2", "max χ²"), ("max_grad_norm", "max adapter\ngrad norm"),
+              ("entropy_collapse", "entropy collapse\n(first − min)"))
 
 
 def fig5(cells: pd.DataFrame, sweep_name: str) -> bytes | None:

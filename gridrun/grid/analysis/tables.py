@@ -60,9 +60,10 @@ class Table:
 
     def markdown(self, heading: str = "#") -> str:
         lines = [f"{heading} {self.title}", "", self.caption, ""]
-        lines += markdown_grid(self.headers, self.display_rows(), self.left) if self.rows else ["*(no rows)*"]
+        if self.rows:
+            lines += markdown_grid(self.headers, self.display_rows(), self.left)
         if self.notes:
-            lines += ["", *self.notes]
+            lines += ["", *self.notes] if self.rows else self.notes
         return "\n".join(lines) + "\n"
 
     def latex(self) -> str:
@@ -232,7 +233,7 @@ def table2(cells: pd.DataFrame) -> Table:
                 prefixes = [""]  # no training metrics yet: one row carrying the cells' state
             for prefix in prefixes:
                 label = "(no metrics)" if not prefix else (
-                    f"shared policy ({prefix.split('/', 1)[1]} adapter)" if prefix.startswith("adapter/") else prefix.split("/", 1)[1])
+                    f"all roles ({prefix.split('/', 1)[1]} adapter)" if prefix.startswith("adapter/") else prefix.split("/", 1)[1])
                 csv_row = [task, scale, workflow, TRAIN_POLICIES[policy].upper(), label]
                 shown_row = list(csv_row)
                 for name, _, digits in RATIO_COLUMNS:
