@@ -65,8 +65,10 @@ def metric_lines(kind: str, coords: dict, rng: random.Random) -> list[str]:
         for adapter in adapters:
             row[f"adapter/{adapter}/grad_norm"] = rng.uniform(0.1, 1.0)
             row[f"adapter/{adapter}/opt_steps"] = 1
-        for role in roles:
+        shares = [rng.uniform(0.5, 1.5) for _ in roles]
+        for role, share in zip(roles, shares, strict=True):
             row.update({f"role/{role}/{m}": rng.uniform(0.5, 2.0) for m in ROLE_METRICS})
+            row[f"role/{role}/token_share"] = row[f"role/{role}/grad_share"] = share / sum(shares)
         rows.append(row)
         if step % VAL_EVERY == 0:
             rows.append({"step": step, "split": "val", "val/acc": acc,
