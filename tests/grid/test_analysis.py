@@ -337,3 +337,14 @@ def test_render_in_worker_processes_writes_what_one_process_writes(tmp_path: Pat
     jobs = [(tmp_path / "a.png", lambda: b"\x89PNG a"), (stale, lambda: None), (tmp_path / "b.png", lambda: b"\x89PNG b")]
     assert render(jobs, workers=2) == [tmp_path / "a.png", tmp_path / "b.png"]
     assert (tmp_path / "b.png").read_bytes() == b"\x89PNG b" and not stale.exists()
+
+
+def test_mean_band_over_seeds_uses_the_steps_all_reached() -> None:
+    from gridrun.grid.analysis.figures import mean_band
+
+    # Step 0: 10 and 14 -> mean 12, sd 2.828, se 2, t(1) 12.706 -> 25.41. Step 10: 20 and 30 ->
+    # mean 25, se 5 -> 63.53. Step 20: one seed lags, so no mean there (it would jump).
+    steps, mean, half = mean_band([{0: 10.0, 10: 20.0, 20: 40.0}, {0: 14.0, 10: 30.0}])
+    assert steps == [0, 10] and mean == [12.0, 25.0]
+    assert half == [pytest.approx(25.412), pytest.approx(63.53)]
+    assert mean_band([{0: 5.0}]) == ([0], [5.0], [0.0])  # one seed: no band
