@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,32 +128,29 @@ def metrics_frame(columns: dict[str, MetricColumns]) -> pd.DataFrame:
     """Every metric of every cell in long form (categorical cell, split and metric)."""
     import numpy as np
 
-    cells, splits, metrics, steps, values = [], [], [], [], []
-    cell_names, split_names, metric_names = [], [], {}  # codes of the categoricals
-    for cell_code, (cell, cell_columns) in enumerate(columns.items()):
-        cell_names.append(cell)
+    lengths, cell_codes, split_codes, metric_codes, steps, values = [], [], [], [], [], []
+    split_names: dict[str, int] = {}
+    metric_names: dict[str, int] = {}
+    for cell_code, cell_columns in enumerate(columns.values()):
         for split, by_metric in cell_columns.splits.items():
-            if split not in split_names:
-                split_names.append(split)
-            split_code = split_names.index(split)
+            split_code = split_names.setdefault(split, len(split_names))
             for metric, (metric_steps, metric_values) in by_metric.items():
-                code = metric_names.setdefault(metric, len(metric_names))
-                n = len(metric_steps)
-                cells.append(np.full(n, cell_code, dtype=np.int32))
-                splits.append(np.full(n, split_code, dtype=np.int8))
-                metrics.append(np.full(n, code, dtype=np.int32))
-                steps.append(np.asarray(metric_steps, dtype=np.int64))
-                values.append(np.asarray(metric_values, dtype=np.float64))
+                lengths.append(len(metric_steps))
+                cell_codes.append(cell_code)
+                split_codes.append(split_code)
+                metric_codes.append(metric_names.setdefault(metric, len(metric_names)))
+                steps.append(metric_steps)
+                values.append(metric_values)
 
-    def categorical(parts: list[Any], names: list[str], dtype: Any) -> pd.Categorical:
-        codes = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-        return pd.Categorical.from_codes(codes, categories=names)
+    def categorical(codes: list[int], names: Iterable[str], dtype: Any) -> pd.Categorical:
+        # One code per (cell, split, metric) column, repeated over its rows in one call.
+        return pd.Categorical.from_codes(np.repeat(np.asarray(codes, dtype=dtype), lengths), categories=list(names))
 
     return pd.DataFrame({
-        "cell": categorical(cells, cell_names, np.int32),
-        "split": categorical(splits, split_names, np.int8),
+        "cell": categorical(cell_codes, columns, np.int32),
+        "split": categorical(split_codes, split_names, np.int8),
         "step": np.concatenate(steps) if steps else np.zeros(0, dtype=np.int64),
-        "metric": categorical(metrics, list(metric_names), np.int32),
+        "metric": categorical(metric_codes, metric_names, np.int32),
         "value": np.concatenate(values) if values else np.zeros(0),
     })
 
