@@ -250,6 +250,12 @@ def new_figure(width: float, height: float) -> Any:
 
 
 def to_png(figure: Any) -> bytes:
+    engine = figure.get_layout_engine()
+    if engine is not None:
+        # Lay out once, then freeze: savefig would otherwise draw every artist twice (once,
+        # not rendered, to lay out), which on a 1000-cell sweep is a quarter of collect's time.
+        engine.execute(figure)
+        figure.set_layout_engine(None)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
     return buffer.getvalue()
