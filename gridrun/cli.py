@@ -87,6 +87,25 @@ def _cmd_toy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from gridrun.grid.analysis.figures import plot_cell
+    from gridrun.grid.errors import GridError
+    from gridrun.grid.show import find_cell
+    from gridrun.grid.sweepdir import results_root
+
+    conf = None
+    for arg in args.conf:
+        if not arg.startswith("conf="):
+            raise UserError(f"gridrun plot takes a cell and conf=<sweep>, not '{arg}'")
+        conf = arg.split("=", 1)[1]
+    try:
+        path = plot_cell(find_cell(args.cell, results_root(args.results_dir), conf))
+    except GridError as err:
+        raise UserError(str(err)) from None
+    print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gridrun", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -127,6 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
     toy_build = toy_sub.add_parser("build", help="build (once, cached by recipe hash) and print where it is")
     toy_build.add_argument("--seed", type=int, default=0, help="the toy world's seed (scale.toy.seed; default 0)")
     toy.set_defaults(func=_cmd_toy)
+
+    plot = sub.add_parser(
+        "plot", help="Fig. 6 for one cell: per-role diagnostics over its first values, validation vs its twin")
+    plot.add_argument("cell", help="a cell id (voting-ip-1.7b-math-s0) or a cell directory")
+    plot.add_argument("conf", nargs="*", metavar="conf=SWEEP", help="the sweep, when the id is in several")
+    plot.add_argument("--results-dir", metavar="DIR", help="results root (default: $GRIDRUN_RESULTS or ./results)")
+    plot.set_defaults(func=_cmd_plot)
 
     # The orchestration half: plan, sweep, status, resubmit, cancel, collect, show.
     from gridrun.grid.commands import add_commands

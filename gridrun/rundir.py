@@ -343,15 +343,20 @@ class RunDir:
 
     def metrics_damage(self) -> str | None:
         """What is wrong with metrics.jsonl, if anything but a torn last line, with the fix."""
+        return self.read_metrics_checked()[1]
+
+    def read_metrics_checked(self) -> tuple[list[dict[str, Any]], str | None]:
+        """(`read_metrics()`, `metrics_damage()`) from one read of the file."""
         lines = list(self._metric_lines())
+        rows = [row for _, row, _ in lines if row is not None]
         bad = [(number, why) for number, row, why in lines[:-1] if row is None]
         if lines and lines[-1][1] is None and lines[-1][2] != "torn":
             bad.append((lines[-1][0], lines[-1][2]))
         if not bad:
-            return None
+            return rows, None
         number, why = bad[0]
         more = f" and {len(bad) - 1} more line(s)" if len(bad) > 1 else ""
-        return (
+        return rows, (
             f"{self.metrics_jsonl} line {number}{more} is damaged ({why}): those rows are skipped; "
             "restore the file, or delete the damaged lines to silence this"
         )

@@ -10,7 +10,7 @@
     slurm.py     the SLURM launcher: cells as submitit job arrays (slurm_job.py runs in them)
     status.py    reading every cell's state fast (stdlib only) and drawing the table
     show.py      one cell's resolved config and state
-    collect.py   cells.parquet and Table 1 (md, csv, tex)
+    collect.py   the analysis: cells/metrics.parquet, tables, figures, report (analysis/)
     console.py   the rich Console the commands draw on
     errors.py    GridError, the one-line error that names the fix
     commands.py  the `gridrun` subcommands of this half

@@ -328,7 +328,7 @@ def add_commands(sub: Any) -> None:
     results_option(cancel)
     cancel.set_defaults(func=_guarded(_cancel))
 
-    collect = sub.add_parser("collect", help="write cells.parquet, Table 1 (md, csv, tex) and figures")
+    collect = sub.add_parser("collect", help="the analysis: cells/metrics.parquet, Tables 1-6 (md, csv, tex), Figures 2-6, report.html")
     collect.add_argument("conf", nargs="*", metavar="conf=SWEEP", help="one sweep (default: every sweep)")
     collect.add_argument(
         "--base-tolerance", type=float, default=1.0, metavar="PP",

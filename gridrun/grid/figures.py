@@ -20,25 +20,30 @@ from __future__ import annotations
 
 import functools
 import io
+import multiprocessing
 import os
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from gridrun.grid.analysis.summary import MetricColumns
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.rundir import RunDir
 
 # The paper's order; a workflow it does not name comes after, alphabetically.
 WORKFLOW_ORDER = ("eval_opt", "voting", "orch_workers")
 POLICY_ORDER = ("isolated", "shared")
 POLICY_LABELS = {"isolated": "IP", "shared": "SP"}
-# Fixed colours per series, so IP, SP and SA-RL look the same in every panel and figure.
-SERIES_COLORS = {"IP": "C0", "SP": "C1", "SA-RL": "C2"}
+# Okabe-Ito, a palette that colour-blind readers tell apart; fixed per series, so IP, SP and
+# SA-RL look the same in every panel and figure.
+OKABE_ITO = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
+SERIES_COLORS = {"IP": OKABE_ITO[0], "SP": OKABE_ITO[1], "SA-RL": OKABE_ITO[2]}
 
 Series = dict[int, float]  # step -> value
+THIN_POINTS = 150  # points per seed's thin line
 # States whose curves will not grow any more (preempted cells resume, so they still count).
 STOPPED = ("failed", "cancelled")
 
@@ -51,17 +56,12 @@ class Curves:
     grad_share: dict[str, Series] = field(default_factory=dict)  # role -> share
 
 
-def read_curves(run_dir: RunDir) -> Curves:
-    curves = Curves()
-    prefix, suffix = "role/", "/grad_share"
-    for row in run_dir.read_metrics():
-        step = row.get("step")
-        if row.get("split") == "val" and row.get("val/acc") is not None:
-            curves.val_acc[step] = 100 * row["val/acc"]
-        elif row.get("split") == "train":
-            for key, value in row.items():
-                if key.startswith(prefix) and key.endswith(suffix) and value is not None:
-                    curves.grad_share.setdefault(key[len(prefix) : -len(suffix)], {})[step] = value
+def read_curves(columns: MetricColumns) -> Curves:
+    curves = Curves(val_acc={s: 100 * v for s, v in columns.series("val", "val/acc").items()})
+    for role in columns.roles():
+        share = columns.series("train", f"role/{role}/grad_share")
+        if share:
+            curves.grad_share[role] = share
     return curves
 
 
@@ -127,7 +127,7 @@ def val_acc_grid(block: list[dict[str, Any]], curves: Callable[[str], Curves]) -
         for index, policy in enumerate(_policies(train)):
             label = _policy_label(policy)
             cells = [r for r in train if r["workflow"] == workflow and r["policy"] == policy]
-            color = SERIES_COLORS.get(label, f"C{3 + index}")
+            color = SERIES_COLORS.get(label, OKABE_ITO[3 + index % 5])
             lines.append(_line(label, color, cells, val_acc))
         lines.append(_line("SA-RL", SERIES_COLORS["SA-RL"], sa_rl, val_acc))
         base = base_acc.get(workflow)
@@ -149,7 +149,7 @@ def grad_share_grid(block: list[dict[str, Any]], curves: Callable[[str], Curves]
                 continue
             roles = list(dict.fromkeys(role for r in cells for role in curves(r["cell"]).grad_share))
             lines = [
-                _line(role, f"C{i % 10}", cells, lambda r, role=role: curves(r["cell"]).grad_share.get(role, {}))
+                _line(role, OKABE_ITO[i % len(OKABE_ITO)], cells, lambda r, role=role: curves(r["cell"]).grad_share.get(role, {}))
                 for i, role in enumerate(roles)
             ]
             row.append(Panel(f"{workflow} · {_policy_label(policy)}", lines))
@@ -170,8 +170,7 @@ def _plot_line(ax: Any, line: Line) -> bool:
     if len(runs) == 1 and not stopped:
         plot(runs[0], sorted(runs[0]), linewidth=1.5, label=line.label)
         return True
-    for run in runs:
-        plot(run, sorted(run), linewidth=0.8, alpha=0.35)
+    thin_runs(ax, runs, line.color, linewidth=0.8, alpha=0.35)
     for index, run in enumerate(stopped):
         label = f"{line.label} (failed/cancelled)" if index == 0 and not runs else None
         plot(run, sorted(run), linewidth=0.8, alpha=0.5, linestyle=":", label=label)
@@ -182,15 +181,31 @@ def _plot_line(ax: Any, line: Line) -> bool:
     return bool(runs or stopped)
 
 
+def thin_runs(ax: Any, runs: list[Series], color: str, **style: Any) -> None:
+    """Seeds as thin lines in one artist (a LineCollection: a thousand Line2D objects take
+    matplotlib seconds), each thinned to at most THIN_POINTS points (a panel is a few hundred
+    pixels wide; the mean keeps every step); a run of one point as a dot."""
+    from matplotlib.collections import LineCollection
+
+    curves = []
+    for run in (run for run in runs if run):
+        steps = sorted(run)
+        if len(steps) > THIN_POINTS:
+            steps = steps[:: -(-len(steps) // THIN_POINTS)] + steps[-1:]
+        curves.append([(s, run[s]) for s in steps])
+    if any(len(c) > 1 for c in curves):
+        ax.add_collection(LineCollection([c for c in curves if len(c) > 1], colors=color, **style))
+        ax.autoscale_view()
+    dots = [c[0] for c in curves if len(c) == 1]
+    if dots:
+        ax.scatter(*zip(*dots, strict=True), color=color, s=8, alpha=style.get("alpha"))
+
+
 def _draw(grid: Grid, title: str, ylabel: str, ylim: tuple[float, float] | None) -> bytes:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     nrows, ncols = len(grid), max(len(row) for row in grid)
-    # The Figure API with the Agg canvas, not pyplot: no global backend or figure registry.
-    figure = Figure(figsize=(4.5 * ncols, 3.2 * nrows + 0.5), layout="constrained")
-    FigureCanvasAgg(figure)
+    figure = new_figure(4.5 * ncols, 3.2 * nrows + 0.5)
     axes = figure.subplots(nrows, ncols, squeeze=False)
     for grid_row, axes_row in zip(grid, axes):
         for position, ax in enumerate(axes_row):
@@ -202,7 +217,7 @@ def _draw(grid: Grid, title: str, ylabel: str, ylim: tuple[float, float] | None)
             if panel.baseline is not None:
                 ax.axhline(panel.baseline, color="black", linestyle="--", linewidth=1, label="base")
             if any(drawn) or panel.baseline is not None:
-                ax.legend(fontsize="small")
+                legend(ax)
             else:
                 ax.text(0.5, 0.5, "no metrics yet", ha="center", va="center", transform=ax.transAxes, color="grey")
             ax.set_title(panel.title)
@@ -213,41 +228,107 @@ def _draw(grid: Grid, title: str, ylabel: str, ylim: tuple[float, float] | None)
                 ax.set_ylim(*ylim)
             ax.grid(alpha=0.3)
     figure.suptitle(title)
+    return to_png(figure)
+
+
+def legend(ax: Any, **options: Any) -> None:
+    """A legend where it hides least, unless the axes hold so many points that matplotlib's
+    search for that place ('best' tests every point) would take seconds."""
+    points = sum(len(line.get_xdata()) for line in ax.get_lines())
+    ax.legend(fontsize="small", loc="best" if points <= 2000 else "upper left", **options)
+
+
+def new_figure(width: float, height: float) -> Any:
+    """A matplotlib Figure on the Agg canvas (inches), laid out to fit its labels."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    # The Figure API, not pyplot: no global backend or figure registry.
+    figure = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def to_png(figure: Any) -> bytes:
+    engine = figure.get_layout_engine()
+    if engine is not None:
+        # Lay out once, then freeze: savefig would otherwise draw every artist twice (once,
+        # not rendered, to lay out), which on a 1000-cell sweep is a quarter of collect's time.
+        engine.execute(figure)
+        figure.set_layout_engine(None)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
     return buffer.getvalue()
 
 
-def _write(path: Path, grid: Grid, title: str, ylabel: str, ylim: tuple[float, float] | None = None) -> bool:
+def grid_png(grid: Grid, title: str, ylabel: str, ylim: tuple[float, float] | None = None) -> bytes | None:
+    """The grid drawn, or None when no panel has anything to draw."""
     if not any(panel is not None and panel.has_data() for row in grid for panel in row):
-        # A figure from an earlier collect whose cells were since replaced would mislead.
-        path.unlink(missing_ok=True)
-        return False
-    png = _draw(grid, title, ylabel, ylim)
+        return None
+    return _draw(grid, title, ylabel, ylim)
+
+
+def save_png(path: Path, png: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(png)
     os.replace(tmp, path)  # a reader never sees half a PNG
-    return True
 
 
-def write_figures(sweep: SweepDir, cells: pd.DataFrame) -> list[Path]:
-    """Draw the figures of every (task, scale) in `cells` (collect's cell frame); the paths written."""
+def figure_jobs(sweep: SweepDir, cells: pd.DataFrame, columns: dict[str, MetricColumns]) -> list[Job]:
+    """The two figures of every (task, scale) in `cells` (collect's cell frame), drawn from
+    each cell's metric columns when `render` runs them."""
     records = cells.to_dict("records")
 
     @functools.cache
     def curves(cell_id: str) -> Curves:
-        return read_curves(sweep.cell(cell_id))
+        return read_curves(columns.get(cell_id, MetricColumns()))
 
-    written = []
+    jobs: list[Job] = []
     for task, scale in dict.fromkeys((r["task"], r["scale"]) for r in records):
         block = [r for r in records if r["task"] == task and r["scale"] == scale]
         where = f"{task} · {scale} · sweep {sweep.name}"
-        val_acc = sweep.figure("val_acc", task, scale)
-        if _write(val_acc, val_acc_grid(block, curves), f"Validation accuracy — {where}", "validation accuracy (%)"):
-            written.append(val_acc)
-        grad_share = sweep.figure("grad_share", task, scale)
-        title = f"Gradient share per role (train) — {where}"
-        if _write(grad_share, grad_share_grid(block, curves), title, "gradient share", (-0.02, 1.02)):
-            written.append(grad_share)
+        jobs.append((sweep.figure("val_acc", task, scale), functools.partial(
+            lambda b, w: grid_png(val_acc_grid(b, curves), f"Validation accuracy — {w}", "validation accuracy (%)"),
+            block, where)))
+        jobs.append((sweep.figure("grad_share", task, scale), functools.partial(
+            lambda b, w: grid_png(grad_share_grid(b, curves), f"Gradient share per role (train) — {w}", "gradient share",
+                                  (-0.02, 1.02)),
+            block, where)))
+    return jobs
+
+
+# --- rendering, in worker processes for large sweeps ---------------------------------------------
+Job = tuple[Path, Callable[[], "bytes | None"]]  # where, and how to draw it (None: nothing to draw)
+_PENDING: list[Job] = []  # the jobs forked workers inherit (closures over large frames do not pickle cheaply)
+
+
+def _draw_pending(index: int) -> bytes | None:
+    return _PENDING[index][1]()
+
+
+def render(jobs: list[Job], workers: int = 1) -> list[Path]:
+    """Draw every job, in `workers` forked processes when more than one, and write the PNGs;
+    a job that draws nothing removes its file (an earlier collect's figure of cells since
+    replaced would mislead). Returns the paths written."""
+    global _PENDING
+    if workers > 1 and len(jobs) > 1 and "fork" in multiprocessing.get_all_start_methods():
+        import matplotlib.figure  # noqa: F401  (loaded once here, inherited by the workers)
+
+        _PENDING = jobs
+        try:
+            context = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+                pngs = list(pool.map(_draw_pending, range(len(jobs))))
+        finally:
+            _PENDING = []
+    else:
+        pngs = [draw() for _, draw in jobs]
+    written = []
+    for (path, _), png in zip(jobs, pngs, strict=True):
+        if png is None:
+            path.unlink(missing_ok=True)
+        else:
+            save_png(path, png)
+            written.append(path)
     return written

@@ -6,8 +6,9 @@
       cells/<id>/  one RunDir per cell (gridrun/rundir.py owns what is inside)
       replaced/    cells moved aside by `gridrun plan --replace`
       jobs/        the SLURM launcher's submitit folders: sbatch scripts, pickles, job logs
-      cells.parquet  table1.md  table1.csv  table1.tex
-      figures/     PNGs drawn by `gridrun collect` (gridrun/grid/figures.py)
+      cells.parquet  metrics.parquet  report.html  report.md
+      table1.md  table1.csv  table1.tex  (and table1_final, table2 ... table6)
+      figures/     PNGs drawn by `gridrun collect` (gridrun/grid/figures.py, grid/analysis/)
 
 A damaged sweep.json (not UTF-8 JSON, wrong types) raises `SweepDamaged` for that sweep
 alone: plain `gridrun status` and `gridrun collect` go on with the other sweeps, and
@@ -102,14 +103,27 @@ class SweepDir:
         return self.root / "cells.parquet"
 
     def table1(self, suffix: str) -> Path:
-        return self.root / f"table1.{suffix}"
+        return self.table("table1", suffix)
+
+    def table(self, name: str, suffix: str) -> Path:
+        """table1, table1_final, table2 ... table6 as md, csv or tex."""
+        return self.root / f"{name}.{suffix}"
+
+    @property
+    def metrics_parquet(self) -> Path:
+        return self.root / "metrics.parquet"
+
+    def report(self, suffix: str) -> Path:
+        """report.html (self-contained) or report.md."""
+        return self.root / f"report.{suffix}"
 
     @property
     def figures_dir(self) -> Path:
         return self.root / "figures"
 
-    def figure(self, name: str, task: str, scale: str) -> Path:
-        return self.figures_dir / f"{name}-{task}-{scale}.png"
+    def figure(self, name: str, *where: str) -> Path:
+        """figures/<name>[-<task>-<scale>|-<cell>].png"""
+        return self.figures_dir / f"{'-'.join((name, *where))}.png"
 
     # --- sweep.json ----------------------------------------------------------------------
     def exists(self) -> bool:

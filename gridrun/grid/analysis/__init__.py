@@ -1,0 +1,11 @@
+"""The paper's analysis of a sweep, written by `gridrun collect` (gridrun/grid/collect.py
+reads the run dirs once and calls these):
+
+    stats.py    seed statistics: means, counts, 95% t half-widths, a missing value's state
+    summary.py  a cell's metrics as columns; per-cell statistics (cells.parquet's columns)
+    tables.py   Tables 1 (peak and final), 2, 3 and 4-6, each as md, csv and tex
+    figures.py  Figures 2-6 (PNG)
+    report.py   report.md and the self-contained report.html
+
+Torch-free like the rest of gridrun/grid/; matplotlib is imported only to draw.
+"""

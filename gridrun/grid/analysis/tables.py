@@ -1,0 +1,369 @@
+"""The paper's tables from cells.parquet's frame, each written as .md, .csv and .tex.
+
+    table1        peak validation accuracy (%) per (task, scale, workflow): base, SA-RL, IP,
+                  SP and the residuals IP-SA, SP-SA (the ceiling)
+    table1_final  the same with each cell's final validation accuracy (the floor)
+    table2        per-role peak-over-first-step ratios of chi2, perplexity and grad norm and
+                  the chi2 peak step, on matched IP-vs-SP cells; under SP the shared adapter's
+                  row (roles token-weighted) and every role's own row
+    table3        single-agent transfer: each workflow with the SA-RL adapter on its generator
+                  (`transfer` cells' validation accuracy) against its base control and SA-RL
+    table4..6     per-role trajectory signatures (val/role/<role>/...) at the first, peak and
+                  last validation of flagged cells: 4 `gradient_amplification` (IP), 5
+                  `sp_role_capture` on Eval-Opt/Voting (token-distribution asymmetry), 6 on
+                  Orch-Workers (per-episode frequency asymmetry)
+
+With several seeds a value is the mean over finished seeds with `_n` and `_ci95` (Student t)
+columns; only `done` cells give numbers, others show as their state. Tables 4-6 are per cell
+(a seed is a cell) and so carry no intervals. What this leaves out: significance tests, and
+flags other than the two mechanisms (`flags` says how each is decided).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from gridrun.grid.analysis.stats import Entry
+
+HEADERS = {"base": "Base", "sa_rl": "SA-RL", "ip": "IP", "sp": "SP", "ip_minus_sa": "IP−SA", "sp_minus_sa": "SP−SA"}
+TABLE1_COLUMNS = ("task", "scale", "workflow", *HEADERS)
+TRAIN_POLICIES = {"isolated": "ip", "shared": "sp"}
+# A role whose chi2 ratio is this many times another role's, in the same IP cell, while it
+# takes more optimizer steps per training step: the amplified role drifts, the other does not.
+AMPLIFICATION_FACTOR = 2.0
+WORKFLOW_ORDER = ("eval_opt", "voting", "orch_workers")
+
+
+@dataclass
+class Table:
+    """A table as text: what md, csv and tex are written from."""
+
+    name: str  # file stem: table1, table2, ...
+    title: str
+    caption: str
+    columns: list[str]  # csv header (machine names)
+    headers: list[str]  # md/tex header (reader's names)
+    rows: list[list[str]]  # csv values, one list per row
+    shown: list[list[str]] = field(default_factory=list)  # md/tex values (defaults to rows)
+    left: int = 3  # leading columns aligned left
+    notes: list[str] = field(default_factory=list)  # md lines after the table
+
+    def display_rows(self) -> list[list[str]]:
+        return self.shown or self.rows
+
+    def csv(self) -> str:
+        return pd.DataFrame(self.rows, columns=self.columns).to_csv(index=False)
+
+    def markdown(self, heading: str = "#") -> str:
+        lines = [f"{heading} {self.title}", "", self.caption, ""]
+        if self.rows:
+            lines += markdown_grid(self.headers, self.display_rows(), self.left)
+        if self.notes:
+            lines += ["", *self.notes] if self.rows else self.notes
+        return "\n".join(lines) + "\n"
+
+    def latex(self) -> str:
+        def esc(text: str) -> str:
+            text = text.replace("_", r"\_").replace("±", r"$\pm$").replace("−", "$-$").replace("%", r"\%")
+            return r"\textit{" + text.strip("*") + "}" if text.startswith("*") and text.endswith("*") else text
+
+        right = len(self.headers) - self.left
+        lines = [r"\begin{tabular}{" + "l" * self.left + "r" * right + "}", r"\toprule",
+                 " & ".join(esc(h) for h in self.headers) + r" \\", r"\midrule"]
+        lines += [" & ".join(esc(str(v)) for v in row) + r" \\" for row in self.display_rows()]
+        lines += [r"\bottomrule", r"\end{tabular}"]
+        return "\n".join(lines) + "\n"
+
+
+def markdown_grid(headers: Sequence[str], rows: Iterable[Sequence[str]], left: int) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] * left + ["---:"] * (len(headers) - left)) + "|"]
+    return lines + ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
+
+
+# --- formatting ---------------------------------------------------------------------------------
+def number(value: float | None, digits: int = 1, signed: bool = False) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+
+
+def shown(entry: Entry, several: bool, digits: int = 1, scale: float = 1.0) -> str:
+    """A value as a reader sees it: the mean (± CI, n with several seeds) or *state*."""
+    if entry.mean is None:
+        return f"*{entry.word()}*"
+    text = number(entry.mean * scale, digits)
+    if several and entry.n > 1:
+        text += f" ± {number(entry.ci95 * scale, digits)}"
+    return text + (f" (n={entry.n})" if several else "")
+
+
+def entry(frame: pd.DataFrame, column: str, scale: float = 1.0) -> Entry:
+    """The done cells' values of `column` (times `scale`) and every cell's state."""
+    if column not in frame:
+        return Entry([], list(frame["state"]))
+    done = frame[(frame["state"] == "done") & frame[column].notna()]
+    return Entry([scale * float(v) for v in done[column]], list(frame["state"]))
+
+
+def several_seeds(cells: pd.DataFrame) -> bool:
+    seeded = cells[cells["kind"].isin(["train", "sa_rl", "transfer"])]
+    keys = ["kind", "workflow", "task", "scale", "policy"]
+    return bool(len(seeded)) and int(seeded.groupby(keys, dropna=False).size().max()) > 1
+
+
+def ordered_workflows(values: Iterable[str]) -> list[str]:
+    present = list(dict.fromkeys(values))
+    return [w for w in WORKFLOW_ORDER if w in present] + sorted(set(present) - set(WORKFLOW_ORDER))
+
+
+def blocks(cells: pd.DataFrame, kinds: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(task, scale, workflow) keys of the cells of these kinds, multi-agent workflows only."""
+    keyed = cells[cells["kind"].isin(kinds) & (cells["workflow"] != "single")]
+    keys = list(dict.fromkeys(zip(keyed["task"], keyed["scale"], keyed["workflow"])))
+    rank = {w: i for i, w in enumerate(ordered_workflows(k[2] for k in keys))}
+    task_scale = list(dict.fromkeys((t, s) for t, s, _ in keys))
+    return sorted(keys, key=lambda k: (task_scale.index((k[0], k[1])), rank[k[2]]))
+
+
+# --- Table 1 ------------------------------------------------------------------------------------
+def table1(cells: pd.DataFrame, value: str = "peak_val_acc") -> Table:
+    """Table 1 of `value` (peak_val_acc: the ceiling; final_val_acc: the floor)."""
+    several = several_seeds(cells)
+    columns = list(TABLE1_COLUMNS)
+    if several:
+        columns += [f"{name}_{suffix}" for name in HEADERS for suffix in ("n", "ci95")]
+    rows, display = [], []
+    for task, scale, workflow in blocks(cells, ("train", "base")):
+        block = cells[(cells["task"] == task) & (cells["scale"] == scale)]
+        train = block[(block["kind"] == "train") & (block["workflow"] == workflow)]
+        entries = {
+            # A base control evaluates once: its peak and final are the same number.
+            "base": entry(block[(block["kind"] == "base") & (block["workflow"] == workflow)], value, 100),
+            "sa_rl": entry(block[block["kind"] == "sa_rl"], value, 100),
+            "ip": entry(train[train["policy"] == "isolated"], value, 100),
+            "sp": entry(train[train["policy"] == "shared"], value, 100),
+        }
+        csv_row = {"task": task, "scale": scale, "workflow": workflow}
+        shown_row = [task, scale, workflow]
+        for name, item in entries.items():
+            csv_row[name] = number(item.mean) if item.mean is not None else item.word()
+            csv_row[f"{name}_n"], csv_row[f"{name}_ci95"] = str(item.n), number(item.ci95)
+            shown_row.append(shown(item, several))
+        for policy in ("ip", "sp"):
+            name = f"{policy}_minus_sa"
+            diff = entries[policy].minus(entries["sa_rl"])
+            if diff is None:
+                csv_row[name], csv_row[f"{name}_n"], csv_row[f"{name}_ci95"] = "n/a", "0", ""
+                shown_row.append("*n/a*")
+                continue
+            mean, n, ci95 = diff
+            csv_row[name], csv_row[f"{name}_n"], csv_row[f"{name}_ci95"] = number(mean), str(n), number(ci95)
+            text = number(mean, signed=True)
+            if several:
+                text += (f" ± {number(ci95)}" if n > 1 else "") + f" (n={n})"
+            shown_row.append(text)
+        rows.append([csv_row[c] for c in columns])
+        display.append(shown_row)
+    what = "Peak" if value == "peak_val_acc" else "Final"
+    return Table(
+        name="table1" if value == "peak_val_acc" else "table1_final",
+        title=f"Table 1 — {what.lower()} validation accuracy" + ("" if value == "peak_val_acc" else " (the floor)"),
+        caption=f"{what} validation accuracy (%); residuals are multi-agent minus SA-RL in points."
+        + (" Mean ± 95% CI over finished seeds (n)." if several else ""),
+        columns=columns, headers=["Task", "Scale", "Workflow", *HEADERS.values()], rows=rows, shown=display,
+    )
+
+
+def base_mismatch_notes(flagged: pd.DataFrame) -> list[str]:
+    if not len(flagged):
+        return []
+    notes = [
+        ("**Step 0 disagrees with the base control.** Both evaluate the same base model on the same "
+        "problems; check that they used the same validation split, chat template and engine:"),
+        "",
+    ]
+    for _, row in flagged.iterrows():
+        notes.append(
+            f"- `{row['cell']}`: step 0 {100 * row['val_acc_step0']:.1f}% vs `{row['base_cell']}` "
+            f"{100 * row['base_val_acc']:.1f}% ({row['step0_minus_base_pp']:+.1f} pp)"
+        )
+    return notes
+
+
+# --- Table 2 ------------------------------------------------------------------------------------
+RATIO_COLUMNS = (("chi2_ratio", "χ² ratio", 2), ("ppl_ratio", "PPL ratio", 2), ("grad_norm_ratio", "grad-norm ratio", 2),
+                 ("chi2_peak_step", "χ² peak step", 0))
+
+
+def _prefixes(cells: pd.DataFrame, pattern: str) -> list[str]:
+    """`role/<r>` or `adapter/<a>` prefixes with a Table 2 column in cells' rows that have values."""
+    found = []
+    for column in cells.columns:
+        if column.startswith(pattern) and column.endswith("/chi2_ratio") and cells[column].notna().any():
+            found.append(column[: -len("/chi2_ratio")])
+    if not found:  # a role without any chi2 still has its other ratios
+        for column in cells.columns:
+            if column.startswith(pattern) and column.endswith("/ppl_ratio") and cells[column].notna().any():
+                found.append(column[: -len("/ppl_ratio")])
+    return list(dict.fromkeys(found))
+
+
+def table2(cells: pd.DataFrame) -> Table:
+    """Per-role ratios on matched IP-vs-SP cells: under SP the shared adapter's row first."""
+    several = several_seeds(cells)
+    columns = ["task", "scale", "workflow", "policy", "row"]
+    for name, _, _ in RATIO_COLUMNS:
+        columns += [name] + ([f"{name}_n", f"{name}_ci95"] if several else [])
+    rows, display = [], []
+    for task, scale, workflow in blocks(cells, ("train",)):
+        train = cells[(cells["kind"] == "train") & (cells["task"] == task) & (cells["scale"] == scale)
+                      & (cells["workflow"] == workflow)]
+        if set(train["policy"]) < {"isolated", "shared"}:
+            continue  # not matched
+        for policy in ("isolated", "shared"):
+            group = train[train["policy"] == policy]
+            prefixes = _prefixes(group, "role/")
+            if policy == "shared":
+                prefixes = _prefixes(group, "adapter/") + prefixes
+            if not prefixes:
+                prefixes = [""]  # no training metrics yet: one row carrying the cells' state
+            for prefix in prefixes:
+                label = "(no metrics)" if not prefix else (
+                    f"all roles ({prefix.split('/', 1)[1]} adapter)" if prefix.startswith("adapter/") else prefix.split("/", 1)[1])
+                csv_row = [task, scale, workflow, TRAIN_POLICIES[policy].upper(), label]
+                shown_row = list(csv_row)
+                for name, _, digits in RATIO_COLUMNS:
+                    item = entry(group, f"{prefix}/{name}")
+                    csv_row.append(number(item.mean, digits) if item.mean is not None else item.word())
+                    if several:
+                        csv_row += [str(item.n), number(item.ci95, digits)]
+                    shown_row.append(shown(item, several, digits))
+                rows.append(csv_row)
+                display.append(shown_row)
+    return Table(
+        name="table2", title="Table 2 — per-role training-dynamics ratios on matched IP-vs-SP cells",
+        caption="Peak over first-training-step value of token-level χ², training perplexity and gradient norm, and "
+        "the step of the χ² peak. IP: one row per role. SP: the shared adapter (roles weighted by their tokens), "
+        "then each role as it shares that adapter." + (" Mean ± 95% CI over finished seeds (n)." if several else ""),
+        columns=columns, headers=["Task", "Scale", "Workflow", "Policy", "Role", *(h for _, h, _ in RATIO_COLUMNS)],
+        rows=rows, shown=display, left=5,
+    )
+
+
+# --- Table 3 ------------------------------------------------------------------------------------
+def table3(cells: pd.DataFrame) -> Table:
+    """Transfer cells' accuracy against the workflow's base control and the SA-RL cells."""
+    several = several_seeds(cells)
+    names = ("base", "sa_rl", "transfer", "transfer_minus_base", "transfer_minus_sa")
+    columns = ["task", "scale", "workflow", *names]
+    rows, display = [], []
+    for task, scale, workflow in blocks(cells, ("transfer",)):
+        block = cells[(cells["task"] == task) & (cells["scale"] == scale)]
+        entries = {
+            "base": entry(block[(block["kind"] == "base") & (block["workflow"] == workflow)], "final_val_acc", 100),
+            # Table 1's SA-RL value (its peak), as the paper reproduces it.
+            "sa_rl": entry(block[block["kind"] == "sa_rl"], "peak_val_acc", 100),
+            "transfer": entry(block[(block["kind"] == "transfer") & (block["workflow"] == workflow)], "final_val_acc", 100),
+        }
+        csv_row = [task, scale, workflow]
+        shown_row = list(csv_row)
+        for item in entries.values():
+            csv_row.append(number(item.mean) if item.mean is not None else item.word())
+            shown_row.append(shown(item, several))
+        for other in ("base", "sa_rl"):
+            diff = entries["transfer"].minus(entries[other])
+            csv_row.append("n/a" if diff is None else number(diff[0]))
+            shown_row.append("*n/a*" if diff is None else number(diff[0], signed=True)
+                             + (f" ± {number(diff[2])}" if several and diff[1] > 1 else ""))
+        rows.append(csv_row)
+        display.append(shown_row)
+    notes = [] if rows else [
+        ("No `transfer` cells in this sweep: add `transfer` to the sweep's `kind` axis to plan them "
+        "(each waits for the SA-RL cell of its task, scale and seed).")
+    ]
+    return Table(
+        name="table3", title="Table 3 — single-agent generator transfer",
+        caption="Validation accuracy (%) of each workflow with the finished SA-RL adapter on its generator and "
+        "the base model in every other role, against the workflow's base control and SA-RL's peak (Table 1)."
+        + (" Mean ± 95% CI over finished seeds (n)." if several else ""),
+        columns=columns, headers=["Task", "Scale", "Workflow", "Base", "SA-RL", "Transfer", "Transfer−Base", "Transfer−SA"],
+        rows=rows, shown=display, notes=notes,
+    )
+
+
+# --- Tables 4-6: flagged cells' trajectory signatures --------------------------------------------
+def amplified_role(row: pd.Series) -> str | None:
+    """The role an IP cell's gradient amplification falls on, if any: the role with the most
+    optimizer steps per training step whose chi2 ratio is at least AMPLIFICATION_FACTOR times
+    another role's (the amplified role drifts while the other stays put)."""
+    if row.get("kind") != "train" or row.get("policy") != "isolated":
+        return None
+    steps, ratios = {}, {}
+    for key, value in row.items():
+        if key.startswith("role/") and key.endswith("/opt_steps") and not pd.isna(value):
+            role = key.split("/")[1]
+            ratio = row.get(f"role/{role}/chi2_ratio")
+            if ratio is not None and not pd.isna(ratio):
+                steps[role], ratios[role] = float(value), float(ratio)
+    if len(ratios) < 2:
+        return None
+    top = max(ratios, key=lambda r: (steps[r], ratios[r]))
+    others = [ratios[r] for r in ratios if r != top and steps[r] < steps[top]]
+    return top if others and ratios[top] >= AMPLIFICATION_FACTOR * min(others) else None
+
+
+def flags(row: pd.Series) -> list[str]:
+    """The mechanisms gridrun flags in a cell: `gradient_amplification` (see amplified_role)
+    and `sp_role_capture` (a Shared-Policy cell with a trajectory-side drift alert)."""
+    found = []
+    role = amplified_role(row)
+    if role:
+        found.append(f"gradient_amplification ({role})")
+    if row.get("kind") == "train" and row.get("policy") == "shared" and row.get("alerts"):
+        found.append("sp_role_capture (" + row["alerts"] + ")")
+    return found
+
+
+SIGNATURE_TABLES = (
+    ("table4", "Table 4 — gradient amplification: trajectory signatures of flagged IP cells",
+     lambda row: row["policy"] == "isolated" and "gradient_amplification" in row["flags"]),
+    ("table5", "Table 5 — SP role capture (token-distribution asymmetry): Eval-Opt and Voting",
+     lambda row: row["policy"] == "shared" and "sp_role_capture" in row["flags"] and row["workflow"] != "orch_workers"),
+    ("table6", "Table 6 — SP role capture (per-episode frequency asymmetry): Orch-Workers",
+     lambda row: row["policy"] == "shared" and "sp_role_capture" in row["flags"] and row["workflow"] == "orch_workers"),
+)
+
+
+def signature_tables(cells: pd.DataFrame, signatures: Callable[[str], dict[str, dict[int, float]]]) -> list[Table]:
+    """Tables 4-6. `signatures(cell)` gives a cell's val/role/<role>/<metric> series (step -> value)."""
+    out = []
+    for name, title, chosen in SIGNATURE_TABLES:
+        picked = [row for _, row in cells[cells["kind"] == "train"].iterrows() if row["flags"] and chosen(row)]
+        metrics = sorted({key.split("/", 3)[3] for row in picked for key in signatures(row["cell"])})
+        columns = ["cell", "checkpoint", "step", "role", *metrics]
+        rows, notes = [], []
+        for row in picked:
+            series = signatures(row["cell"])
+            steps = sorted({s for values in series.values() for s in values})
+            if not steps:
+                continue
+            peak = row["peak_step"] if not pd.isna(row["peak_step"]) and int(row["peak_step"]) in steps else steps[0]
+            checkpoints = {"first": steps[0], "peak": int(peak), "last": steps[-1]}
+            roles = list(dict.fromkeys(key.split("/")[2] for key in series))
+            notes.append(f"- `{row['cell']}`: {row['flags']}")
+            for role in roles:
+                for checkpoint, step in checkpoints.items():
+                    values = [series.get(f"val/role/{role}/{m}", {}).get(step) for m in metrics]
+                    rows.append([row["cell"], checkpoint, str(step), role,
+                                 *("" if v is None else number(v, 3 if abs(v) < 10 else 1) for v in values)])
+        caption = ("Per-role trajectory signatures (validation samples) at the first, peak-accuracy and last "
+                   "validation of each flagged cell; blank where the role does not log that signature.")
+        if not picked:
+            notes = ["No cell of this sweep is flagged for this mechanism (see `flags` in cells.parquet)."]
+        out.append(Table(name=name, title=title, caption=caption, columns=columns, headers=columns, rows=rows,
+                         left=4, notes=notes))
+    return out
