@@ -9,6 +9,7 @@ and the math and code tasks inside training (the code reward through the sandbox
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,12 @@ def _cell(tmp_path: Path, task: str, workflow: str, policy: str) -> RunDir:
     run_dir.root.mkdir()
     run_dir.config_yaml.write_text(dump_config(config))
     return run_dir
+
+
+@pytest.fixture(autouse=True)
+def every_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    # run_cell trains on GRIDRUN_THREADS threads (1 by default, for cells sharing a machine).
+    monkeypatch.setenv("GRIDRUN_THREADS", str(os.cpu_count() or 1))
 
 
 def test_math_trains_one_step_with_validation(tmp_path: Path) -> None:
