@@ -190,6 +190,10 @@ def test_a_disk_filling_up_while_cells_train_leaves_them_resumable(toy_world: Pa
     done = in_namespace(f"""
         mount -t tmpfs -o size=2m tmpfs {disk}
         {sweep} > out/first.out 2> out/first.err; echo $? >> out/codes
+        # Cells the launcher had started end on their own (they hit the full disk too).
+        for i in $(seq 120); do
+            gridrun status conf=smoke --json --results-dir {disk} | grep -q '"running"' || break; sleep 1
+        done
         gridrun status conf=smoke --json --results-dir {disk} > out/between; echo $? >> out/codes
         mount -o remount,size=64m {disk}
         {sweep} > out/second.out 2> out/second.err; echo $? >> out/codes

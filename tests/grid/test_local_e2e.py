@@ -139,9 +139,9 @@ def test_transfer_cells_wait_for_their_sa_rl_a_failed_one_blocks_them_and_resubm
     cells = results / "smoke" / "cells"
     sa_rl = RunDir(cells / "sa_rl-toy-arith-s0")
     transfers = [RunDir(cells / f"transfer-{w}-toy-arith-s0") for w in ("eval_opt", "voting", "orch_workers")]
-    # A config the trainer refuses: the sa_rl cell fails at once, before its first step.
-    good = sa_rl.config_yaml.read_text()
-    sa_rl.config_yaml.write_text(good + "bogus_key: 1\n")
+    # A file where its checkpoints go: the sa_rl cell fails at its first checkpoint (planning
+    # repairs a damaged config, so the failure has to come from the run itself).
+    sa_rl.checkpoints_dir.write_text("not a folder\n")
     proc = gridrun(results, "sweep", *args)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rows = status(results)
@@ -150,7 +150,7 @@ def test_transfer_cells_wait_for_their_sa_rl_a_failed_one_blocks_them_and_resubm
     assert [rows[t.root.name]["state"] for t in transfers] == ["blocked"] * 3
     assert all(t.read_state().get("started_at") is None and not t.metrics_jsonl.exists() for t in transfers)
 
-    sa_rl.config_yaml.write_text(good)
+    sa_rl.checkpoints_dir.unlink()
     proc = gridrun(results, "resubmit", "conf=smoke", "--failed")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "resubmitted 4 cells" in proc.stdout
