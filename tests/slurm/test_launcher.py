@@ -293,9 +293,9 @@ def test_a_transfer_cell_waits_for_its_sa_rl_job_a_failed_one_blocks_it_and_resu
             *SMALL, "train.total_steps=2")
     assert gridrun("plan", *args).returncode == 0, "plan"
     sa_rl, transfer = gridrun.cell("transfer", "sa_rl-toy-arith-s0"), gridrun.cell("transfer", "transfer-voting-toy-arith-s0")
-    # A model that does not exist: the sa_rl trainer fails at start-up and records it.
-    good = sa_rl.config_yaml.read_text()
-    sa_rl.config_yaml.write_text(good.replace("name_or_path: toy", "name_or_path: /nonexistent-model"))
+    # A file where its checkpoints go: the sa_rl cell fails at its first checkpoint and records
+    # it (an edited config.yaml would be put back by the sweep's planning).
+    sa_rl.checkpoints_dir.write_text("not a folder\n")
     result = gridrun("sweep", *args)
     assert result.returncode == 0, result.stderr
     rows = gridrun.rows("transfer")
@@ -315,7 +315,7 @@ def test_a_transfer_cell_waits_for_its_sa_rl_job_a_failed_one_blocks_it_and_resu
                "SLURM to give up on the dependency", 60)
     assert scontrol_field(first_job, "JobState") == "PENDING"
 
-    sa_rl.config_yaml.write_text(good)
+    sa_rl.checkpoints_dir.unlink()
     result = gridrun("resubmit", "conf=transfer", "--failed")
     assert result.returncode == 0 and "resubmitted 2 cells" in result.stdout, result.stdout + result.stderr
     rows = gridrun.rows("transfer")
