@@ -46,3 +46,7 @@ def test_logprobs_are_those_of_the_tempered_softmax(toy_model) -> None:
     reference = torch.log_softmax(logits, -1)
     torch.testing.assert_close(logp, reference.gather(-1, targets.unsqueeze(-1)).squeeze(-1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(entropy, -(reference.exp() * reference).sum(-1), rtol=1e-5, atol=1e-5)
+    # The no-grad passes ask for none: same log-probs, no second pass over the vocabulary.
+    alone, none = logprobs.completion_logprobs(model, input_ids, attention, targets, 0.7, with_entropy=False)
+    assert none is None
+    torch.testing.assert_close(alone, logp, rtol=0, atol=0)

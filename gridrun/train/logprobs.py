@@ -24,14 +24,16 @@ from torch.utils.checkpoint import checkpoint
 CHUNK_TOKENS = 2048
 
 
-def _chunk(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
-           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-prob of each target, entropy) for hidden (N, h) and targets (N,)."""
+def _chunk(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+           with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log-prob of each target, entropy or None) for hidden (N, h) and targets (N,)."""
     logits = head(hidden).float() / temperature  # (N, vocab)
     norm = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - norm
-    with torch.no_grad():
-        entropy = norm - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = norm - (torch.softmax(logits, dim=-1) * logits).sum(-1)
     return logp, entropy
 
 
@@ -41,10 +43,12 @@ def completion_logprobs(
     attention: torch.Tensor,
     targets: torch.Tensor,
     temperature: float,
+    with_entropy: bool = True,
     chunk_tokens: int = CHUNK_TOKENS,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (batch, T) of `targets` under softmax(logits / temperature), and the
-    per-token entropy (batch, T) (no gradient).
+    per-token entropy (batch, T) (no gradient) when asked: it costs a second pass over
+    the vocabulary, which the no-grad old-log-prob and reference passes do not need.
 
     input_ids, attention: (batch, width), left-padded prompt + completion, each completion
     ending at the right edge; targets: (batch, T), the completion tokens right-aligned.
@@ -65,15 +69,15 @@ def completion_logprobs(
     head = causal_lm.get_output_embeddings()
     temperature = max(temperature, 1e-6)
     if hidden.shape[0] <= chunk_tokens:
-        logp, entropy = _chunk(head, hidden, flat_targets, temperature)
+        logp, entropy = _chunk(head, hidden, flat_targets, temperature, with_entropy)
     else:
         parts = [
             checkpoint(_chunk, head, hidden[i : i + chunk_tokens], flat_targets[i : i + chunk_tokens], temperature,
-                       use_reentrant=False)
+                       with_entropy, use_reentrant=False)
             if torch.is_grad_enabled()
-            else _chunk(head, hidden[i : i + chunk_tokens], flat_targets[i : i + chunk_tokens], temperature)
+            else _chunk(head, hidden[i : i + chunk_tokens], flat_targets[i : i + chunk_tokens], temperature, with_entropy)
             for i in range(0, hidden.shape[0], chunk_tokens)
         ]
         logp = torch.cat([p[0] for p in parts])
-        entropy = torch.cat([p[1] for p in parts])
-    return logp.view(-1, t_max), entropy.view(-1, t_max)
+        entropy = torch.cat([p[1] for p in parts]) if with_entropy else None
+    return logp.view(-1, t_max), None if entropy is None else entropy.view(-1, t_max)

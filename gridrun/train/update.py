@@ -127,8 +127,7 @@ def completion_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (batch, T) of a micro-batch's completion tokens under softmax(logits / T),
     and optionally the per-token entropy (batch, T) (gridrun/train/logprobs.py)."""
-    logp, entropy = logprobs.completion_logprobs(model, micro.input_ids, micro.attention, micro.targets, temperature)
-    return logp, entropy if with_entropy else None
+    return logprobs.completion_logprobs(model, micro.input_ids, micro.attention, micro.targets, temperature, with_entropy)
 
 
 def micro_batches(seqs: list[TrainSeq], token_budget: int) -> Iterator[list[TrainSeq]]:
