@@ -130,12 +130,9 @@ def _rollout_bytes(config: RunConfig, arch: dict, dtype_bytes: int, gpu_bytes: f
         return config.engine.gpu_memory_utilization * gpu_bytes
     # engine=hf: a KV cache per sub-batch of requests, each up to the longest prompt plus
     # the response limit, and one decoding step's float32 logits and log-probs.
-    rows = min(config.engine.max_batch_size, max(config.train.batch_problems * config.grpo.n, 1) * _slots(config))
+    requests = max(config.train.batch_problems * config.grpo.n, 1) * config.workflow.parallel_slots()
+    rows = min(config.engine.max_batch_size, requests)
     tokens = config.lengths.max_prompt_tokens + config.lengths.max_response_tokens
     kv_per_token = arch["num_hidden_layers"] * 2 * arch["num_key_value_heads"] * arch["head_dim"] * dtype_bytes
     return rows * (tokens * kv_per_token + 2 * 4 * arch["vocab_size"])
 
-
-def _slots(config: RunConfig) -> int:
-    """Parallel calls of one stage per episode (voters, workers)."""
-    return {"voting": config.workflow.n_voters, "orch_workers": config.workflow.n_workers}.get(config.workflow.name, 1)

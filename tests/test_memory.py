@@ -54,3 +54,11 @@ def test_hf_rollout_holds_a_kv_cache_per_sub_batch() -> None:
     # 4 requests x 1024 tokens x (28 layers x K and V x 8 heads x 128 x 2 bytes), plus one
     # step's float32 logits and log-probs per request.
     assert predict(config, 80).rollout == 4 * (1024 * 28 * 2 * 8 * 128 * 2 + 2 * 4 * 151_936)
+
+
+def test_the_logits_chunk_is_the_one_the_trainer_uses() -> None:
+    # gridrun/memory.py is torch-free, so it restates logprobs.CHUNK_TOKENS: keep them equal.
+    from gridrun.memory import LOGITS_CHUNK_TOKENS
+    from gridrun.train.logprobs import CHUNK_TOKENS
+
+    assert LOGITS_CHUNK_TOKENS == CHUNK_TOKENS

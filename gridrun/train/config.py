@@ -81,6 +81,10 @@ class WorkflowSpec:
     # Orch-Workers: parallel worker slots.
     n_workers: int = 3
 
+    def parallel_slots(self) -> int:
+        """Same-role multiplicity of this workflow's parallel role (voters, workers), else 1."""
+        return {"voting": self.n_voters, "orch_workers": self.n_workers}.get(self.name, 1)
+
 
 @dataclass
 class TaskSpec:

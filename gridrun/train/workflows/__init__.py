@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +38,7 @@ class Workflow:
 
     def slots(self, spec: WorkflowSpec) -> int:
         """Same-role multiplicity of parallel_role."""
-        return {"voting": spec.n_voters, "orch_workers": spec.n_workers}.get(self.name, 1)
+        return dataclasses.replace(spec, name=self.name).parallel_slots()
 
 
 def get_workflow(name: str) -> Workflow:
