@@ -101,13 +101,17 @@ def test_kill_9_of_a_cell_then_resubmit_resumes_from_its_checkpoint(results: Pat
 
 
 def test_a_cell_whose_launcher_and_process_died_is_lost_and_resubmittable(results: Path) -> None:
-    args = ["conf=smoke", "kind=sa_rl", "train.total_steps=4", "train.save_every=2", "train.val_every=2", *TINY]
+    args = ["conf=smoke", "kind=sa_rl", "train.total_steps=6", "train.save_every=2", "train.val_every=2", *TINY]
     launcher = start(results, "sweep", *args)
     cell = RunDir(results / "smoke" / "cells" / "sa_rl-toy-arith-s0")
     wait_until(lambda: (cell.latest_checkpoint() or (0,))[0] >= 2, "a checkpoint at step 2", 900)
+    # Frozen first, so the cell cannot finish (and record `done`) while its launcher is killed.
+    pid = cell.read_state()["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    assert cell.read_state()["state"] == "running"
     launcher.kill()
     launcher.wait(30)
-    os.kill(cell.read_state()["pid"], signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
     wait_until(lambda: status(results)["sa_rl-toy-arith-s0"]["state"] == "failed", "the cell marked failed", 30)
     row = status(results)["sa_rl-toy-arith-s0"]
     assert row["lost"] and row["error"].startswith("lost: ")
@@ -116,7 +120,7 @@ def test_a_cell_whose_launcher_and_process_died_is_lost_and_resubmittable(result
     proc = gridrun(results, "resubmit", "conf=smoke", "--failed")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (cell.read_state()["state"], cell.read_state()["attempt"]) == ("done", 2)
-    assert train_steps(cell) == [1, 2, 3, 4]
+    assert train_steps(cell) == [1, 2, 3, 4, 5, 6]
 
 
 def test_ctrl_c_cancels_running_and_waiting_cells(results: Path) -> None:
