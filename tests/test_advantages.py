@@ -10,7 +10,7 @@ import pytest
 from gridrun.tasks.base import Problem, Score
 from gridrun.train.config import GRPOSpec
 from gridrun.train.episode import Episode, Turn
-from gridrun.train.trainer import turn_advantages
+from gridrun.train.trainer import shuffle_rewards, turn_advantages
 from gridrun.train.workflows import get_workflow
 
 RELEASED = GRPOSpec(group_key="problem_trajectory", adv_eps=0.0)
@@ -118,3 +118,28 @@ def test_a_problem_whose_episodes_all_fail_the_format_gets_zero_everywhere() -> 
     assert (stats.groups, stats.zero_variance) == (3, 3)
     _, episode_stats = turn_advantages(episodes, get_workflow("orch_workers"), AS_WRITTEN)
     assert (episode_stats.groups, episode_stats.zero_variance) == (1, 1)
+
+
+def test_the_reward_control_permutes_a_steps_rewards_and_keeps_their_multiset() -> None:
+    rewards = [1.0, 0.0, 0.0, -0.1, 1.0, 0.0, 0.0, 0.0]
+    episodes = [episode(f"p{i // 4}", i % 4, r, [turn("generator")]) for i, r in enumerate(rewards)]
+    shuffle_rewards(episodes, seed=0, step=3)
+    trained = [e.reward for e in episodes]
+    assert sorted(trained) == sorted(rewards)
+    # The scores (what accuracy reads) are untouched; only what GRPO trains on moved.
+    assert [e.score.reward for e in episodes] == rewards
+    # Drawn from (seed, step) alone: the same step again (a resumed run) draws the same
+    # permutation; another step or seed draws another.
+    def drawn(seed: int, step: int) -> list[float]:
+        fresh = [episode("p", i, r, [turn("generator")]) for i, r in enumerate(rewards)]
+        shuffle_rewards(fresh, seed, step)
+        return [e.reward for e in fresh]
+
+    assert drawn(0, 3) == trained
+    assert len({tuple(drawn(seed, step)) for seed in range(3) for step in range(1, 6)}) > 5
+
+
+def test_the_reward_control_refuses_unscored_episodes() -> None:
+    unscored = Episode(Problem(id="p", question="q", answer="a"), 0, [turn("generator")])
+    with pytest.raises(RuntimeError, match="after scoring"):
+        shuffle_rewards([unscored], seed=0, step=1)

@@ -5,11 +5,16 @@
     base      base-model evaluation    (single + workflow) x task x scale        base-voting-1.7b-math
     transfer  SA-RL generator in a     workflow x task x scale x seed            transfer-voting-1.7b-math-s0
               workflow, evaluated      (needs sa_rl-<scale>-<task>-s<seed> done)
+    shuffled  reward control: trains   (single + workflow x policy)              shuffled-voting-ip-1.7b-math-s0
+              as its train / sa_rl     x task x scale x seed                     shuffled-sa_rl-1.7b-math-s0
+              twin on rewards permuted
+              within each step
 
 Ids are built from the coordinates alone, so the same axes always give the same ids. The
 toy world pairs scale=toy with task=arith only; any other pairing with either is refused.
 A sweep may plan a kind at fewer values of an axis than the sweep's (`restrict`: the paper
-ran transfer at 1.7B only).
+ran transfer at 1.7B only; `restrict: {shuffled: {workflow: [single]}}` plans the SA-RL
+reward control alone).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 from gridrun.grid.errors import GridError
 
 AXES = ("workflow", "task", "scale", "policy", "seed", "kind")
-KINDS = ("train", "sa_rl", "base", "transfer")
+KINDS = ("train", "sa_rl", "base", "transfer", "shuffled")
 POLICY_TAGS = {"isolated": "ip", "shared": "sp"}
 TOY_SCALE, TOY_TASK = "toy", "arith"
 
@@ -32,7 +37,8 @@ class Cell:
     workflow: str
     task: str
     scale: str
-    # None where the kind has no such axis (sa_rl, base, transfer: policy; base: seed).
+    # None where the kind has no such axis (sa_rl, base, transfer, shuffled sa_rl: policy;
+    # base: seed).
     policy: str | None = None
     seed: int | None = None
 
@@ -45,6 +51,10 @@ class Cell:
             return f"sa_rl-{self.scale}-{self.task}-s{self.seed}"
         if self.kind == "transfer":
             return f"transfer-{self.workflow}-{self.scale}-{self.task}-s{self.seed}"
+        if self.kind == "shuffled":
+            twin = Cell("sa_rl" if self.workflow == "single" else "train", self.workflow, self.task, self.scale,
+                        self.policy, self.seed)
+            return f"shuffled-{twin.id}"
         return f"base-{self.workflow}-{self.scale}-{self.task}"
 
     @property
@@ -107,6 +117,10 @@ def expand(axes: dict[str, list[Any]], restrict: dict[str, dict[str, list[Any]]]
     if "transfer" in kinds:
         for workflow, task, scale, seed in itertools.product(axes["workflow"], axes["task"], axes["scale"], axes["seed"]):
             cells.append(Cell("transfer", workflow, task, scale, None, seed))
+    if "shuffled" in kinds:
+        for workflow, task, scale, seed in itertools.product(["single", *axes["workflow"]], axes["task"], axes["scale"], axes["seed"]):
+            policies = [None] if workflow == "single" else axes["policy"]
+            cells.extend(Cell("shuffled", workflow, task, scale, policy, seed) for policy in policies)
     limits = restrict or {}
     return [
         cell

@@ -144,7 +144,8 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
             axes_named = [a for a in AXES if a != "kind"]
             raise GridError(f"restrict.{kind}.{axis}: name an axis ({', '.join(axes_named)}){closest(axis, axes_named)}")
         listed = values if isinstance(values, list) else [values]
-        restrict.setdefault(kind, {})[axis] = _checked_axis(axis, listed, composer)
+        # The kinds that add workflow `single` to the sweep's may be restricted to it.
+        restrict.setdefault(kind, {})[axis] = _checked_axis(axis, listed, composer, single_ok=kind in ("base", "shuffled"))
     return SweepSpec(
         name=path.stem, source=path, axes=axes, settings=_last_wins(settings, composer), restrict=restrict,
         argv=list(overrides),
@@ -169,7 +170,7 @@ def _axis_values(line: str, composer: Composer) -> list[Any]:
     return [value]
 
 
-def _checked_axis(axis: str, values: list[Any], composer: Composer) -> list[Any]:
+def _checked_axis(axis: str, values: list[Any], composer: Composer, single_ok: bool = False) -> list[Any]:
     if not values or values == [""]:
         raise GridError(f"axis '{axis}' is empty: give it at least one value (e.g. {axis}={_example(axis)})")
     checked: list[Any] = []
@@ -188,10 +189,10 @@ def _checked_axis(axis: str, values: list[Any], composer: Composer) -> list[Any]
         else:
             value = str(value)
             composer.check_choice(axis, value)
-            if axis == "workflow" and value == "single":
+            if axis == "workflow" and value == "single" and not single_ok:
                 raise GridError(
-                    "workflow 'single' is not a multi-agent workflow: the sa_rl and base kinds already run it; "
-                    "drop it from workflow="
+                    "workflow 'single' is not a multi-agent workflow: the sa_rl, base and shuffled kinds already "
+                    "run it; drop it from workflow="
                 )
         if value in checked:
             raise GridError(f"axis '{axis}' lists '{value}' twice: give each value once")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-KINDS = ("train", "sa_rl", "base", "transfer")
+KINDS = ("train", "sa_rl", "base", "transfer", "shuffled")
 WORKFLOWS = ("single", "eval_opt", "voting", "orch_workers")
 TASKS = ("arith", "math", "code")
 POLICIES = ("shared", "isolated", "transfer")
@@ -43,7 +43,9 @@ class ConfigError(ValueError):
 @dataclass
 class CellSpec:
     id: str
-    kind: Literal["train", "sa_rl", "base", "transfer"] = "train"
+    # shuffled: the reward control, trained as its train (or sa_rl, workflow single) twin with
+    # each step's episode rewards permuted across the step's episodes.
+    kind: Literal["train", "sa_rl", "base", "transfer", "shuffled"] = "train"
     seed: int = 0
 
 
@@ -282,6 +284,10 @@ class RunConfig:
                 f"task '{self.task.name}' needs task.data_path: run "
                 f"`gridrun data prepare {self.task.name}` and point task.data_path at its output"
             )
+
+    @property
+    def shuffles_rewards(self) -> bool:
+        return self.cell.kind == "shuffled"
 
     @property
     def trains(self) -> bool:

@@ -42,9 +42,15 @@ class Episode:
     score: Score | None = None
     # Workflow-specific facts (selected candidate, verdicts, strategies), for diagnostics.
     info: dict[str, Any] = field(default_factory=dict)
+    # The reward-control cell's training reward: another episode's reward of the same step
+    # (None: the episode's own score trains it).
+    shuffled_reward: float | None = None
 
     @property
     def reward(self) -> float:
+        """What GRPO trains on: the score's reward, or the control's permuted one."""
+        if self.shuffled_reward is not None:
+            return self.shuffled_reward
         assert self.score is not None, "episode not scored yet"
         return self.score.reward
 

@@ -80,6 +80,21 @@ def turn_advantages(
     return out, stats
 
 
+def shuffle_rewards(episodes: list[Episode], seed: int, step: int, dist: Dist | None = None) -> None:
+    """The reward control: each episode trains on the reward of another episode of this step.
+
+    One permutation of the whole step's rewards (every rank's, gathered), drawn from (seed,
+    step) alone: every rank draws the same one, and a resumed run the one it drew before."""
+    dist = dist or Dist()
+    scores = [e.score for e in episodes]
+    if any(score is None for score in scores):
+        raise RuntimeError("shuffle_rewards runs after scoring: an episode has no score")
+    everyone, mine = dist.gather([score.reward for score in scores if score is not None])
+    order = torch.randperm(len(everyone), generator=torch.Generator().manual_seed(seed * 1_000_003 + step)).tolist()
+    for episode, source in zip(episodes, order[mine]):
+        episode.shuffled_reward = everyone[source]
+
+
 class Cancelled(BaseException):
     """Raised from the SIGTERM/SIGINT handler so that state.json says why the run stopped."""
 
@@ -280,6 +295,8 @@ class Trainer:
         problems = self.dist.shard(self.sampler.take(cfg.train.batch_problems))
         episodes = self.rollout(problems, cfg.grpo.n, cfg.engine.temperature)
         rolled = time.time()
+        if cfg.shuffles_rewards:
+            shuffle_rewards(episodes, cfg.cell.seed, step, self.dist)
         # Every rank's outcomes, in single-process order (groups are whole on one rank).
         outcomes, _ = self.dist.gather([(e.reward, e.score.correct, e.score.parsed is None) for e in episodes])
         rewards = torch.tensor([o[0] for o in outcomes])

@@ -56,6 +56,23 @@ def test_smoke_is_eleven_toy_cells(composer: Composer) -> None:
     assert {pc.config.task.name for pc in plan.cells} == {"arith"}
 
 
+def test_shuffled_controls_twin_every_train_and_sa_rl_cell(composer: Composer) -> None:
+    plan = make_plan(load_spec("smoke", ["kind=train,sa_rl,shuffled", "seed=0,1"], composer), composer)
+    # 3 workflows x 2 policies + SA-RL = 7 twins per seed.
+    assert kinds(plan.cells) == {"train": 12, "sa_rl": 2, "shuffled": 14}
+    by_id = {pc.id: pc for pc in plan.cells}
+    twins = {pc.id: "shuffled-" + pc.id for pc in plan.cells if pc.cell.kind in ("train", "sa_rl")}
+    assert set(twins.values()) == {pc.id for pc in plan.cells if pc.cell.kind == "shuffled"}
+    for twin_id, control_id in twins.items():
+        twin, control = by_id[twin_id].config.to_dict(), by_id[control_id].config.to_dict()
+        # Trained alike: only the cell node differs (its id and kind).
+        assert {k: v for k, v in twin.items() if k != "cell"} == {k: v for k, v in control.items() if k != "cell"}
+        assert control["cell"] == {"id": control_id, "kind": "shuffled", "seed": twin["cell"]["seed"]}
+        assert by_id[control_id].config.shuffles_rewards and not by_id[twin_id].config.shuffles_rewards
+    sa_rl_only = make_plan(load_spec("smoke", ["kind=shuffled", "restrict.shuffled.workflow=single"], composer), composer)
+    assert [pc.id for pc in sa_rl_only.cells] == ["shuffled-sa_rl-toy-arith-s0"]
+
+
 def test_ids_follow_the_papers_naming(composer: Composer) -> None:
     plan = make_plan(load_spec("full_matrix", ["seed=0,1"], composer), composer)
     ids = {pc.id for pc in plan.cells}
