@@ -74,8 +74,8 @@ def run_case(args: argparse.Namespace) -> dict:
     import torch
 
     from gridrun.memory import predict
+    from gridrun.runconfig import dump_config
     from gridrun.rundir import RunDir
-    from gridrun.train.config import dump_config
     from gridrun.train.trainer import Trainer
 
     config, gpu = compose(args, args.scale, args.workflow, args.policy, args.data_root)

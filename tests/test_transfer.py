@@ -13,9 +13,9 @@ import pytest
 import torch
 from peft import get_peft_model
 
+from gridrun.runconfig import ConfigError, config_from_dict, load_config
 from gridrun.rundir import RunDir
 from gridrun.train import checkpoint
-from gridrun.train.config import ConfigError, config_from_dict, load_config
 from gridrun.train.model import load_base
 from gridrun.train.policy import (
     SHARED,

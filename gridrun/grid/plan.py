@@ -42,8 +42,8 @@ from gridrun.grid.dispatch import observe
 from gridrun.grid.errors import GridError
 from gridrun.grid.spec import SweepSpec
 from gridrun.grid.sweepdir import SweepDamaged, SweepDir, sibling_cell
+from gridrun.runconfig import ConfigError, RunConfig, config_from_dict, dump_config, load_config
 from gridrun.rundir import ACTIVE_STATES, DamagedFile, RunDir, atomic_write_json, atomic_write_text
-from gridrun.train.config import ConfigError, RunConfig, config_from_dict, dump_config, load_config
 
 # Top-level nodes of the composed config that are the grid's, not the trainer's.
 GRID_NODES = ("data_root", "gpu", "cluster", "launcher", "estimate")

@@ -29,12 +29,12 @@ from typing import Any
 
 import torch
 
+from gridrun.runconfig import GRPOSpec, RunConfig, load_config
 from gridrun.rundir import RunDir, atomic_write_text
 from gridrun.tasks.base import Problem, Task
 from gridrun.tasks.sandbox import SandboxUnavailable
 from gridrun.train import checkpoint, grpo
 from gridrun.train.alerts import drift_alerts, nonfinite_alerts
-from gridrun.train.config import GRPOSpec, RunConfig, load_config
 from gridrun.train.distributed import Dist
 from gridrun.train.episode import Episode
 from gridrun.train.model import load_base

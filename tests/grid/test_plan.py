@@ -16,7 +16,7 @@ from gridrun.grid import REPO_ROOT
 from gridrun.grid.compose import CONF_DIR, Composer, _resolve_plain
 from gridrun.grid.plan import make_plan
 from gridrun.grid.spec import load_spec
-from gridrun.train.config import RunConfig, config_from_dict, load_config
+from gridrun.runconfig import RunConfig, config_from_dict, load_config
 from tests.grid.conftest import Gridrun, tree
 
 
