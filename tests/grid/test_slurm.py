@@ -1,19 +1,23 @@
-"""The SLURM launcher without a cluster: job specs from cluster profiles, what sacct and
+"""The SLURM launcher without a cluster: job specs from cluster profiles, the sbatch script
+of a 1.7B cell against a recorded file (GRIDRUN_REGEN_GOLDEN=1 rewrites it), what sacct and
 squeue say mapped to cell states (fake clients on PATH), and bad input. The real cluster's
 tests are in tests/slurm/test_launcher.py."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import pytest
 
+from gridrun.grid import REPO_ROOT
 from gridrun.grid.errors import GridError
-from gridrun.grid.slurm import SlurmLauncher, _expand, chunks, job_spec
+from gridrun.grid.slurm import SlurmLauncher, _expand, chunks, executor_parameters, job_spec, sbatch_script
 from tests.grid.conftest import Gridrun
 
+GOLDEN = Path(__file__).parent / "golden"
 CELL = {
     "id": "voting-ip-4b-math-s0",
     "resources": {"gpu_class": "h100", "gpus": 2, "cpus": 16, "mem_gb": 128, "time_limit_h": 48, "partition": "h100"},
@@ -30,6 +34,30 @@ PAPER = {
     "setup": ["module load cuda"],
     "cell_overrides": {"*-4b-*": {"time_limit_h": 72}},
 }
+
+
+def test_sbatch_script_of_a_17b_cell_matches_the_golden_file(tmp_path: Path) -> None:
+    from gridrun.cli import main
+
+    results = tmp_path / "results"
+    code = main(["plan", "conf=full_matrix", "scale=1.7b", "task=math", "workflow=voting", "policy=isolated",
+                 "seed=0", "kind=train", "cluster=paper", "launcher=slurm", "--results-dir", str(results)])
+    assert code == 0
+    sweep = json.loads((results / "full_matrix" / "sweep.json").read_text())
+    (cell,) = sweep["cells"]
+    spec = job_spec(cell, sweep["cluster"], env={"SLURM_CONF": "/etc/slurm/slurm.conf"})
+    script = sbatch_script(executor_parameters(spec, sweep["launcher"], "gridrun-full_matrix"),
+                           results / "full_matrix" / "jobs" / "%j", python="/venv/bin/python")
+    # Paths of this checkout and this test run are placeholders in the recorded file.
+    script = script.replace(str(results), "<RESULTS>").replace(str(REPO_ROOT), "<REPO>")
+    golden = GOLDEN / "sbatch_voting-ip-1.7b-math-s0.sh"
+    if os.environ.get("GRIDRUN_REGEN_GOLDEN"):
+        golden.write_text(script)
+    assert script == golden.read_text(), f"sbatch script changed; if on purpose: GRIDRUN_REGEN_GOLDEN=1 pytest {__file__}"
+    # One whole 2-GPU H100 node, one rank per GPU, the warning signal before the limit.
+    for line in ("--gres=gpu:h100:2", "--ntasks-per-node=2", "--cpus-per-task=8", "--partition=h100",
+                 "--signal=USR2@300", "--time=2880"):
+        assert f"#SBATCH {line}\n" in script
 
 
 def fake(bin_dir: Path, name: str, script: str) -> None:
