@@ -290,6 +290,12 @@ class RunConfig:
         """Base and transfer cells only evaluate (step 0, n = 1)."""
         return self.cell.kind not in ("base", "transfer")
 
+    @property
+    def steps_to_train(self) -> int:
+        """GRPO steps this cell runs: train.total_steps, or 0 for a cell that only evaluates
+        (the one place that says so: the trainer's loop, state.json and the plan's estimate)."""
+        return self.train.total_steps if self.trains else 0
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

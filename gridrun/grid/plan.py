@@ -66,7 +66,7 @@ class PlannedCell:
         return self.cell.id
 
     def total_steps(self) -> int:
-        return self.config.train.total_steps if self.config.trains else 0
+        return self.config.steps_to_train
 
     def entry(self) -> dict[str, Any]:
         """This cell's record in sweep.json (and cell.json)."""
@@ -195,7 +195,7 @@ def _resources(tree: dict[str, Any]) -> dict[str, Any]:
 def _estimate_hours(tree: dict[str, Any], config: RunConfig) -> float:
     """Rough wall-clock hours of one attempt: steps and validations at the conf's rates."""
     rate = tree["estimate"]
-    steps = config.train.total_steps if config.trains else 0
+    steps = config.steps_to_train
     validations = 1 + steps // config.train.val_every + (1 if steps % config.train.val_every else 0)
     seconds = rate["step_s"] * rate["relative_cost"] * (steps + validations * rate["val_cost"])
     return seconds / 3600

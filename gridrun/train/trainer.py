@@ -226,7 +226,7 @@ class Trainer:
         # The drift alerts of the latest validation (state.json's alerts add the non-finite one).
         self.val_alerts: list[str] = []
         self.pad_id = self.tokenizer.pad_token_id
-        self.total_steps = config.train.total_steps if config.trains else 0
+        self.total_steps = config.steps_to_train
         self.dist.decorrelate_rng(seed, 0)
 
     # --- the loop -------------------------------------------------------------------------
@@ -453,7 +453,7 @@ def run_cell(path: Path) -> int:
             pid=os.getpid(),
             node=socket.gethostname(),
             started_at=time.time(),
-            total_steps=config.train.total_steps if config.trains else 0,
+            total_steps=config.steps_to_train,
             error=None,
         )
         previous = {s: signal.signal(s, _raise_cancelled) for s in (signal.SIGTERM, signal.SIGINT)}
