@@ -8,6 +8,8 @@ those paths. Both halves import it, so it imports only the standard library.
       checkpoints/step_XXXXXX/  (COMPLETE marker last)
       samples/step_XXXXXX.jsonl  logs/  wandb/
 
+`RunDir.record` is the one writer of state.json: it applies a named transition of
+gridrun/cellstate.py, which refuses a change the cell's state machine does not allow.
 Reading is tolerant: a damaged state.json or cell.json (bytes that are not UTF-8 JSON, a
 value of the wrong type) makes the cell read as the `damaged` state, whose `error` names the
 file and the fix, and never raises; damaged metrics.jsonl rows are skipped and reported by
@@ -28,11 +30,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-# `damaged`: a file of the cell cannot be read; nothing dispatches the cell until it is fixed.
-# `blocked` is never written: the grid reads a queued cell as blocked while a cell it needs
-# (a transfer cell's sa_rl) has failed, been cancelled or preempted (gridrun/grid/dispatch.py).
-STATES = ("planned", "queued", "running", "done", "failed", "preempted", "cancelled", "damaged", "blocked")
-ACTIVE_STATES = ("queued", "running")
+from gridrun.cellstate import STATES, Transition
+
 COMPLETE_MARKER = "COMPLETE"
 
 _NUMBER = (int, float)
@@ -264,15 +263,18 @@ class RunDir:
             return {**state, "state": "damaged", "error": str(err)}
         return state
 
-    def update_state(self, **fields: Any) -> dict[str, Any]:
-        """Read-modify-write state.json atomically; keeps fields the caller did not name.
+    def record(self, change: Transition) -> dict[str, Any]:
+        """The one writer of state.json: apply a named transition (gridrun/cellstate.py) to
+        the record read now and write it atomically; IllegalTransition, writing nothing, when
+        the state read may not take it. Fields the transition does not name are kept.
 
-        A damaged state.json is moved aside (state.json.damaged-<time>), never merged into."""
-        state = self.read_state()
-        if state["state"] == "damaged":
+        A damaged state.json is moved aside (state.json.damaged-<time>), never merged into;
+        the transition then writes what it knows (there is no state to judge it from)."""
+        current: dict[str, Any] | None = self.read_state()
+        if current["state"] == "damaged":
             self.state_json.rename(self.root / f"{self.state_json.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-            state = self.read_state()
-        state.update(fields)
+            current = None
+        state = change.apply(current)
         state["updated_at"] = time.time()
         atomic_write_json(self.state_json, state)
         return state

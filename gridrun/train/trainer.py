@@ -24,11 +24,13 @@ import signal
 import socket
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from gridrun import cellstate
 from gridrun.runconfig import GRPOSpec, RunConfig, load_config
 from gridrun.rundir import RunDir, atomic_write_text
 from gridrun.tasks.base import Problem, Task
@@ -238,7 +240,7 @@ class Trainer:
             if start == 0:
                 self.validate(0)
                 if main:
-                    self.run_dir.update_state(step=0)
+                    self.run_dir.record(cellstate.progressed(step=0))
             for step in range(start + 1, self.total_steps + 1):
                 self.metrics.write(self.train_step(step))
                 if step % self.config.train.val_every == 0 or step == self.total_steps:
@@ -247,7 +249,7 @@ class Trainer:
                 if saved:
                     self.save(step)
                 if main:
-                    self.run_dir.update_state(step=step)
+                    self.run_dir.record(cellstate.progressed(step=step))
                 if step < self.total_steps and self.dist.should_stop():
                     if not saved:
                         self.save(step)
@@ -338,9 +340,9 @@ class Trainer:
             return
         self.skipped_nonfinite += skipped
         if self.dist.is_main:
-            self.run_dir.update_state(
+            self.run_dir.record(cellstate.progressed(
                 skipped_nonfinite=self.skipped_nonfinite, alerts=self.val_alerts + nonfinite_alerts(self.skipped_nonfinite)
-            )
+            ))
 
     def validate(self, step: int) -> None:
         cfg = self.config
@@ -378,7 +380,7 @@ class Trainer:
         else:
             self.val_alerts = drift_alerts(state.get("first_val", {}), metrics, self.config.lengths.max_response_tokens)
             fields["alerts"] = self.val_alerts + nonfinite_alerts(self.skipped_nonfinite)
-        self.run_dir.update_state(**fields)
+        self.run_dir.record(cellstate.progressed(**fields))
 
     # --- checkpoints ----------------------------------------------------------------------
     def save(self, step: int) -> None:
@@ -447,38 +449,31 @@ def run_cell(path: Path) -> int:
             raise
     with lock:
         # Rank 0 alone writes state.json; the other ranks' errors reach it through the collectives.
-        record = run_dir.update_state if dist.is_main else (lambda **fields: fields)
-        record(
-            state="running",
-            pid=os.getpid(),
-            node=socket.gethostname(),
-            started_at=time.time(),
-            total_steps=config.steps_to_train,
-            error=None,
-        )
+        record: Callable[[cellstate.Transition], object] = run_dir.record if dist.is_main else (lambda change: None)
+        record(cellstate.started(os.getpid(), socket.gethostname(), config.steps_to_train))
         previous = {s: signal.signal(s, _raise_cancelled) for s in (signal.SIGTERM, signal.SIGINT)}
         previous[signal.SIGUSR2] = signal.signal(signal.SIGUSR2, lambda signum, frame: setattr(dist, "stop_requested", True))
         try:
             Trainer(config, run_dir, dist).fit()
         except Cancelled as stop:
-            record(state="cancelled", error=f"stopped by {stop}", finished_at=time.time())
+            record(cellstate.cancelled(f"stopped by {stop}"))
             return 143
         except Preempted as stop:
-            record(state="preempted", error=str(stop), finished_at=time.time())
+            record(cellstate.preempted(str(stop)))
             log.info("%s", stop)
             return 75
         except SandboxUnavailable as refused:  # a fix for the user (install bubblewrap), not a bug: one line
-            record(state="failed", error=str(refused), finished_at=time.time())
+            record(cellstate.failed(str(refused)))
             log.error("%s", refused)
             return 1
         except Exception:  # noqa: BLE001 - any failure is recorded in state.json, then the exit code says it
             tail = traceback.format_exc().strip().splitlines()[-12:]
-            record(state="failed", error="\n".join(tail), finished_at=time.time())
+            record(cellstate.failed("\n".join(tail)))
             log.error("run failed:\n%s", "\n".join(tail))
             return 1
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             dist.close()
-        record(state="done", finished_at=time.time())
+        record(cellstate.done())
         return 0

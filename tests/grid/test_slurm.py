@@ -16,6 +16,7 @@ from gridrun.grid import REPO_ROOT
 from gridrun.grid.errors import GridError
 from gridrun.grid.slurm import SlurmLauncher, _expand, chunks, executor_parameters, job_spec, sbatch_script
 from tests.grid.conftest import Gridrun
+from tests.states import put_state
 
 GOLDEN = Path(__file__).parent / "golden"
 CELL = {
@@ -196,7 +197,7 @@ def test_a_requeue_opens_the_next_attempt_once(tmp_path: Path) -> None:
     from gridrun.rundir import RunDir
 
     run_dir = RunDir(tmp_path)
-    run_dir.update_state(state="running", attempt=1, job_id="7_2", launcher="slurm", step=3)
+    put_state(run_dir, state="running", attempt=1, job_id="7_2", launcher="slurm", step=3)
     job = CellJob(str(tmp_path), time_min=30, signal_delay_s=60)
     job._record_requeue(run_dir, 0, "preempted (SIGUSR2) and requeued")
     job._record_requeue(run_dir, 0, "again")  # the restarted run finds it recorded
@@ -211,14 +212,14 @@ def test_every_rank_decides_alike_whether_the_job_runs_the_cell(tmp_path: Path) 
 
     run_dir = RunDir(tmp_path)
     job = CellJob(str(tmp_path), time_min=30, signal_delay_s=60)
-    run_dir.update_state(state="queued", attempt=1, job_id="7_2")
+    put_state(run_dir, state="queued", attempt=1, job_id="7_2")
     assert job._should_run(run_dir, "7_2", 0, record=False)
     assert not job._should_run(run_dir, "8", 0, record=False)  # the cell belongs to another job
-    run_dir.update_state(state="cancelled")
+    put_state(run_dir, state="cancelled")
     assert not job._should_run(run_dir, "7_2", 0, record=False)  # cancelled before it started
     # Cancelled by the SIGTERM of a requeue its last run could not record: run, as attempt 2.
     assert job._should_run(run_dir, "7_2", 1, record=True) and run_dir.read_state()["attempt"] == 2
-    run_dir.update_state(state="done")
+    put_state(run_dir, state="done")
     assert not job._should_run(run_dir, "7_2", 2, record=True) and run_dir.read_state()["state"] == "done"
 
 
@@ -234,7 +235,7 @@ def test_resubmissions_stop_at_max_attempts_but_requeues_do_not_count(
     ids = sweep.cell_ids()[:3]
     # Two submissions; two submissions and a requeue (3 attempts); one submission.
     for cell_id, attempt, requeues in zip(ids, (2, 3, 1), (0, 1, 0)):
-        sweep.cell(cell_id).update_state(state="failed", attempt=attempt, requeues=requeues)
+        put_state(sweep.cell(cell_id), state="failed", attempt=attempt, requeues=requeues)
     admitted = SlurmLauncher({"name": "slurm", "max_attempts": 2}).admit(sweep, ids)
     assert admitted == [ids[2]]
     assert f"not resubmitting {ids[0]}: it has had 2 submissions (launcher.max_attempts=2)" in caplog.text
