@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -363,6 +364,15 @@ class RunDir:
             "restore the file, or delete the damaged lines to silence this"
         )
 
+    def val_accuracy(self) -> dict[int, float]:
+        """step -> validation accuracy (`val/acc`) of metrics.jsonl's readable rows, finite
+        values only, a later row for a step winning (as `gridrun collect` reads them)."""
+        return {
+            row["step"]: float(row["val/acc"])
+            for row in self.read_metrics()
+            if row["split"] == "val" and row.get("val/acc") is not None and math.isfinite(row["val/acc"])
+        }
+
     def truncate_metrics(self, last_step: int) -> None:
         """Keep rows up to `last_step`: resuming from a checkpoint replays what came after."""
         kept = [row for row in self.read_metrics() if row.get("step", 0) <= last_step]
@@ -385,6 +395,17 @@ class RunDir:
     def latest_checkpoint(self) -> tuple[int, Path] | None:
         found = self.complete_checkpoints()
         return found[-1] if found else None
+
+
+def first_peak(val_acc: Mapping[int, float]) -> tuple[int, float] | None:
+    """(step, accuracy) of the highest validation accuracy, at the first step reaching it;
+    None without validations. The one definition of a cell's peak: metrics.jsonl is its one
+    source (`gridrun collect` reads it there; state.json carries the trainer's copy, derived
+    from the same rows, because `gridrun status` must not read every cell's metrics)."""
+    if not val_acc:
+        return None
+    step = min(val_acc, key=lambda s: (-val_acc[s], s))
+    return step, val_acc[step]
 
 
 def _metric_row(line: bytes) -> tuple[dict[str, Any] | None, str]:

@@ -32,7 +32,7 @@ import torch
 
 from gridrun import cellstate
 from gridrun.runconfig import GRPOSpec, RunConfig, load_config
-from gridrun.rundir import RunDir, atomic_write_text
+from gridrun.rundir import RunDir, atomic_write_text, first_peak
 from gridrun.tasks.base import Problem, Task
 from gridrun.tasks.sandbox import SandboxUnavailable
 from gridrun.train import checkpoint, grpo
@@ -370,17 +370,20 @@ class Trainer:
     def summarise(self, step: int, metrics: dict[str, float]) -> None:
         """Accuracy summary and drift alerts into state.json, so `gridrun status` reads one file."""
         state = self.run_dir.read_state()
-        acc = metrics["val/acc"]
-        peak = state.get("peak_val_acc")
-        fields: dict[str, Any] = {"last_val_acc": acc}
-        if step == 0 or peak is None or acc > peak:
-            fields.update(peak_val_acc=acc, peak_step=step)
+        fields: dict[str, Any] = {"last_val_acc": metrics["val/acc"], **self.peak_fields()}
         if step == 0:
             fields["first_val"] = {k: v for k, v in metrics.items() if k.startswith("val/role/")}
         else:
             self.val_alerts = drift_alerts(state.get("first_val", {}), metrics, self.config.lengths.max_response_tokens)
             fields["alerts"] = self.val_alerts + nonfinite_alerts(self.skipped_nonfinite)
         self.run_dir.record(cellstate.progressed(**fields))
+
+    def peak_fields(self) -> dict[str, Any]:
+        """state.json's copy of the peak, derived from metrics.jsonl's validation rows as
+        `gridrun collect` derives it (so a resume that replays validations cannot leave a
+        peak that the metrics no longer hold)."""
+        peak = first_peak(self.run_dir.val_accuracy())
+        return {} if peak is None else {"peak_step": peak[0], "peak_val_acc": peak[1]}
 
     # --- checkpoints ----------------------------------------------------------------------
     def save(self, step: int) -> None:
@@ -422,6 +425,7 @@ class Trainer:
         self.engine.refresh()
         if self.dist.is_main:
             self.run_dir.truncate_metrics(step)
+            self.run_dir.record(cellstate.progressed(**self.peak_fields()))
         log.info("resumed from %s", path)
         return step
 
