@@ -39,7 +39,7 @@ def test_grid_takes_the_run_schema_from_the_seam_module_only() -> None:
 
 
 def test_seam_modules_import_only_the_standard_library() -> None:
-    seam = ["gridrun.runconfig", "gridrun.rundir"]
+    seam = ["gridrun.runconfig", "gridrun.rundir", "gridrun.cellstate"]
     loaded = imported_after(seam)
     assert {m for m in loaded if m.startswith("gridrun.")} == set(seam)
     assert not {m for m in loaded if m.split(".")[0] in ("torch", "hydra", "omegaconf", "yaml", "numpy")}
