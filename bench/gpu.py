@@ -73,9 +73,10 @@ def run_case(args: argparse.Namespace) -> dict:
     """One training step of one case, in this process."""
     import torch
 
+    from gridrun import cellstate
     from gridrun.memory import predict
+    from gridrun.runconfig import dump_config
     from gridrun.rundir import RunDir
-    from gridrun.train.config import dump_config
     from gridrun.train.trainer import Trainer
 
     config, gpu = compose(args, args.scale, args.workflow, args.policy, args.data_root)
@@ -84,6 +85,8 @@ def run_case(args: argparse.Namespace) -> dict:
     run_dir = RunDir(Path(args.tmp) / config.cell.id)
     run_dir.root.mkdir(parents=True)
     run_dir.config_yaml.write_text(dump_config(config))
+    # As `gridrun run` does: the cell runs, so the trainer may record its progress.
+    run_dir.record(cellstate.started(os.getpid(), "gpu-check", config.steps_to_train))
     started = time.time()
     trainer = Trainer(config, run_dir)
     load_s = time.time() - started

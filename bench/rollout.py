@@ -14,8 +14,8 @@ import time
 
 import torch
 
+from gridrun.runconfig import CellSpec, PolicySpec, RunConfig, WorkflowSpec
 from gridrun.tasks.arith import ArithTask
-from gridrun.train.config import CellSpec, PolicySpec, RunConfig, WorkflowSpec
 from gridrun.train.engines.hf import HFEngine
 from gridrun.train.episode import Episode
 from gridrun.train.model import load_base

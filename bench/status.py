@@ -26,6 +26,7 @@ from wall import gridrun, summary, time_command
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from gridrun.grid.sweepdir import SweepDir
+from gridrun.rundir import atomic_write_json
 
 BUDGET_S = 0.5
 
@@ -40,10 +41,13 @@ def main() -> int:
         planning, _ = time_command(gridrun("plan", "conf=full_matrix", "seed=range(0,24)"), env, 1)
         sweep = SweepDir(Path(results), "full_matrix")
         for i, cell_id in enumerate(sweep.cell_ids()[::4]):
-            sweep.cell(cell_id).update_state(
-                state="done" if i % 2 else "running", step=250, total_steps=500, started_at=time.time() - 3600,
-                last_val_acc=0.4, peak_val_acc=0.45, peak_step=200, alerts=[], attempt=1, job_id=str(1000 + i),
-            )
+            # As a live sweep leaves them (written whole: no transition leads from planned to these).
+            run_dir = sweep.cell(cell_id)
+            atomic_write_json(run_dir.state_json, {
+                **run_dir.read_state(), "state": "done" if i % 2 else "running", "step": 250, "total_steps": 500,
+                "started_at": time.time() - 3600, "last_val_acc": 0.4, "peak_val_acc": 0.45, "peak_step": 200,
+                "alerts": [], "attempt": 1, "job_id": str(1000 + i),
+            })
         timings, out = time_command(gridrun("status", "--json"), env, args.runs)
     result = summary("gridrun status --json", timings, BUDGET_S, cells=len(json.loads(out)), plan_s=round(planning.wall_s[0], 2))
     print(json.dumps(result) if args.json else json.dumps(result, indent=1))

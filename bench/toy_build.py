@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gridrun.runconfig import ToySpec
 from gridrun.toy import build
-from gridrun.train.config import ToySpec
 
 
 def timed_build(ranks: int, steps: int) -> float:

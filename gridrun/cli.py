@@ -76,8 +76,8 @@ def _cmd_data(args: argparse.Namespace) -> int:
 
 
 def _cmd_toy(args: argparse.Namespace) -> int:
+    from gridrun.runconfig import ToySpec
     from gridrun.toy.build import ensure_toy_world
-    from gridrun.train.config import ToySpec
 
     path = ensure_toy_world(ToySpec(seed=args.seed))
     info = json.loads((path / "build.json").read_text())
@@ -168,8 +168,8 @@ class UserError(Exception):
 def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     args = build_parser().parse_args(argv)
+    from gridrun.runconfig import ConfigError
     from gridrun.rundir import DamagedFile, NotARunDir, RunLocked
-    from gridrun.train.config import ConfigError
 
     try:
         return int(args.func(args) or 0)

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from gridrun.arch import lora_parameter_count, parameter_count, published
-from gridrun.train.config import WORKFLOW_ROLES, RunConfig
+from gridrun.runconfig import WORKFLOW_ROLES, RunConfig
 
 GIB = 2**30
 # Completion positions whose float32 logits exist at once (gridrun/train/logprobs.py).

@@ -8,6 +8,8 @@ those paths. Both halves import it, so it imports only the standard library.
       checkpoints/step_XXXXXX/  (COMPLETE marker last)
       samples/step_XXXXXX.jsonl  logs/  wandb/
 
+`RunDir.record` is the one writer of state.json: it applies a named transition of
+gridrun/cellstate.py, which refuses a change the cell's state machine does not allow.
 Reading is tolerant: a damaged state.json or cell.json (bytes that are not UTF-8 JSON, a
 value of the wrong type) makes the cell read as the `damaged` state, whose `error` names the
 file and the fix, and never raises; damaged metrics.jsonl rows are skipped and reported by
@@ -20,19 +22,17 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-# `damaged`: a file of the cell cannot be read; nothing dispatches the cell until it is fixed.
-# `blocked` is never written: the grid reads a queued cell as blocked while a cell it needs
-# (a transfer cell's sa_rl) has failed, been cancelled or preempted (gridrun/grid/dispatch.py).
-STATES = ("planned", "queued", "running", "done", "failed", "preempted", "cancelled", "damaged", "blocked")
-ACTIVE_STATES = ("queued", "running")
+from gridrun.cellstate import STATES, Transition
+
 COMPLETE_MARKER = "COMPLETE"
 
 _NUMBER = (int, float)
@@ -264,15 +264,18 @@ class RunDir:
             return {**state, "state": "damaged", "error": str(err)}
         return state
 
-    def update_state(self, **fields: Any) -> dict[str, Any]:
-        """Read-modify-write state.json atomically; keeps fields the caller did not name.
+    def record(self, change: Transition) -> dict[str, Any]:
+        """The one writer of state.json: apply a named transition (gridrun/cellstate.py) to
+        the record read now and write it atomically; IllegalTransition, writing nothing, when
+        the state read may not take it. Fields the transition does not name are kept.
 
-        A damaged state.json is moved aside (state.json.damaged-<time>), never merged into."""
-        state = self.read_state()
-        if state["state"] == "damaged":
+        A damaged state.json is moved aside (state.json.damaged-<time>), never merged into;
+        the transition then writes what it knows (there is no state to judge it from)."""
+        current: dict[str, Any] | None = self.read_state()
+        if current["state"] == "damaged":
             self.state_json.rename(self.root / f"{self.state_json.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-            state = self.read_state()
-        state.update(fields)
+            current = None
+        state = change.apply(current)
         state["updated_at"] = time.time()
         atomic_write_json(self.state_json, state)
         return state
@@ -361,6 +364,15 @@ class RunDir:
             "restore the file, or delete the damaged lines to silence this"
         )
 
+    def val_accuracy(self) -> dict[int, float]:
+        """step -> validation accuracy (`val/acc`) of metrics.jsonl's readable rows, finite
+        values only, a later row for a step winning (as `gridrun collect` reads them)."""
+        return {
+            row["step"]: float(row["val/acc"])
+            for row in self.read_metrics()
+            if row["split"] == "val" and row.get("val/acc") is not None and math.isfinite(row["val/acc"])
+        }
+
     def truncate_metrics(self, last_step: int) -> None:
         """Keep rows up to `last_step`: resuming from a checkpoint replays what came after."""
         kept = [row for row in self.read_metrics() if row.get("step", 0) <= last_step]
@@ -383,6 +395,17 @@ class RunDir:
     def latest_checkpoint(self) -> tuple[int, Path] | None:
         found = self.complete_checkpoints()
         return found[-1] if found else None
+
+
+def first_peak(val_acc: Mapping[int, float]) -> tuple[int, float] | None:
+    """(step, accuracy) of the highest validation accuracy, at the first step reaching it;
+    None without validations. The one definition of a cell's peak: metrics.jsonl is its one
+    source (`gridrun collect` reads it there; state.json carries the trainer's copy, derived
+    from the same rows, because `gridrun status` must not read every cell's metrics)."""
+    if not val_acc:
+        return None
+    step = min(val_acc, key=lambda s: (-val_acc[s], s))
+    return step, val_acc[step]
 
 
 def _metric_row(line: bytes) -> tuple[dict[str, Any] | None, str]:

@@ -70,8 +70,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def toy_world() -> Path:
     """The default toy world (built once per machine, then cached)."""
+    from gridrun.runconfig import ToySpec
     from gridrun.toy.build import ensure_toy_world
-    from gridrun.train.config import ToySpec
 
     return ensure_toy_world(ToySpec())
 
@@ -126,7 +126,7 @@ def metric_rows(cell: Path) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def toy_model(toy_world: Path):
     """(the toy base model, its tokenizer), frozen, on the CPU."""
-    from gridrun.train.config import ModelSpec
+    from gridrun.runconfig import ModelSpec
     from gridrun.train.model import load_base
 
     return load_base(ModelSpec())

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
+from gridrun.runconfig import GRPOSpec
 from gridrun.tasks.base import Problem, Score
-from gridrun.train.config import GRPOSpec
 from gridrun.train.episode import Episode, Turn
 from gridrun.train.trainer import shuffle_rewards, turn_advantages
 from gridrun.train.workflows import get_workflow

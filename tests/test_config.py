@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from gridrun.train.config import ConfigError, config_from_dict, dump_config, load_config
+from gridrun.runconfig import ConfigError, config_from_dict, dump_config, load_config
 
 
 def minimal(**overrides: dict) -> dict:
@@ -64,3 +64,10 @@ def test_eval_opt_rounds_and_dual_clip_bounds() -> None:
         config_from_dict(minimal(workflow={"name": "eval_opt", "rounds": 0}))
     with pytest.raises(ConfigError, match="grpo.clip_ratio_c must be > 1"):
         config_from_dict(minimal(grpo={"clip_ratio_c": 1.0}))
+
+
+def test_only_training_cells_have_steps_to_train() -> None:
+    # train.total_steps=20 in both: the base cell evaluates its step 0 and trains none.
+    train = config_from_dict(minimal(train={"total_steps": 20}))
+    base = config_from_dict(minimal(cell={"id": "base-voting-toy-arith", "kind": "base"}, train={"total_steps": 20}))
+    assert (train.steps_to_train, base.steps_to_train) == (20, 0)

@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from gridrun.runconfig import load_config
 from gridrun.rundir import RunDir
-from gridrun.train.config import load_config
 from gridrun.train.distributed import Dist, free_local_port
 from gridrun.train.policy import adapter_parameters
 from gridrun.train.trainer import Trainer, run_cell

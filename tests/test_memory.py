@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gridrun.memory import GIB, LOGITS_COPIES, RESERVE_BYTES, predict
-from gridrun.train.config import config_from_dict
+from gridrun.runconfig import config_from_dict
 
 QWEN3_1_7B = {"name_or_path": "Qwen/Qwen3-1.7B", "dtype": "bfloat16"}
 

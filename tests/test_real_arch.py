@@ -19,9 +19,9 @@ import pytest
 
 from gridrun.grid.compose import Composer
 from gridrun.grid.plan import run_config
+from gridrun.runconfig import dump_config
 from gridrun.rundir import RunDir
 from gridrun.tasks.data import prepare
-from gridrun.train.config import dump_config
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

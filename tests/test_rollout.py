@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from gridrun.runconfig import WorkflowSpec
 from gridrun.tasks.arith import ArithTask
-from gridrun.train.config import WorkflowSpec
 from gridrun.train.episode import Episode
 from gridrun.train.rollout import (
     ChatEncoder,

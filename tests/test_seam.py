@@ -1,4 +1,5 @@
-"""The seam between the halves: only run directories cross it, never imports."""
+"""The seam between the halves: only run directories cross it, and the torch-free modules
+beside `rundir.py` that own it (the run schema and the cell state)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,21 @@ def imported_after(names: list[str]) -> set[str]:
 def test_grid_never_imports_torch() -> None:
     loaded = imported_after(modules("gridrun.grid") + ["gridrun.cli"])
     assert not {m for m in loaded if m == "torch" or m.startswith("torch.")}
+
+
+def test_grid_takes_the_run_schema_from_the_seam_module_only() -> None:
+    # The schema once lived in gridrun/train/config.py, which pulled the training package
+    # into every grid command; now no grid module loads anything under gridrun.train.
+    loaded = imported_after(modules("gridrun.grid") + ["gridrun.cli"])
+    assert "gridrun.runconfig" in loaded
+    assert not {m for m in loaded if m.startswith("gridrun.train")}
+
+
+def test_seam_modules_import_only_the_standard_library() -> None:
+    seam = ["gridrun.runconfig", "gridrun.rundir", "gridrun.cellstate"]
+    loaded = imported_after(seam)
+    assert {m for m in loaded if m.startswith("gridrun.")} == set(seam)
+    assert not {m for m in loaded if m.split(".")[0] in ("torch", "hydra", "omegaconf", "yaml", "numpy")}
 
 
 def test_train_never_imports_hydra_or_the_grid() -> None:

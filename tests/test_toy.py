@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from gridrun.runconfig import ToySpec
 from gridrun.rundir import RunDir
-from gridrun.train.config import ToySpec
 from gridrun.train.trainer import run_cell
 from tests.conftest import make_cell
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from gridrun.runconfig import load_config
 from gridrun.rundir import RunDir
-from gridrun.train.config import load_config
 from gridrun.train.policy import adapter_parameters
 from gridrun.train.trainer import Trainer, run_cell
 from gridrun.train.update import TrainSeq, update

@@ -13,9 +13,9 @@ import pytest
 import torch
 from peft import get_peft_model
 
+from gridrun.runconfig import ConfigError, config_from_dict, load_config
 from gridrun.rundir import RunDir
 from gridrun.train import checkpoint
-from gridrun.train.config import ConfigError, config_from_dict, load_config
 from gridrun.train.model import load_base
 from gridrun.train.policy import (
     SHARED,
@@ -28,6 +28,7 @@ from gridrun.train.policy import (
 from gridrun.train.trainer import Trainer, run_cell
 from gridrun.train.workflows import get_workflow
 from tests.conftest import TOY_CELL, make_cell, merge
+from tests.states import put_state
 from tests.vllm.helpers import peft_logprobs, randomize_lora_b
 
 SA_RL = "sa_rl-toy-arith-s0"
@@ -45,7 +46,7 @@ def finished_sa_rl(root: Path, step: int = 2) -> RunDir:
     model = get_peft_model(base, lora_config(config), adapter_name=SHARED)
     randomize_lora_b(model, seed=3, scale=0.2)
     checkpoint.save(run_dir, step, model, (SHARED,), {}, {"step": step}, keep=2)
-    run_dir.update_state(state="done", step=step, total_steps=step)
+    put_state(run_dir, state="done", step=step, total_steps=step)
     return run_dir
 
 
@@ -91,13 +92,13 @@ def test_an_unfinished_sa_rl_is_a_one_line_error_naming_the_fix(tmp_path: Path) 
     with pytest.raises(TransferSourceError, match="neither a run dir nor a peft adapter dir: plan its sa_rl cell"):
         transfer_adapter_dir(config, cell)
     source = RunDir(make_cell(tmp_path, SA_RL, cell={"kind": "sa_rl"}))
-    source.update_state(state="failed", step=1, total_steps=2)
+    put_state(source, state="failed", step=1, total_steps=2)
     with pytest.raises(TransferSourceError) as err:
         transfer_adapter_dir(config, cell)
     assert str(err.value) == (
         f"transfer source {SA_RL} is failed at step 1/2, not done: finish it first (`gridrun resubmit --cells {SA_RL}`)"
     )
-    source.update_state(state="done", step=2)
+    put_state(source, state="done", step=2)
     with pytest.raises(TransferSourceError, match="done but has no complete checkpoint: re-run it"):
         transfer_adapter_dir(config, cell)
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gridrun.runconfig import WorkflowSpec
 from gridrun.tasks.arith import ArithTask
 from gridrun.tasks.base import Problem
-from gridrun.train.config import WorkflowSpec
 from gridrun.train.episode import Episode
 from gridrun.train.workflows import get_workflow
 from tests.fakes import run_scripted

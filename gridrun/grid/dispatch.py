@@ -24,10 +24,10 @@ or preempted it reads `blocked` (never written: derived here, so it holds whatev
 launcher did with the held job); queueing that need again (`gridrun resubmit`) queues the
 blocked cells after it.
 
-`queue()` is the only writer of `queued`, `attempt`, `launcher` and `job_id` (`new_attempt`
-builds its fields; a SLURM job requeued by the scheduler opens its next attempt with it too,
-counting it in `requeues`); it runs under the sweep's lock and skips cells already queued or running, so two `gridrun sweep` runs of
-one sweep cannot submit a cell twice. A launcher is named in conf/launcher/<name>.yaml and
+`queue()` opens a cell's next attempt (the `queued` transition of gridrun/cellstate.py, which
+a SLURM job requeued by the scheduler takes too, counting it in `requeues`) and records its
+job id; it runs under the sweep's lock and skips cells already queued or running, so two
+`gridrun sweep` runs of one sweep cannot submit a cell twice. A launcher is named in conf/launcher/<name>.yaml and
 registered in LAUNCHERS; a SLURM launcher (submitit) plugs in the same way. Every launcher
 starts a cell with `cell_command`, which runs the installed gridrun whatever the current
 directory holds.
@@ -41,14 +41,14 @@ import importlib
 import logging
 import shlex
 import sys
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from gridrun import cellstate
+from gridrun.cellstate import ACTIVE_STATES, BLOCKING_STATES
 from gridrun.grid.errors import GridError
-from gridrun.rundir import ACTIVE_STATES
 
 if TYPE_CHECKING:
     from gridrun.grid.sweepdir import SweepDir
@@ -60,10 +60,6 @@ LAUNCHERS: dict[str, str] = {"local": "gridrun.grid.local:LocalLauncher", "slurm
 # drops only that entry and keeps PYTHONPATH, which a user sets on purpose; 3.10 lacks it
 # and gets -I, which also ignores PYTHON* variables and the user's site-packages.
 SAFE_PATH_FLAG = "-P" if sys.version_info >= (3, 11) else "-I"
-# Fields of an attempt kept in state.json's `attempts` history when the cell is queued again.
-ATTEMPT_FIELDS = ("attempt", "state", "launcher", "job_id", "node", "step", "started_at", "finished_at", "error")
-# A needed cell in one of these states will not become done by itself: its dependents are blocked.
-BLOCKING_STATES = ("failed", "cancelled", "preempted", "blocked")
 
 log = logging.getLogger("gridrun")
 
@@ -205,26 +201,6 @@ def runnable(sweep: SweepDir, ids: list[str]) -> list[str]:
     return [cell_id for cell_id in ids if states[cell_id].get("state") not in ("done", "damaged", *ACTIVE_STATES)]
 
 
-def new_attempt(state: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
-    """The state.json fields that open a cell's next attempt (queued), the current one moving
-    to the `attempts` history; `fields` (launcher, job_id, ...) are set as given."""
-    history = list(state.get("attempts") or [])
-    attempt = int(state.get("attempt") or 0)
-    if attempt:
-        history.append({key: state.get(key) for key in ATTEMPT_FIELDS})
-    return {
-        "state": "queued",
-        "attempt": attempt + 1,
-        "attempts": history,
-        "pid": None,
-        "error": None,
-        "queued_at": time.time(),
-        "started_at": None,
-        "finished_at": None,
-        **fields,
-    }
-
-
 def queue(sweep: SweepDir, ids: list[str], launcher: Launcher) -> list[str]:
     """Mark cells queued (a new attempt) and submit them. Call under `sweep.lock()`.
 
@@ -245,9 +221,9 @@ def queue(sweep: SweepDir, ids: list[str], launcher: Launcher) -> list[str]:
     todo = _needs_first(todo, needs, states, sweep.name)
     todo = launcher.admit(sweep, todo) if todo else todo
     for cell_id in todo:
-        run_dirs[cell_id].update_state(**new_attempt(states[cell_id], launcher=launcher.name, job_id=None))
+        run_dirs[cell_id].record(cellstate.queued(states[cell_id], launcher.name))
     for cell_id, job_id in (launcher.submit(sweep, todo) if todo else {}).items():
-        run_dirs[cell_id].update_state(job_id=job_id)
+        run_dirs[cell_id].record(cellstate.handed_over(job_id=job_id))
     return todo
 
 

@@ -33,8 +33,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gridrun import cellstate
+from gridrun.cellstate import BLOCKING_STATES, FINAL_STATES
 from gridrun.grid.console import console
-from gridrun.grid.dispatch import BLOCKING_STATES, Launcher, cell_command, observe, sweep_needs
+from gridrun.grid.dispatch import Launcher, cell_command, observe, sweep_needs
 from gridrun.grid.errors import GridError
 from gridrun.rundir import DamagedFile, RunDir
 
@@ -42,7 +44,6 @@ if TYPE_CHECKING:
     from gridrun.grid.sweepdir import SweepDir
 
 HOST = socket.gethostname()
-FINAL_STATES = ("done", "failed", "cancelled", "preempted")
 # A process that started this long after a cell's timestamp is a recycled pid, not the cell's.
 START_SLACK_S = 2.0
 
@@ -204,7 +205,11 @@ class LocalLauncher(Launcher):
                 done.append(f"{cell_id}: sent SIGTERM to process {pid}")
             else:
                 # Not started: the launcher that queued it checks the state before starting.
-                run_dir.update_state(state="cancelled", error="cancelled before it started", finished_at=time.time())
+                try:
+                    run_dir.record(cellstate.cancelled("cancelled before it started"))
+                except cellstate.IllegalTransition as ended:  # it finished between the two reads
+                    done.append(f"{cell_id}: not cancelled: {ended}")
+                    continue
                 done.append(f"{cell_id}: cancelled before it started")
         return done
 
@@ -289,7 +294,7 @@ class _Pool:
                     self._finished(cell_id, state)
                     continue
                 self.running[cell_id] = self._spawn(run_dir, state)
-                run_dir.update_state(pid=self.running[cell_id].pid)
+                run_dir.record(cellstate.handed_over(pid=self.running[cell_id].pid))
             total = max(int(state.get("total_steps") or 0), 1)
             self.bars[cell_id] = self.progress.add_task(cell_id, total=total, note="starting")
 
@@ -330,12 +335,9 @@ class _Pool:
                 # It died before it could record why: record it here.
                 terminated = self.stopping or code in (-signal.SIGTERM, -signal.SIGINT, 143, 130)
                 tail = _tail(run_dir.stderr_log)
-                state = run_dir.update_state(
-                    state="cancelled" if terminated else "failed",
-                    error=f"{_describe_exit(code)} without recording a final state; "
-                    f"see {run_dir.stderr_log}" + (f"\n{tail}" if tail else ""),
-                    finished_at=time.time(),
-                )
+                why = f"{_describe_exit(code)} without recording a final state; see {run_dir.stderr_log}"
+                ended = cellstate.cancelled if terminated else cellstate.failed
+                state = run_dir.record(ended(why + (f"\n{tail}" if tail else "")))
             self._finished(cell_id, state)
 
     def _finished(self, cell_id: str, state: Mapping[str, Any]) -> None:
@@ -379,9 +381,7 @@ class _Pool:
                 run_dir = self.sweep.cell(cell_id)
                 state = run_dir.read_state()
                 if state.get("state") == "queued" and state.get("job_id") == self.launcher.job_id:
-                    state = run_dir.update_state(
-                        state="cancelled", error="cancelled before it started", finished_at=time.time()
-                    )
+                    state = run_dir.record(cellstate.cancelled("cancelled before it started"))
                 self._finished(cell_id, state)
         for proc in self.running.values():
             _signal_cell(proc.pid, signal.SIGTERM)

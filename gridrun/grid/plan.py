@@ -34,6 +34,8 @@ from typing import Any
 
 import yaml
 
+from gridrun import cellstate
+from gridrun.cellstate import ACTIVE_STATES
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.cells import Cell, expand
 from gridrun.grid.compose import Composer
@@ -42,8 +44,8 @@ from gridrun.grid.dispatch import observe
 from gridrun.grid.errors import GridError
 from gridrun.grid.spec import SweepSpec
 from gridrun.grid.sweepdir import SweepDamaged, SweepDir, sibling_cell
-from gridrun.rundir import ACTIVE_STATES, DamagedFile, RunDir, atomic_write_json, atomic_write_text
-from gridrun.train.config import ConfigError, RunConfig, config_from_dict, dump_config, load_config
+from gridrun.runconfig import ConfigError, RunConfig, config_from_dict, dump_config, load_config
+from gridrun.rundir import DamagedFile, RunDir, atomic_write_json, atomic_write_text
 
 # Top-level nodes of the composed config that are the grid's, not the trainer's.
 GRID_NODES = ("data_root", "gpu", "cluster", "launcher", "estimate")
@@ -66,7 +68,7 @@ class PlannedCell:
         return self.cell.id
 
     def total_steps(self) -> int:
-        return self.config.train.total_steps if self.config.trains else 0
+        return self.config.steps_to_train
 
     def entry(self) -> dict[str, Any]:
         """This cell's record in sweep.json (and cell.json)."""
@@ -195,7 +197,7 @@ def _resources(tree: dict[str, Any]) -> dict[str, Any]:
 def _estimate_hours(tree: dict[str, Any], config: RunConfig) -> float:
     """Rough wall-clock hours of one attempt: steps and validations at the conf's rates."""
     rate = tree["estimate"]
-    steps = config.train.total_steps if config.trains else 0
+    steps = config.steps_to_train
     validations = 1 + steps // config.train.val_every + (1 if steps % config.train.val_every else 0)
     seconds = rate["step_s"] * rate["relative_cost"] * (steps + validations * rate["val_cost"])
     return seconds / 3600
@@ -279,10 +281,7 @@ def freeze(plan: Plan, sweep: SweepDir, replace: bool = False) -> Freeze:
         run_dir.root.mkdir(parents=True, exist_ok=True)
         # state.json last: a cell cut short here (a full disk) has no history and is re-planned.
         _write_record(run_dir, pc, plan, sweep, now, provenance)
-        atomic_write_json(
-            run_dir.state_json,
-            {"state": "planned", "step": 0, "total_steps": pc.total_steps(), "attempt": 0, "updated_at": now},
-        )
+        run_dir.record(cellstate.planned(pc.total_steps()))
     if result.sweep_damaged:
         sweep.set_aside_damaged()
     data = sweep.read() if sweep.exists() else {"name": sweep.name, "created_at": now, "cells": [], "plans": []}

@@ -57,6 +57,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gridrun import cellstate
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.dispatch import Launcher, interpreter_line, sweep_needs
 from gridrun.grid.errors import GridError
@@ -450,9 +451,11 @@ class SlurmLauncher(Launcher):
         for cell_id, state in states.items():
             if state.get("state") == "queued":
                 # Never started: nothing will record it, so record it here.
-                sweep.cell(cell_id).update_state(
-                    state="cancelled", error="cancelled before it started (gridrun cancel)", finished_at=time.time()
-                )
+                try:
+                    sweep.cell(cell_id).record(cellstate.cancelled("cancelled before it started (gridrun cancel)"))
+                except cellstate.IllegalTransition as ended:  # its job ran to the end meanwhile
+                    lines.append(f"{cell_id}: not cancelled: {ended}")
+                    continue
                 lines.append(f"{cell_id}: cancelled job {jobs.get(cell_id, '-')} before it started")
             else:
                 lines.append(f"{cell_id}: scancel {jobs.get(cell_id, '-')} (its trainer records cancelled)")

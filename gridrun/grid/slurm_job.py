@@ -32,7 +32,8 @@ from typing import Any
 import submitit
 from submitit.core.utils import UncompletedJobError
 
-from gridrun.grid.dispatch import cell_command, new_attempt
+from gridrun import cellstate
+from gridrun.grid.dispatch import cell_command
 from gridrun.rundir import RunDir
 
 # Seconds kept back from signal_delay_s for the requeue itself once the trainer stopped.
@@ -173,14 +174,10 @@ class CellJob(submitit.helpers.Checkpointable):
                 return self._finish(run_dir, rank, restart, self._child.wait(), err_path)
             # submitit refused to requeue: the time-limit budget is spent.
             if rank == 0:
-                run_dir.update_state(
-                    state="preempted",
-                    error=(
-                        f"stopped at its time limit after {self.time_min} min, with its timeout budget "
-                        "(launcher.max_num_timeout) spent; resume it with `gridrun resubmit --preempted`"
-                    ),
-                    finished_at=time.time(),
-                )
+                run_dir.record(cellstate.preempted(
+                    f"stopped at its time limit after {self.time_min} min, with its timeout budget "
+                    "(launcher.max_num_timeout) spent; resume it with `gridrun resubmit --preempted`"
+                ))
             raise
         return self._finish(run_dir, rank, restart, code, err_path) if rank == 0 else code
 
@@ -228,16 +225,15 @@ class CellJob(submitit.helpers.Checkpointable):
         state = run_dir.read_state()
         if int(state.get("slurm_restarts") or 0) > restart or state.get("state") == "done":
             return  # recorded already, or nothing left to run
+        # The attempt SLURM ended goes to the history as preempted, whatever it last recorded.
         ended = {**state, "state": "preempted", "error": why, "finished_at": time.time()}
-        run_dir.update_state(
-            **new_attempt(
-                ended,
-                launcher=state.get("launcher") or "slurm",
-                job_id=state.get("job_id"),
-                requeues=int(state.get("requeues") or 0) + 1,
-                slurm_restarts=restart + 1,
-            )
-        )
+        run_dir.record(cellstate.queued(
+            ended,
+            state.get("launcher") or "slurm",
+            job_id=state.get("job_id"),
+            requeues=int(state.get("requeues") or 0) + 1,
+            slurm_restarts=restart + 1,
+        ))
 
     def _why_requeued(self) -> str:
         if timed_out(self._started, self.time_min):
@@ -259,10 +255,8 @@ class CellJob(submitit.helpers.Checkpointable):
         if state.get("state") == "running":
             how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
             tail = _tail(err_path)
-            run_dir.update_state(
-                state="failed",
-                error=f"trainer {how} without recording a final state (out of memory?)" + (f"\n{tail}" if tail else ""),
-                finished_at=time.time(),
-            )
+            run_dir.record(cellstate.failed(
+                f"trainer {how} without recording a final state (out of memory?)" + (f"\n{tail}" if tail else "")
+            ))
         error = str(run_dir.read_state().get("error") or "").strip().splitlines()
         raise RuntimeError(f"cell {run_dir.root.name} failed: {error[-1] if error else f'exit code {code}'}")

@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gridrun.cellstate import STATES
 from gridrun.grid.dispatch import needs_of, observe
 from gridrun.grid.sweepdir import SweepDamaged, SweepDir, planned_sweeps
-from gridrun.rundir import STATES
 
 STATE_STYLES = {
     "planned": "dim",

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from gridrun.train.config import ModelSpec, ToySpec
+from gridrun.runconfig import ModelSpec, ToySpec
 
 
 class ModelLoadError(RuntimeError):

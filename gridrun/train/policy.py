@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
+from gridrun.runconfig import ConfigError, RunConfig, load_config
 from gridrun.rundir import RunDir
 from gridrun.train import checkpoint
-from gridrun.train.config import ConfigError, RunConfig, load_config
 from gridrun.train.workflows import Workflow, get_workflow
 
 SHARED = "shared"

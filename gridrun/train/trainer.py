@@ -24,17 +24,19 @@ import signal
 import socket
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from gridrun.rundir import RunDir, atomic_write_text
+from gridrun import cellstate
+from gridrun.runconfig import GRPOSpec, RunConfig, load_config
+from gridrun.rundir import RunDir, atomic_write_text, first_peak
 from gridrun.tasks.base import Problem, Task
 from gridrun.tasks.sandbox import SandboxUnavailable
 from gridrun.train import checkpoint, grpo
 from gridrun.train.alerts import drift_alerts, nonfinite_alerts
-from gridrun.train.config import GRPOSpec, RunConfig, load_config
 from gridrun.train.distributed import Dist
 from gridrun.train.episode import Episode
 from gridrun.train.model import load_base
@@ -241,7 +243,7 @@ class Trainer:
         # The drift alerts of the latest validation (state.json's alerts add the non-finite one).
         self.val_alerts: list[str] = []
         self.pad_id = self.tokenizer.pad_token_id
-        self.total_steps = config.train.total_steps if config.trains else 0
+        self.total_steps = config.steps_to_train
         self.dist.decorrelate_rng(seed, 0)
 
     # --- the loop -------------------------------------------------------------------------
@@ -253,7 +255,7 @@ class Trainer:
             if start == 0:
                 self.validate(0)
                 if main:
-                    self.run_dir.update_state(step=0)
+                    self.run_dir.record(cellstate.progressed(step=0))
             for step in range(start + 1, self.total_steps + 1):
                 self.metrics.write(self.train_step(step))
                 if step % self.config.train.val_every == 0 or step == self.total_steps:
@@ -262,7 +264,7 @@ class Trainer:
                 if saved:
                     self.save(step)
                 if main:
-                    self.run_dir.update_state(step=step)
+                    self.run_dir.record(cellstate.progressed(step=step))
                 if step < self.total_steps and self.dist.should_stop():
                     if not saved:
                         self.save(step)
@@ -355,9 +357,9 @@ class Trainer:
             return
         self.skipped_nonfinite += skipped
         if self.dist.is_main:
-            self.run_dir.update_state(
+            self.run_dir.record(cellstate.progressed(
                 skipped_nonfinite=self.skipped_nonfinite, alerts=self.val_alerts + nonfinite_alerts(self.skipped_nonfinite)
-            )
+            ))
 
     def validate(self, step: int) -> None:
         cfg = self.config
@@ -385,17 +387,20 @@ class Trainer:
     def summarise(self, step: int, metrics: dict[str, float]) -> None:
         """Accuracy summary and drift alerts into state.json, so `gridrun status` reads one file."""
         state = self.run_dir.read_state()
-        acc = metrics["val/acc"]
-        peak = state.get("peak_val_acc")
-        fields: dict[str, Any] = {"last_val_acc": acc}
-        if step == 0 or peak is None or acc > peak:
-            fields.update(peak_val_acc=acc, peak_step=step)
+        fields: dict[str, Any] = {"last_val_acc": metrics["val/acc"], **self.peak_fields()}
         if step == 0:
             fields["first_val"] = {k: v for k, v in metrics.items() if k.startswith("val/role/")}
         else:
             self.val_alerts = drift_alerts(state.get("first_val", {}), metrics, self.config.lengths.max_response_tokens)
             fields["alerts"] = self.val_alerts + nonfinite_alerts(self.skipped_nonfinite)
-        self.run_dir.update_state(**fields)
+        self.run_dir.record(cellstate.progressed(**fields))
+
+    def peak_fields(self) -> dict[str, Any]:
+        """state.json's copy of the peak, derived from metrics.jsonl's validation rows as
+        `gridrun collect` derives it (so a resume that replays validations cannot leave a
+        peak that the metrics no longer hold)."""
+        peak = first_peak(self.run_dir.val_accuracy())
+        return {} if peak is None else {"peak_step": peak[0], "peak_val_acc": peak[1]}
 
     # --- checkpoints ----------------------------------------------------------------------
     def save(self, step: int) -> None:
@@ -437,6 +442,7 @@ class Trainer:
         self.engine.refresh()
         if self.dist.is_main:
             self.run_dir.truncate_metrics(step)
+            self.run_dir.record(cellstate.progressed(**self.peak_fields()))
         log.info("resumed from %s", path)
         return step
 
@@ -464,38 +470,31 @@ def run_cell(path: Path) -> int:
             raise
     with lock:
         # Rank 0 alone writes state.json; the other ranks' errors reach it through the collectives.
-        record = run_dir.update_state if dist.is_main else (lambda **fields: fields)
-        record(
-            state="running",
-            pid=os.getpid(),
-            node=socket.gethostname(),
-            started_at=time.time(),
-            total_steps=config.train.total_steps if config.trains else 0,
-            error=None,
-        )
+        record: Callable[[cellstate.Transition], object] = run_dir.record if dist.is_main else (lambda change: None)
+        record(cellstate.started(os.getpid(), socket.gethostname(), config.steps_to_train))
         previous = {s: signal.signal(s, _raise_cancelled) for s in (signal.SIGTERM, signal.SIGINT)}
         previous[signal.SIGUSR2] = signal.signal(signal.SIGUSR2, lambda signum, frame: setattr(dist, "stop_requested", True))
         try:
             Trainer(config, run_dir, dist).fit()
         except Cancelled as stop:
-            record(state="cancelled", error=f"stopped by {stop}", finished_at=time.time())
+            record(cellstate.cancelled(f"stopped by {stop}"))
             return 143
         except Preempted as stop:
-            record(state="preempted", error=str(stop), finished_at=time.time())
+            record(cellstate.preempted(str(stop)))
             log.info("%s", stop)
             return 75
         except SandboxUnavailable as refused:  # a fix for the user (install bubblewrap), not a bug: one line
-            record(state="failed", error=str(refused), finished_at=time.time())
+            record(cellstate.failed(str(refused)))
             log.error("%s", refused)
             return 1
         except Exception:  # noqa: BLE001 - any failure is recorded in state.json, then the exit code says it
             tail = traceback.format_exc().strip().splitlines()[-12:]
-            record(state="failed", error="\n".join(tail), finished_at=time.time())
+            record(cellstate.failed("\n".join(tail)))
             log.error("run failed:\n%s", "\n".join(tail))
             return 1
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             dist.close()
-        record(state="done", finished_at=time.time())
+        record(cellstate.done())
         return 0

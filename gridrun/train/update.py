@@ -48,8 +48,8 @@ from typing import Any
 
 import torch
 
+from gridrun.runconfig import GRPOSpec, RunConfig
 from gridrun.train import grpo, logprobs
-from gridrun.train.config import GRPOSpec, RunConfig
 from gridrun.train.distributed import Dist
 from gridrun.train.policy import Routing, activate, adapter_parameters
 

@@ -9,6 +9,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from gridrun import cellstate
 from gridrun.grid.dispatch import Launcher
 from gridrun.grid.sweepdir import SweepDir
 
@@ -29,7 +30,7 @@ class RecordingLauncher(Launcher):
 
     def cancel(self, sweep: SweepDir, ids: list[str]) -> list[str]:
         for cell_id in ids:
-            sweep.cell(cell_id).update_state(state="cancelled")
+            sweep.cell(cell_id).record(cellstate.cancelled("cancelled by the recording launcher"))
         return [f"{cell_id}: cancelled" for cell_id in ids]
 
 

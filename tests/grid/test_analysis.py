@@ -18,6 +18,7 @@ import pytest
 from gridrun.grid.analysis.summary import MetricColumns, cell_hours, cell_summary, cliff
 from gridrun.grid.sweepdir import SweepDir
 from tests.grid.conftest import Gridrun
+from tests.states import put_state
 
 # --- a Voting-IP cell, four training steps and five validations ----------------------------------
 VAL_ACC = {0: 0.40, 10: 0.55, 20: 0.60, 30: 0.45, 40: 0.50}
@@ -144,7 +145,7 @@ def add_cell(sweep: SweepDir, data: dict, cell_id: str, kind: str, coords: dict,
     run_dir.root.mkdir(parents=True)
     run_dir.config_yaml.write_text(f"cell:\n  id: {cell_id}\n")  # a planned cell's marker for find_cell
     ran = {} if state == "planned" else {"started_at": 0.0, "finished_at": 3600.0}  # one hour
-    run_dir.update_state(state=state, step=40, total_steps=40, attempt=1, alerts=alerts or [], **ran)
+    put_state(run_dir, state=state, step=40, total_steps=40, attempt=1, alerts=alerts or [], **ran)
     run_dir.append_metrics(rows)
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from gridrun.grid.sweepdir import SweepDir
 from tests.grid.conftest import Gridrun
+from tests.states import put_state
 
 
 def add_cell(
@@ -23,7 +24,7 @@ def add_cell(
     data["cells"].append({"id": cell_id, "kind": kind, "coords": coords, "fingerprint": "x", "total_steps": 20})
     run_dir = sweep.cell(cell_id)
     run_dir.root.mkdir(parents=True)
-    run_dir.update_state(state=state, step=max(accs, default=0), total_steps=20, attempt=1)
+    put_state(run_dir, state=state, step=max(accs, default=0), total_steps=20, attempt=1)
     train = [
         {"step": s, "split": "train", **{f"role/{role}/grad_share": v for role, v in shares.items()}}
         for s, shares in sorted((grad_shares or {}).items())
@@ -180,3 +181,25 @@ def test_no_figure_for_a_sweep_without_metrics(gridrun: Gridrun, results: Path) 
     assert result.code == 0, result.err
     assert not sweep.figures_dir.exists() or not any(sweep.figures_dir.iterdir())
     assert "no figures (no cell has metrics yet)" in result.out
+
+
+def test_the_peak_has_one_definition_read_off_metrics(tmp_path: Path) -> None:
+    from gridrun.grid.analysis.summary import accuracy_summary
+    from gridrun.rundir import RunDir, first_peak
+
+    run_dir = RunDir(tmp_path / "cell")
+    run_dir.root.mkdir()
+    # 0.5 is reached at step 10 and again at 20: the peak is the first. Step 30 was validated
+    # twice (a resume replayed it): the later row, 0.25, wins. A NaN accuracy and the train
+    # row are not validations.
+    run_dir.append_metrics([
+        {"step": 0, "split": "val", "val/acc": 0.25}, {"step": 10, "split": "val", "val/acc": 0.5},
+        {"step": 20, "split": "val", "val/acc": 0.5}, {"step": 25, "split": "val", "val/acc": float("nan")},
+        {"step": 30, "split": "val", "val/acc": 0.75}, {"step": 30, "split": "train", "val/acc": 1.0},
+        {"step": 30, "split": "val", "val/acc": 0.25},
+    ])
+    val_acc = run_dir.val_accuracy()
+    assert val_acc == {0: 0.25, 10: 0.5, 20: 0.5, 30: 0.25}
+    assert first_peak(val_acc) == (10, 0.5) and first_peak({}) is None
+    summary = accuracy_summary(val_acc)
+    assert (summary["peak_step"], summary["peak_val_acc"], summary["drop_from_peak"]) == (10, 0.5, -0.25)

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from gridrun import cellstate
 from gridrun.grid.dispatch import runnable
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.rundir import RunDir
 from tests.grid.conftest import Gridrun
 from tests.grid.recording import submissions
+from tests.states import put_state
 
 # What a damaged state.json may hold: bytes that are not UTF-8, random bytes, JSON that is
 # not an object, an object whose fields have the wrong types or an unknown state.
@@ -49,7 +51,7 @@ def test_a_damaged_state_json_is_one_damaged_cell(gridrun: Gridrun, smoke: Sweep
     ids = smoke.cell_ids()
     bad = smoke.cell(ids[0])
     bad.state_json.write_bytes(DAMAGE[damage])
-    smoke.cell(ids[1]).update_state(state="failed", attempt=1, error="boom")
+    put_state(smoke.cell(ids[1]), state="failed", attempt=1, error="boom")
 
     state = bad.read_state()
     assert state["state"] == "damaged"
@@ -104,8 +106,11 @@ def test_a_writer_moves_a_damaged_state_json_aside(tmp_path: Path) -> None:
     run_dir = RunDir(tmp_path / "cell")
     run_dir.root.mkdir()
     run_dir.state_json.write_bytes(DAMAGE["null"])
-    state = run_dir.update_state(state="running", step=3)
-    assert (state["state"], state["step"]) == ("running", 3) and "error" not in state
+    # A damaged record has no state to judge a transition from: the writer records what it
+    # knows (here a run starting) over an empty record, nothing merged from the damage.
+    state = run_dir.record(cellstate.started(pid=41, node="n1", total_steps=3))
+    assert (state["state"], state["pid"], state["total_steps"], state["error"]) == ("running", 41, 3, None)
+    assert run_dir.read_state() == state
     (aside,) = run_dir.root.glob("state.json.damaged-*")
     assert aside.read_bytes() == DAMAGE["null"]
 
@@ -136,7 +141,7 @@ def test_a_damaged_cell_json_is_shown_and_repaired_by_planning(gridrun: Gridrun,
 def test_damaged_metrics_rows_are_skipped_and_named(gridrun: Gridrun, smoke: SweepDir) -> None:
     ids = smoke.cell_ids()
     run_dir = smoke.cell(ids[0])
-    run_dir.update_state(state="done", step=2)
+    put_state(run_dir, state="done", step=2)
     good = [{"step": 0, "split": "val", "val/acc": 0.25}, {"step": 2, "split": "val", "val/acc": 0.5}]
     lines = [json.dumps(good[0]).encode(), b"\xff\xfe not utf-8", b"[1, 2]", b'{"step": "x", "split": "val"}',
              json.dumps(good[1]).encode()]

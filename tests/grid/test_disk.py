@@ -24,6 +24,7 @@ from gridrun.grid.dispatch import runnable
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.rundir import RunDir
 from tests.grid.conftest import Gridrun, tree
+from tests.states import put_state
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,7 +35,7 @@ def test_a_cell_that_lost_its_config_is_refused_then_moved_aside(gridrun: Gridru
     sweep = SweepDir(results, "smoke")
     cell_id = sweep.cell_ids()[0]
     run_dir = sweep.cell(cell_id)
-    run_dir.update_state(state="done", step=20, peak_val_acc=0.5)
+    put_state(run_dir, state="done", step=20, peak_val_acc=0.5)
     run_dir.append_metrics([{"step": 20, "split": "val", "val/acc": 0.5}])
     run_dir.config_yaml.unlink()
     before = tree(results)
@@ -56,7 +57,7 @@ def test_a_running_cell_that_lost_its_config_is_not_moved(gridrun: Gridrun, resu
     assert gridrun("plan", "conf=smoke").code == 0
     sweep = SweepDir(results, "smoke")
     run_dir = sweep.cell(sweep.cell_ids()[0])
-    run_dir.update_state(state="running", pid=os.getpid(), node=socket.gethostname(), launcher="local",
+    put_state(run_dir, state="running", pid=os.getpid(), node=socket.gethostname(), launcher="local",
                          job_id=f"{os.getpid()}@{socket.gethostname()}", started_at=time.time())
     run_dir.config_yaml.unlink()
     refused = gridrun("plan", "conf=smoke", "--replace")
@@ -121,7 +122,7 @@ def test_a_read_only_results_root_is_one_line(gridrun: Gridrun, results: Path, t
     assert gridrun("plan", "conf=smoke").code == 0
     sweep = SweepDir(results, "smoke")
     cell = sweep.cell(sweep.cell_ids()[0])
-    cell.update_state(state="failed", attempt=1)
+    put_state(cell, state="failed", attempt=1)
     before = tree(results)
     out = tmp_path / "out"
     out.mkdir()

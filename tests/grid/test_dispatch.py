@@ -20,6 +20,7 @@ from gridrun.grid.local import HOST
 from gridrun.grid.sweepdir import SweepDir
 from tests.grid.conftest import Gridrun
 from tests.grid.recording import submissions
+from tests.states import put_state
 
 pytestmark = pytest.mark.usefixtures("recording_launcher")
 
@@ -73,11 +74,11 @@ def test_a_held_lock_times_out_with_the_fix(smoke: SweepDir) -> None:
 
 def test_a_rerun_skips_done_queued_and_running_cells(gridrun: Gridrun, smoke: SweepDir) -> None:
     ids = smoke.cell_ids()
-    smoke.cell(ids[0]).update_state(state="done")
-    smoke.cell(ids[1]).update_state(state="running", pid=os.getpid(), node=HOST, started_at=time.time())
-    smoke.cell(ids[2]).update_state(state="queued", launcher="record", job_id="rec-1")
-    smoke.cell(ids[3]).update_state(state="failed", attempt=1)
-    smoke.cell(ids[4]).update_state(state="cancelled", attempt=1)
+    put_state(smoke.cell(ids[0]), state="done")
+    put_state(smoke.cell(ids[1]), state="running", pid=os.getpid(), node=HOST, started_at=time.time())
+    put_state(smoke.cell(ids[2]), state="queued", launcher="record", job_id="rec-1")
+    put_state(smoke.cell(ids[3]), state="failed", attempt=1)
+    put_state(smoke.cell(ids[4]), state="cancelled", attempt=1)
     assert runnable(smoke, ids) == ids[3:]
     result = gridrun("sweep", "conf=smoke", "launcher.name=record")
     assert result.code == 0 and "skipping 3 done, queued or running" in result.out
@@ -90,7 +91,7 @@ def test_a_rerun_skips_done_queued_and_running_cells(gridrun: Gridrun, smoke: Sw
 
 def test_resubmit_counts_attempts_and_keeps_their_history(gridrun: Gridrun, smoke: SweepDir) -> None:
     cell = smoke.cell("voting-ip-toy-arith-s0")
-    cell.update_state(state="failed", attempt=1, job_id="rec-9", error="boom", step=7)
+    put_state(cell, state="failed", attempt=1, job_id="rec-9", error="boom", step=7)
     result = gridrun("resubmit", "conf=smoke", "--failed")
     assert result.code == 0 and "resubmitted 1 cells" in result.out
     state = cell.read_state()
@@ -106,21 +107,21 @@ def test_resubmit_counts_attempts_and_keeps_their_history(gridrun: Gridrun, smok
 
 def test_a_killed_local_cell_reads_as_lost_and_is_resubmittable(gridrun: Gridrun, smoke: SweepDir) -> None:
     running = smoke.cell("voting-ip-toy-arith-s0")
-    running.update_state(state="running", launcher="local", job_id=f"{os.getpid()}@{HOST}", pid=dead_pid(),
+    put_state(running, state="running", launcher="local", job_id=f"{os.getpid()}@{HOST}", pid=dead_pid(),
                          node=HOST, started_at=time.time(), attempt=1)
     # A recycled pid: alive, but started after the cell did (a day ago).
     recycled = smoke.cell("voting-sp-toy-arith-s0")
-    recycled.update_state(state="running", launcher="local", pid=os.getpid(), node=HOST,
+    put_state(recycled, state="running", launcher="local", pid=os.getpid(), node=HOST,
                           started_at=time.time() - 86400, attempt=1)
     # Queued by a gridrun process that has exited.
     orphan = smoke.cell("sa_rl-toy-arith-s0")
-    orphan.update_state(state="queued", launcher="local", job_id=f"{dead_pid()}@{HOST}", queued_at=time.time(), attempt=1)
+    put_state(orphan, state="queued", launcher="local", job_id=f"{dead_pid()}@{HOST}", queued_at=time.time(), attempt=1)
     # Queued by a live one (this process, started before the cell was queued): not lost.
     waiting = smoke.cell("base-single-toy-arith")
-    waiting.update_state(state="queued", launcher="local", job_id=f"{os.getpid()}@{HOST}", queued_at=time.time(), attempt=1)
+    put_state(waiting, state="queued", launcher="local", job_id=f"{os.getpid()}@{HOST}", queued_at=time.time(), attempt=1)
     # Running on another host: cannot be judged from here.
     elsewhere = smoke.cell("base-voting-toy-arith")
-    elsewhere.update_state(state="running", launcher="local", pid=dead_pid(), node="other-host", started_at=time.time())
+    put_state(elsewhere, state="running", launcher="local", pid=dead_pid(), node="other-host", started_at=time.time())
 
     result = gridrun("status", "conf=smoke", "--json")
     rows = {row["cell"]: row for row in json.loads(result.out)}
@@ -146,9 +147,9 @@ def test_a_killed_local_cell_reads_as_lost_and_is_resubmittable(gridrun: Gridrun
 def test_cancel_stops_running_local_cells_and_unstarted_ones(gridrun: Gridrun, smoke: SweepDir) -> None:
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     running = smoke.cell("voting-ip-toy-arith-s0")
-    running.update_state(state="running", launcher="local", pid=sleeper.pid, node=HOST, started_at=time.time())
+    put_state(running, state="running", launcher="local", pid=sleeper.pid, node=HOST, started_at=time.time())
     queued = smoke.cell("voting-sp-toy-arith-s0")
-    queued.update_state(state="queued", launcher="local", job_id=f"{os.getpid()}@{HOST}", queued_at=time.time())
+    put_state(queued, state="queued", launcher="local", job_id=f"{os.getpid()}@{HOST}", queued_at=time.time())
     result = gridrun("cancel", "conf=smoke", "--cells", "voting-ip-toy-arith-s0", "voting-sp-toy-arith-s0", "sa_rl-toy-arith-s0")
     assert result.code == 0
     assert f"sent SIGTERM to process {sleeper.pid}" in result.out
@@ -157,8 +158,19 @@ def test_cancel_stops_running_local_cells_and_unstarted_ones(gridrun: Gridrun, s
     assert queued.read_state()["state"] == "cancelled"
 
 
+def test_a_cell_that_finished_since_cancel_read_it_stays_done(smoke: SweepDir) -> None:
+    # cancel read it queued with no live process; by the time it records, the cell is done:
+    # cancelled may not overwrite done (the state machine refuses it), and the line says so.
+    cell_id = "voting-ip-toy-arith-s0"
+    put_state(smoke.cell(cell_id), state="done", launcher="local", pid=None, attempt=1)
+    (line,) = make_launcher({"name": "local"}).cancel(smoke, [cell_id])
+    assert line == f"{cell_id}: not cancelled: cancelled from done is refused: only an active cell is cancelled"
+    assert smoke.cell(cell_id).read_state()["state"] == "done"
+
+
 def test_status_json_lists_every_cell_with_its_fields(gridrun: Gridrun, smoke: SweepDir) -> None:
-    smoke.cell("voting-ip-toy-arith-s0").update_state(
+    put_state(
+        smoke.cell("voting-ip-toy-arith-s0"),
         state="running", step=12, total_steps=40, last_val_acc=0.41, peak_val_acc=0.45, peak_step=10,
         alerts=["aggregator terse rate 0.12 < 0.5"], attempt=2, job_id="rec-1", launcher="record",
     )

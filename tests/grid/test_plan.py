@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from pathlib import Path
 
@@ -16,8 +17,10 @@ from gridrun.grid import REPO_ROOT
 from gridrun.grid.compose import CONF_DIR, Composer, _resolve_plain
 from gridrun.grid.plan import make_plan
 from gridrun.grid.spec import load_spec
-from gridrun.train.config import RunConfig, config_from_dict, load_config
+from gridrun.runconfig import RunConfig, config_from_dict, load_config
 from tests.grid.conftest import Gridrun, tree
+
+GOLDEN = Path(__file__).parent / "golden"
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +103,22 @@ def test_ids_and_fingerprints_are_stable_across_runs(gridrun: Gridrun, results: 
     # Planning again in place changes nothing.
     again = gridrun("plan", "conf=full_matrix", "scale=0.6b")
     assert again.code == 0 and "0 new, 22 unchanged" in again.out
+
+
+def test_a_cells_resolved_config_matches_the_golden_file(
+    gridrun: Gridrun, results: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The whole config.yaml of one paper cell, every value the trainer reads: a change to conf/
+    # or to the composer that moves any of them shows here as a diff.
+    monkeypatch.delenv("GRIDRUN_DATA", raising=False)
+    assert gridrun("plan", "conf=full_matrix", "scale=1.7b", "task=math", "workflow=voting", "policy=isolated",
+                   "seed=0", "kind=train").code == 0
+    text = (results / "full_matrix" / "cells" / "voting-ip-1.7b-math-s0" / "config.yaml").read_text()
+    text = text.replace(str(REPO_ROOT), "<REPO>")  # this checkout's path
+    golden = GOLDEN / "config_voting-ip-1.7b-math-s0.yaml"
+    if os.environ.get("GRIDRUN_REGEN_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text(), f"resolved config changed; if on purpose: GRIDRUN_REGEN_GOLDEN=1 pytest {__file__}"
 
 
 def test_config_yaml_is_the_trainers_schema_fully_resolved(gridrun: Gridrun, results: Path) -> None:

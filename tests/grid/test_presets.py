@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gridrun.train.config import load_config
+from gridrun.runconfig import load_config
 from tests.grid.conftest import Gridrun
 
 CELL = "voting-ip-toy-arith-s0"

@@ -1,19 +1,24 @@
-"""The SLURM launcher without a cluster: job specs from cluster profiles, what sacct and
+"""The SLURM launcher without a cluster: job specs from cluster profiles, the sbatch script
+of a 1.7B cell against a recorded file (GRIDRUN_REGEN_GOLDEN=1 rewrites it), what sacct and
 squeue say mapped to cell states (fake clients on PATH), and bad input. The real cluster's
 tests are in tests/slurm/test_launcher.py."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import pytest
 
+from gridrun.grid import REPO_ROOT
 from gridrun.grid.errors import GridError
-from gridrun.grid.slurm import SlurmLauncher, _expand, chunks, job_spec
+from gridrun.grid.slurm import SlurmLauncher, _expand, chunks, executor_parameters, job_spec, sbatch_script
 from tests.grid.conftest import Gridrun
+from tests.states import put_state
 
+GOLDEN = Path(__file__).parent / "golden"
 CELL = {
     "id": "voting-ip-4b-math-s0",
     "resources": {"gpu_class": "h100", "gpus": 2, "cpus": 16, "mem_gb": 128, "time_limit_h": 48, "partition": "h100"},
@@ -30,6 +35,30 @@ PAPER = {
     "setup": ["module load cuda"],
     "cell_overrides": {"*-4b-*": {"time_limit_h": 72}},
 }
+
+
+def test_sbatch_script_of_a_17b_cell_matches_the_golden_file(tmp_path: Path) -> None:
+    from gridrun.cli import main
+
+    results = tmp_path / "results"
+    code = main(["plan", "conf=full_matrix", "scale=1.7b", "task=math", "workflow=voting", "policy=isolated",
+                 "seed=0", "kind=train", "cluster=paper", "launcher=slurm", "--results-dir", str(results)])
+    assert code == 0
+    sweep = json.loads((results / "full_matrix" / "sweep.json").read_text())
+    (cell,) = sweep["cells"]
+    spec = job_spec(cell, sweep["cluster"], env={"SLURM_CONF": "/etc/slurm/slurm.conf"})
+    script = sbatch_script(executor_parameters(spec, sweep["launcher"], "gridrun-full_matrix"),
+                           results / "full_matrix" / "jobs" / "%j", python="/venv/bin/python")
+    # Paths of this checkout and this test run are placeholders in the recorded file.
+    script = script.replace(str(results), "<RESULTS>").replace(str(REPO_ROOT), "<REPO>")
+    golden = GOLDEN / "sbatch_voting-ip-1.7b-math-s0.sh"
+    if os.environ.get("GRIDRUN_REGEN_GOLDEN"):
+        golden.write_text(script)
+    assert script == golden.read_text(), f"sbatch script changed; if on purpose: GRIDRUN_REGEN_GOLDEN=1 pytest {__file__}"
+    # One whole 2-GPU H100 node, one rank per GPU, the warning signal before the limit.
+    for line in ("--gres=gpu:h100:2", "--ntasks-per-node=2", "--cpus-per-task=8", "--partition=h100",
+                 "--signal=USR2@300", "--time=2880"):
+        assert f"#SBATCH {line}\n" in script
 
 
 def fake(bin_dir: Path, name: str, script: str) -> None:
@@ -168,7 +197,7 @@ def test_a_requeue_opens_the_next_attempt_once(tmp_path: Path) -> None:
     from gridrun.rundir import RunDir
 
     run_dir = RunDir(tmp_path)
-    run_dir.update_state(state="running", attempt=1, job_id="7_2", launcher="slurm", step=3)
+    put_state(run_dir, state="running", attempt=1, job_id="7_2", launcher="slurm", step=3)
     job = CellJob(str(tmp_path), time_min=30, signal_delay_s=60)
     job._record_requeue(run_dir, 0, "preempted (SIGUSR2) and requeued")
     job._record_requeue(run_dir, 0, "again")  # the restarted run finds it recorded
@@ -183,14 +212,14 @@ def test_every_rank_decides_alike_whether_the_job_runs_the_cell(tmp_path: Path) 
 
     run_dir = RunDir(tmp_path)
     job = CellJob(str(tmp_path), time_min=30, signal_delay_s=60)
-    run_dir.update_state(state="queued", attempt=1, job_id="7_2")
+    put_state(run_dir, state="queued", attempt=1, job_id="7_2")
     assert job._should_run(run_dir, "7_2", 0, record=False)
     assert not job._should_run(run_dir, "8", 0, record=False)  # the cell belongs to another job
-    run_dir.update_state(state="cancelled")
+    put_state(run_dir, state="cancelled")
     assert not job._should_run(run_dir, "7_2", 0, record=False)  # cancelled before it started
     # Cancelled by the SIGTERM of a requeue its last run could not record: run, as attempt 2.
     assert job._should_run(run_dir, "7_2", 1, record=True) and run_dir.read_state()["attempt"] == 2
-    run_dir.update_state(state="done")
+    put_state(run_dir, state="done")
     assert not job._should_run(run_dir, "7_2", 2, record=True) and run_dir.read_state()["state"] == "done"
 
 
@@ -206,7 +235,7 @@ def test_resubmissions_stop_at_max_attempts_but_requeues_do_not_count(
     ids = sweep.cell_ids()[:3]
     # Two submissions; two submissions and a requeue (3 attempts); one submission.
     for cell_id, attempt, requeues in zip(ids, (2, 3, 1), (0, 1, 0)):
-        sweep.cell(cell_id).update_state(state="failed", attempt=attempt, requeues=requeues)
+        put_state(sweep.cell(cell_id), state="failed", attempt=attempt, requeues=requeues)
     admitted = SlurmLauncher({"name": "slurm", "max_attempts": 2}).admit(sweep, ids)
     assert admitted == [ids[2]]
     assert f"not resubmitting {ids[0]}: it has had 2 submissions (launcher.max_attempts=2)" in caplog.text

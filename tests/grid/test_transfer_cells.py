@@ -17,9 +17,10 @@ from gridrun.grid.errors import GridError
 from gridrun.grid.plan import make_plan
 from gridrun.grid.spec import load_spec
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.train.config import load_config
+from gridrun.runconfig import load_config
 from tests.grid.conftest import Gridrun, tree
 from tests.grid.recording import submissions
+from tests.states import put_state
 
 SA_RL = "sa_rl-toy-arith-s0"
 TRANSFERS = ["transfer-eval_opt-toy-arith-s0", "transfer-voting-toy-arith-s0", "transfer-orch_workers-toy-arith-s0"]
@@ -141,7 +142,7 @@ def test_transfer_cells_are_handed_over_after_their_sa_rl_and_show_waiting(gridr
     assert {status[t]["state"] for t in TRANSFERS} == {"queued"} and status[SA_RL]["waiting"] is None
     table = gridrun("status", "conf=smoke")
     assert table.out.count(f"waiting: {SA_RL}") == 3
-    smoke.cell(SA_RL).update_state(state="done")
+    put_state(smoke.cell(SA_RL), state="done")
     assert {rows(gridrun)[t]["waiting"] for t in TRANSFERS} == {None}
 
 
@@ -150,7 +151,7 @@ def test_a_failed_sa_rl_blocks_its_transfer_cells_and_resubmitting_it_releases_t
 ) -> None:
     with smoke.lock():
         dispatch.queue(smoke, smoke.cell_ids(), dispatch.make_launcher({"name": "record"}))
-    smoke.cell(SA_RL).update_state(state="failed", error="boom")
+    put_state(smoke.cell(SA_RL), state="failed", error="boom")
     status = rows(gridrun)
     assert {status[t]["state"] for t in TRANSFERS} == {"blocked"}
     assert status[TRANSFERS[0]]["error"] == (
@@ -175,7 +176,7 @@ def test_a_failed_sa_rl_blocks_its_transfer_cells_and_resubmitting_it_releases_t
 def test_cancel_takes_blocked_cells_too(gridrun: Gridrun, smoke: SweepDir) -> None:
     with smoke.lock():
         dispatch.queue(smoke, smoke.cell_ids(), dispatch.make_launcher({"name": "record"}))
-    smoke.cell(SA_RL).update_state(state="failed")
+    put_state(smoke.cell(SA_RL), state="failed")
     result = gridrun("cancel", "conf=smoke")
     assert result.code == 0
     assert {smoke.cell(t).read_state()["state"] for t in TRANSFERS} == {"cancelled"}

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
+from gridrun.runconfig import RunConfig, config_from_dict
 from gridrun.tasks.arith import ArithTask
-from gridrun.train.config import RunConfig, config_from_dict
 from gridrun.train.model import load_base
 from gridrun.train.policy import Routing, attach_adapters, routing_for
 from gridrun.train.rollout import ChatEncoder

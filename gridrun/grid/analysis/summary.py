@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from gridrun.rundir import first_peak
+
 Column = tuple["np.ndarray", "np.ndarray"]  # steps (int64), values (float64), sorted by step
 ROLE_KEY = re.compile(r"^role/([^/]+)/([^/]+)$")
 ADAPTER_KEY = re.compile(r"^adapter/([^/]+)/([^/]+)$")
@@ -116,12 +118,13 @@ class MetricColumns:
 # --- validation accuracy -----------------------------------------------------------------------
 def accuracy_summary(val_acc: Mapping[int, float]) -> dict[str, Any]:
     """Step-0, peak, final accuracy, drop from peak and the cliff of a step -> accuracy series."""
-    if not val_acc:
+    peak = first_peak(val_acc)
+    if peak is None:
         keys = ("val_acc_step0", "peak_val_acc", "peak_step", "final_val_acc", "final_step",
                 "drop_from_peak", "cliff_drop", "cliff_step")
         return dict.fromkeys(keys)
+    peak_step = peak[0]
     steps = sorted(val_acc)
-    peak_step = min(steps, key=lambda s: (-val_acc[s], s))  # the first step reaching the peak
     final_step = steps[-1]
     cliff_drop, cliff_step = cliff(val_acc)
     return {

@@ -7,8 +7,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from gridrun.runconfig import WorkflowSpec
 from gridrun.tasks.base import Task
-from gridrun.train.config import WorkflowSpec
 from gridrun.train.episode import Episode, Turn
 from gridrun.train.rollout import EpisodeLLM
 

@@ -7,9 +7,9 @@ left over get "any method" so the episode still runs; the shortfall is recorded.
 
 from __future__ import annotations
 
+from gridrun.runconfig import WORKFLOW_ROLES, WorkflowSpec
 from gridrun.tasks.answers import parse_strategies
 from gridrun.tasks.base import Task
-from gridrun.train.config import WORKFLOW_ROLES, WorkflowSpec
 from gridrun.train.episode import Episode
 from gridrun.train.rollout import EpisodeLLM
 from gridrun.train.workflows import Workflow

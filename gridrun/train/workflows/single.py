@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from gridrun.runconfig import WORKFLOW_ROLES, WorkflowSpec
 from gridrun.tasks.base import Task
-from gridrun.train.config import WORKFLOW_ROLES, WorkflowSpec
 from gridrun.train.episode import Episode
 from gridrun.train.rollout import EpisodeLLM
 from gridrun.train.workflows import Workflow

@@ -6,9 +6,9 @@ candidate's response. A selection naming no candidate commits to nothing (format
 
 from __future__ import annotations
 
+from gridrun.runconfig import WORKFLOW_ROLES, WorkflowSpec
 from gridrun.tasks.answers import parse_selection
 from gridrun.tasks.base import Task
-from gridrun.train.config import WORKFLOW_ROLES, WorkflowSpec
 from gridrun.train.episode import Episode
 from gridrun.train.rollout import EpisodeLLM
 from gridrun.train.workflows import Workflow

@@ -1,12 +1,14 @@
-"""The training-side config schema: what `gridrun run <run_dir>` reads from `config.yaml`.
+"""The seam's run schema: what `gridrun run <run_dir>` reads from a cell's `config.yaml`.
 
 A cell's `config.yaml` is fully resolved (no interpolation, no defaults list): the grid
-side composes it with Hydra, the trainer only parses it into these dataclasses. Unknown
-keys and wrong types are rejected with an error that names the key and the closest valid
-one, because a typo'd key silently falling back to a default would train the wrong cell.
+side composes it with Hydra and validates it here at plan time, before anything is written;
+the trainer only parses it into these dataclasses. Unknown keys and wrong types are rejected
+with an error that names the key and the closest valid one, because a typo'd key silently
+falling back to a default would train the wrong cell.
 
-This module imports neither torch nor Hydra, so both halves may use it (the grid validates
-a cell against it at plan time, before anything is written).
+It sits beside `rundir.py`, not in either half, because both halves import it: it imports
+only the standard library (no torch, no Hydra; tests/test_seam.py checks). Left out: the
+composition itself (gridrun/grid/compose.py) and what each field does at run time.
 """
 
 from __future__ import annotations
@@ -293,6 +295,12 @@ class RunConfig:
     def trains(self) -> bool:
         """Base and transfer cells only evaluate (step 0, n = 1)."""
         return self.cell.kind not in ("base", "transfer")
+
+    @property
+    def steps_to_train(self) -> int:
+        """GRPO steps this cell runs: train.total_steps, or 0 for a cell that only evaluates
+        (the one place that says so: the trainer's loop, state.json and the plan's estimate)."""
+        return self.train.total_steps if self.trains else 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

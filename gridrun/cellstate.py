@@ -1,0 +1,178 @@
+"""A cell's state machine: the states of `state.json`, its named transitions, and the rules
+that refuse an illegal one.
+
+    planned ─► queued ─► running ─► done | failed | preempted | cancelled
+                  ▲                          │
+                  └──── next attempt ────────┘  (failed, preempted, cancelled, blocked)
+
+Every change of a cell's `state.json` is one of the `Transition`s built here (`planned`,
+`queued`, `handed_over`, `started`, `progressed`, `done`, `failed`, `preempted`,
+`cancelled`), and `RunDir.record` is the one place that writes one: it reads the record,
+lets the transition check the state it leaves (`IllegalTransition` names the rule broken)
+and writes the result atomically. The file format is the one readers always had: a flat
+JSON object whose `state` is a `CellState` value, other fields as the writers set them.
+
+Two states are never written: `damaged` (a file of the cell cannot be read; derived by
+`RunDir.read_state`) and `blocked` (a queued cell whose need can no longer finish; derived
+by gridrun/grid/dispatch.py). Left out: which process may write (the run's lock and the
+sweep's lock decide that) and reading (RunDir.read_state, tolerant of damage).
+Standard library only: both halves import it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class CellState(StrEnum):
+    PLANNED = "planned"
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    PREEMPTED = "preempted"
+    CANCELLED = "cancelled"
+    # A file of the cell cannot be read; nothing dispatches the cell until it is fixed.
+    DAMAGED = "damaged"
+    # Queued for a need (a transfer cell's sa_rl) that failed, was cancelled or preempted.
+    BLOCKED = "blocked"
+
+
+STATES = tuple(state.value for state in CellState)
+ACTIVE_STATES = (CellState.QUEUED.value, CellState.RUNNING.value)
+FINAL_STATES = (CellState.DONE.value, CellState.FAILED.value, CellState.PREEMPTED.value, CellState.CANCELLED.value)
+# A needed cell in one of these states will not become done by itself: its dependents are blocked.
+BLOCKING_STATES = (CellState.FAILED.value, CellState.CANCELLED.value, CellState.PREEMPTED.value, CellState.BLOCKED.value)
+# What a file on disk can say (the other two are derived by readers, never written).
+RECORDED = frozenset(CellState) - {CellState.DAMAGED, CellState.BLOCKED}
+# Fields of an attempt kept in the `attempts` history when the cell is queued again.
+ATTEMPT_FIELDS = ("attempt", "state", "launcher", "job_id", "node", "step", "started_at", "finished_at", "error")
+
+
+class IllegalTransition(RuntimeError):
+    """A transition from a state it may not leave; the message names the rule."""
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One named change of state.json: the states it may leave (`sources`), the state it
+    enters (`to`, None to keep it) and the fields it sets (merged into the record, or the
+    whole record when `fresh`)."""
+
+    name: str
+    sources: frozenset[CellState]
+    rule: str
+    to: CellState | None = None
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    fresh: bool = False
+    # queued only: the state as the caller observed it (a lost job reads failed, a held
+    # cell blocked), judged instead of the file's and kept in the attempts history.
+    observed: Mapping[str, Any] | None = None
+
+    def apply(self, current: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The record after this transition; `current` None when the file was damaged and
+        moved aside (nothing is known to judge from: its writer records what it knows)."""
+        judged = self.observed if self.observed is not None else current
+        if judged is not None:
+            leaving = str(judged.get("state", CellState.PLANNED))
+            if leaving not in self.sources:
+                raise IllegalTransition(f"{self.name} from {leaving} is refused: {self.rule}")
+        if self.observed is not None:
+            fields = _next_attempt(self.observed, self.fields)
+        else:
+            fields = dict(self.fields)
+        if self.to is not None:
+            fields["state"] = self.to.value
+        return fields if self.fresh or current is None else {**current, **fields}
+
+
+def _next_attempt(previous: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields that open the next attempt, the previous one moving to the history."""
+    history = list(previous.get("attempts") or [])
+    attempt = int(previous.get("attempt") or 0)
+    if attempt:
+        history.append({key: previous.get(key) for key in ATTEMPT_FIELDS})
+    return {
+        "attempt": attempt + 1,
+        "attempts": history,
+        "pid": None,
+        "error": None,
+        "queued_at": time.time(),
+        "started_at": None,
+        "finished_at": None,
+        **fields,
+    }
+
+
+def planned(total_steps: int) -> Transition:
+    """A cell written by `gridrun plan`: a fresh record, attempt 0."""
+    return Transition(
+        "planned", frozenset({CellState.PLANNED}), "a plan never resets a cell's history (re-plan with --replace "
+        "to move the old run to replaced/)", CellState.PLANNED,
+        {"step": 0, "total_steps": total_steps, "attempt": 0}, fresh=True,
+    )
+
+
+def queued(observed: Mapping[str, Any], launcher: str, job_id: str | None = None, **more: Any) -> Transition:
+    """The next attempt, handed to `launcher`: judged from the state as `observed` (so a
+    job lost while it read running may be queued again); `more` sets bookkeeping such as a
+    SLURM requeue's `requeues` and `slurm_restarts`."""
+    sources = frozenset({CellState.PLANNED, CellState.FAILED, CellState.PREEMPTED, CellState.CANCELLED, CellState.BLOCKED})
+    rule = "only a planned, failed, preempted, cancelled or blocked cell is queued (a done one is re-planned " \
+           "with --replace; an active one is already queued)"
+    return Transition("queued", sources, rule, CellState.QUEUED, {"launcher": launcher, "job_id": job_id, **more},
+                      observed=dict(observed))
+
+
+def handed_over(job_id: str | None = None, pid: int | None = None) -> Transition:
+    """What the launcher learnt once it handed the cell over: its job id, its process id.
+    The job may have started, even ended, meanwhile, so any state after queued will do."""
+    fields = {key: value for key, value in (("job_id", job_id), ("pid", pid)) if value is not None}
+    return Transition("handed_over", RECORDED - {CellState.PLANNED}, "a cell that was never queued has no job",
+                      fields=fields)
+
+
+def started(pid: int, node: str, total_steps: int) -> Transition:
+    """`gridrun run` took the run's lock and starts (or resumes) the cell. Any recorded
+    state will do (a cell rerun by hand, a run whose process was killed): the lock, not the
+    state, keeps a cell to one process."""
+    return Transition(
+        "started", RECORDED, "the run's lock decides who runs a cell", CellState.RUNNING,
+        {"pid": pid, "node": node, "started_at": time.time(), "total_steps": total_steps, "error": None},
+    )
+
+
+def progressed(**fields: Any) -> Transition:
+    """The running trainer's progress: step, validation accuracy, alerts, counters."""
+    return Transition("progressed", frozenset({CellState.RUNNING}), "only a running cell makes progress",
+                      fields=fields)
+
+
+def done() -> Transition:
+    return Transition("done", frozenset({CellState.RUNNING}), "only the run that ran a cell finishes it", CellState.DONE,
+                      {"finished_at": time.time()})
+
+
+def failed(error: str) -> Transition:
+    """The run failed, or its launcher saw it die before it could say so (from queued: it
+    died before it recorded running)."""
+    return Transition("failed", frozenset({CellState.QUEUED, CellState.RUNNING}), "only an active cell fails",
+                      CellState.FAILED, {"error": error, "finished_at": time.time()})
+
+
+def cancelled(error: str) -> Transition:
+    """Stopped by a user (SIGTERM to the run), or cancelled before it started (queued)."""
+    return Transition("cancelled", frozenset({CellState.QUEUED, CellState.RUNNING}), "only an active cell is cancelled",
+                      CellState.CANCELLED, {"error": error, "finished_at": time.time()})
+
+
+def preempted(error: str) -> Transition:
+    """Stopped to resume later. From cancelled too: a SLURM job whose requeue was refused
+    after its trainer had recorded the SIGTERM that stopped it."""
+    return Transition("preempted", frozenset({CellState.QUEUED, CellState.RUNNING, CellState.CANCELLED}),
+                      "only an active (or just stopped) cell is preempted", CellState.PREEMPTED,
+                      {"error": error, "finished_at": time.time()})

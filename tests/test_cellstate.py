@@ -1,0 +1,128 @@
+"""The cell's state machine (gridrun/cellstate.py): one test per rule, on the pure
+transitions, then the one writer (`RunDir.record`) refusing without writing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from gridrun import cellstate
+from gridrun.cellstate import CellState, IllegalTransition
+from gridrun.rundir import RunDir
+
+# name -> the transition, given the record it leaves (queued is judged from it as observed).
+EVERY_TRANSITION: dict[str, Callable[[dict[str, object]], cellstate.Transition]] = {
+    "planned": lambda leaving: cellstate.planned(20),
+    "queued": lambda leaving: cellstate.queued(leaving, "local"),
+    "handed_over": lambda leaving: cellstate.handed_over(job_id="7"),
+    "started": lambda leaving: cellstate.started(pid=1, node="n", total_steps=20),
+    "progressed": lambda leaving: cellstate.progressed(step=1),
+    "done": lambda leaving: cellstate.done(),
+    "failed": lambda leaving: cellstate.failed("boom"),
+    "cancelled": lambda leaving: cellstate.cancelled("stopped"),
+    "preempted": lambda leaving: cellstate.preempted("SIGUSR2"),
+}
+
+
+def at(state: str, **fields: object) -> dict[str, object]:
+    return {"state": state, "step": 0, "attempt": 0, **fields}
+
+
+def allowed_sources(name: str) -> set[str]:
+    """The recorded states a transition may leave, found by trying each one."""
+    found = set()
+    for state in cellstate.RECORDED:
+        try:
+            EVERY_TRANSITION[name](at(state)).apply(at(state))
+        except IllegalTransition:
+            continue
+        found.add(state.value)
+    return found
+
+
+def test_a_plan_never_resets_a_cells_history() -> None:
+    assert allowed_sources("planned") == {"planned"}
+    # Fresh: nothing of an earlier record survives (a replaced cell's folder was moved away).
+    assert cellstate.planned(20).apply(at("planned", error="old")) == {
+        "state": "planned", "step": 0, "total_steps": 20, "attempt": 0,
+    }
+    with pytest.raises(IllegalTransition, match="planned from done is refused: a plan never resets"):
+        cellstate.planned(20).apply(at("done"))
+
+
+def test_only_a_planned_failed_preempted_or_cancelled_cell_is_queued() -> None:
+    # blocked is never recorded, so it is tried as observed below; done and active are refused.
+    assert allowed_sources("queued") == {"planned", "failed", "preempted", "cancelled"}
+    for state in ("done", "queued", "running", "damaged"):
+        with pytest.raises(IllegalTransition, match=f"queued from {state} is refused"):
+            cellstate.queued(at(state), "local").apply(at(state))
+
+
+def test_queued_is_judged_from_the_observed_state_and_opens_the_next_attempt() -> None:
+    # On disk the cell still says running (its process was killed with -9); observed, it is
+    # failed and lost: attempt 1 moves to the history, attempt 2 is queued.
+    on_disk = at("running", attempt=1, launcher="local", job_id="9@h", node="h", step=7, started_at=10.0,
+                 pid=99, alerts=["kept"])
+    observed = {**on_disk, "state": "failed", "error": "lost: ...", "lost": True}
+    after = cellstate.queued(observed, "local").apply(on_disk)
+    assert (after["state"], after["attempt"], after["pid"], after["error"], after["job_id"]) == ("queued", 2, None, None, None)
+    assert after["attempts"] == [{"attempt": 1, "state": "failed", "launcher": "local", "job_id": "9@h", "node": "h",
+                                  "step": 7, "started_at": 10.0, "finished_at": None, "error": "lost: ..."}]
+    assert after["alerts"] == ["kept"] and "lost" not in after  # fields it does not name stay as recorded
+    # A held cell whose need failed reads blocked: it may be queued again.
+    assert cellstate.queued(at("blocked"), "slurm").apply(at("queued"))["attempt"] == 1
+
+
+def test_a_cell_never_queued_has_no_job() -> None:
+    assert allowed_sources("handed_over") == {s.value for s in cellstate.RECORDED} - {"planned"}
+    with pytest.raises(IllegalTransition, match="handed_over from planned is refused"):
+        cellstate.handed_over(pid=5).apply(at("planned"))
+    # Only what was learnt is set: a pid leaves the job id alone.
+    assert cellstate.handed_over(pid=5).apply(at("queued", job_id="4@h"))["job_id"] == "4@h"
+
+
+def test_the_runs_lock_not_the_state_decides_who_starts_a_cell() -> None:
+    # A cell rerun by hand after it finished, or whose killed process still reads running.
+    assert allowed_sources("started") == {s.value for s in cellstate.RECORDED}
+
+
+def test_only_a_running_cell_makes_progress_or_finishes() -> None:
+    assert allowed_sources("progressed") == allowed_sources("done") == {"running"}
+    with pytest.raises(IllegalTransition, match="progressed from queued is refused: only a running cell"):
+        cellstate.progressed(step=3).apply(at("queued"))
+
+
+def test_only_an_active_cell_fails_or_is_cancelled() -> None:
+    # From queued: its launcher saw it die before it recorded running, or cancelled it first.
+    assert allowed_sources("failed") == allowed_sources("cancelled") == {"queued", "running"}
+
+
+def test_a_cancelled_slurm_job_whose_requeue_was_refused_is_preempted() -> None:
+    assert allowed_sources("preempted") == {"queued", "running", "cancelled"}
+
+
+def test_damaged_and_blocked_are_derived_never_written() -> None:
+    written = set()
+    for make in EVERY_TRANSITION.values():
+        written.add(make(at("running")).to)
+    assert written.isdisjoint({CellState.DAMAGED, CellState.BLOCKED}) and None in written
+    assert {CellState.DAMAGED, CellState.BLOCKED}.isdisjoint(cellstate.RECORDED)
+
+
+def test_the_writer_refuses_an_illegal_transition_and_writes_nothing(tmp_path: Path) -> None:
+    run_dir = RunDir(tmp_path / "cell")
+    run_dir.root.mkdir()
+    run_dir.record(cellstate.planned(2))
+    before = run_dir.state_json.read_bytes()
+    with pytest.raises(IllegalTransition, match="done from planned"):
+        run_dir.record(cellstate.done())
+    assert run_dir.state_json.read_bytes() == before
+    # The legal path: queued, started, progressed, done; each keeps what it does not name.
+    run_dir.record(cellstate.queued(run_dir.read_state(), "local"))
+    run_dir.record(cellstate.started(pid=3, node="n", total_steps=2))
+    run_dir.record(cellstate.progressed(step=2))
+    state = run_dir.record(cellstate.done())
+    assert (state["state"], state["step"], state["total_steps"], state["attempt"], state["pid"]) == ("done", 2, 2, 1, 3)
+    assert state["finished_at"] >= state["started_at"] >= state["queued_at"]
