@@ -1,8 +1,8 @@
 """Benchmark planning: wall time of `gridrun sweep conf=full_matrix --dry-run`.
 
 The whole command as a user runs it (interpreter start, imports, composing and validating
-all 72 cells, drawing the plan), in a fresh process each time, into an empty results dir.
-Budget: under 2 s.
+all 72 cells with Hydra's own composition, cached between cells, and drawing the plan), in a
+fresh process each time, into an empty results dir. Budget: under 3 s (issue 14).
 
     .venv/bin/python bench/plan.py --json
 
@@ -20,7 +20,7 @@ import tempfile
 
 from wall import gridrun, summary, time_command
 
-BUDGET_S = 2.0
+BUDGET_S = 3.0
 
 
 def main() -> int:

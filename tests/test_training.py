@@ -299,6 +299,8 @@ def test_every_workflow_and_policy_trains_two_steps(tmp_path: Path, workflow: st
     assert all(train[0][f"role/{r}/rollout_logp_absdiff"] < 1e-3 for r in WORKFLOW_ROLES[workflow])
 
 
+# 40 steps and five 400-problem validations: minutes on two cores, so CI's slow step runs it.
+@pytest.mark.slow
 def test_single_agent_rl_learns(tmp_path: Path) -> None:
     # A gain that lasts: the fragile warm-start checkpoint moves by itself under any update
     # (a random-reward control jumps ~20 points at step 10 and falls back by ~40), so the

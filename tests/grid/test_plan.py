@@ -10,11 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf, open_dict
 
 from gridrun.grid import REPO_ROOT
-from gridrun.grid.compose import CONF_DIR, Composer, _resolve_plain
+from gridrun.grid.compose import Composer
 from gridrun.grid.plan import make_plan
 from gridrun.grid.spec import load_spec
 from gridrun.runconfig import RunConfig, config_from_dict, load_config
@@ -190,47 +188,6 @@ def test_conf_sets_every_schema_key(composer: Composer) -> None:
     for scale, task in (("toy", "arith"), ("1.7b", "math"), ("4b", "code")):
         composed = _leaves(composer.compose([f"scale={scale}", f"task={task}", "workflow=voting"]))
         assert schema <= composed, schema - composed
-
-
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        ["workflow=voting", "task=math", "scale=1.7b", "policy=isolated"],
-        ["workflow=eval_opt", "task=code", "scale=0.6b", "gpu=h100", "train.total_steps=3", "optim.lr=0.001"],
-        ["scale=toy", "workflow=orch_workers", "+grpo.kl_beta.generator=0.1", "engine=hf"],
-        ["workflow=single", "task=math", "scale=4b", "gpu=l40s", "cluster=paper"],
-        ["task=math", "scale=1.7b", "task.data_path=${data_root}/elsewhere", "train.val_every=${train.save_every}"],
-        ["task=code", "scale=4b", "data_root=/shared/data", "logging.wandb_mode=disabled"],
-    ],
-)
-@pytest.mark.parametrize("env_data", [None, "relative/data"])
-def test_composition_equals_hydra_compose(
-    composer: Composer, monkeypatch: pytest.MonkeyPatch, overrides: list[str], env_data: str | None
-) -> None:
-    # The fast composer drives hydra internals and resolves common interpolations itself:
-    # it must give exactly hydra.compose's tree (data_root aside, made absolute).
-    if env_data:
-        monkeypatch.setenv("GRIDRUN_DATA", env_data)
-    else:
-        monkeypatch.delenv("GRIDRUN_DATA", raising=False)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        reference = compose("config", overrides=overrides)
-    with open_dict(reference):
-        root = Path(str(reference.data_root))
-        reference.data_root = str(root if root.is_absolute() else REPO_ROOT / root)
-    expected = OmegaConf.to_container(reference, resolve=True)
-    assert composer.compose(overrides) == expected
-    # ... and composing others in between leaves no trace in the caches.
-    composer.compose(["scale=toy", "+grpo.kl_beta.evaluator=0.5", "policy.lora_rank=2"])
-    assert composer.compose(overrides) == expected
-
-
-def test_plain_resolution_covers_the_shipped_conf(composer: Composer) -> None:
-    # Otherwise the equivalence above would only test the OmegaConf fallback.
-    parsed = [composer.parse(line) for line in ("workflow=voting", "task=math", "scale=1.7b")]
-    merged = composer._merged(parsed)
-    assert _resolve_plain(merged, [composer.parse("train.total_steps=3")]) is not None
-    assert _resolve_plain(composer._merged(parsed), [composer.parse("+grpo.kl_beta.x=1")]) is None
 
 
 def test_settings_reach_every_cell_and_change_the_fingerprint(composer: Composer) -> None:
