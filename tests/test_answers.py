@@ -2,7 +2,14 @@ from __future__ import annotations
 
 import pytest
 
-from gridrun.tasks.answers import last_boxed, last_code_block, parse_selection, parse_strategies, parse_verdict
+from gridrun.tasks.answers import (
+    last_boxed,
+    last_python_block,
+    parse_selection,
+    parse_strategies,
+    parse_verdict,
+    python_blocks,
+)
 
 
 @pytest.mark.parametrize(
@@ -39,6 +46,18 @@ def test_parse_strategies_keeps_numbered_lines_in_order() -> None:
     assert parse_strategies(text, 3) == ["first", "second"]
 
 
-def test_last_code_block_ignores_other_languages() -> None:
+def test_last_python_block_ignores_other_languages() -> None:
     text = "```python\nprint(1)\n```\n```bash\nls\n```\n```\nprint(2)\n```"
-    assert last_code_block(text) == "print(2)\n"
+    assert last_python_block(text) == "print(2)\n"
+    text = "```python\nprint(1)\n```\nthen\n```py\nprint(2)\n```\n```text\nnot code\n```\n"
+    assert last_python_block(text) == "print(2)\n"
+    assert last_python_block("a\n```\nprint(3)\n```") == "print(3)\n"
+    assert last_python_block("no code here") is None
+    assert last_python_block("```python\nprint(4)\n") is None  # truncated, no closing fence
+    assert last_python_block("```cpp\nint main(){}\n```") is None
+
+
+def test_python_blocks_keeps_every_complete_block_in_order() -> None:
+    # Tags are case-insensitive; the trailing unclosed block is a truncated response, not code.
+    text = "```Python\na = 1\nb = 2\n```\n```\n\n```\n```py\nc = 3\n"
+    assert python_blocks(text) == ["a = 1\nb = 2\n", "\n"]

@@ -22,7 +22,6 @@ from gridrun.tasks import sandbox
 from gridrun.tasks.code_reward import (
     FLAG_NAMES,
     CodeScore,
-    extract_code,
     program_budget_s,
     score_code,
     score_code_batch,
@@ -78,16 +77,6 @@ def _adversarial(code: str, tests: list[dict[str, Any]] = ONE_TEST, max_s: float
     assert time.monotonic() - t0 < max_s
     assert score.reward == 0.0 and score.passed == 0
     return score
-
-
-# ------------------------------------------------------------------ extraction
-def test_extract_last_python_block() -> None:
-    text = "```python\nprint(1)\n```\nthen\n```py\nprint(2)\n```\n```text\nnot code\n```\n"
-    assert extract_code(text) == "print(2)\n"
-    assert extract_code("a\n```\nprint(3)\n```") == "print(3)\n"
-    assert extract_code("no code here") is None
-    assert extract_code("```python\nprint(4)\n") is None  # truncated, no closing fence
-    assert extract_code("```cpp\nint main(){}\n```") is None
 
 
 @needs_sandbox

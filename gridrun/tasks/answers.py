@@ -1,8 +1,11 @@
 """Parsers for the shapes roles are asked to produce.
 
 `\\boxed{...}` is the answer channel of every role: generators and workers box the answer,
-the evaluator boxes its verdict, the aggregator boxes a candidate number. Parsing is
-deliberately strict (the last box, balanced braces) so drift away from a shape is measurable.
+the evaluator boxes its verdict, the aggregator boxes a candidate number. Code comes in fenced python blocks: the code
+reward runs the last one, the evaluator's code-fence rate counts them. Parsing is
+deliberately strict (the last box, balanced braces; complete fences) so drift away from a
+shape is measurable. Each shape has exactly one parser here, so a reward and a diagnostic
+reading the same text read it the same way.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import re
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
+_PYTHON_TAGS = {"", "python", "py", "python3"}
 _NUMBERED = re.compile(r"^\s*(\d+)[.)]\s*(.+?)\s*$")
 
 
@@ -66,7 +69,31 @@ def parse_strategies(text: str, n: int) -> list[str]:
     return [by_number[k] for k in sorted(by_number)]
 
 
-def last_code_block(text: str) -> str | None:
-    """The last fenced block tagged python (or untagged); None when there is none."""
-    blocks = [body for lang, body in _FENCE.findall(text) if lang.lower() in ("", "python", "py", "python3")]
+def python_blocks(text: str) -> list[str]:
+    """Bodies of the complete fenced blocks tagged python / py / python3 or untagged, in order.
+
+    A fence opens on a line starting with three backticks (the rest of the line is the tag)
+    and closes on a line of exactly three backticks; an unclosed block (a truncated
+    response) is not code. Each body keeps its lines and ends with a newline."""
+    blocks: list[str] = []
+    body: list[str] | None = None
+    tag = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if body is None:
+            if stripped.startswith("```"):
+                tag = stripped[3:].strip().lower()
+                body = []
+        elif stripped == "```":
+            if tag in _PYTHON_TAGS:
+                blocks.append("\n".join(body) + "\n")
+            body = None
+        else:
+            body.append(line)
+    return blocks
+
+
+def last_python_block(text: str) -> str | None:
+    """The last complete python (or untagged) fenced block's body; None when there is none."""
+    blocks = python_blocks(text)
     return blocks[-1] if blocks else None

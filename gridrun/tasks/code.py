@@ -31,8 +31,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gridrun.tasks.answers import last_python_block
 from gridrun.tasks.base import Messages, Problem, RolePrompts, Score, Task, user_message
-from gridrun.tasks.code_reward import FLAG_NAMES, CodeScore, extract_code, score_code, score_code_batch
+from gridrun.tasks.code_reward import FLAG_NAMES, CodeScore, score_code, score_code_batch
 from gridrun.tasks.prepared import read_split
 from gridrun.tasks.sandbox import SandboxConfig, SandboxUnavailable, require
 
@@ -155,10 +156,10 @@ class CodeTask(Task):
 
     def extract_answer(self, response: str) -> str | None:
         # The reward's own extractor, so `Score.parsed` is exactly the program that ran.
-        return extract_code(response)
+        return last_python_block(response)
 
     def _score(self, response: str, result: CodeScore) -> Score:
-        return Score(result.reward, extract_code(response), code_flag(result))
+        return Score(result.reward, last_python_block(response), code_flag(result))
 
     def score(self, response: str | None, problem: Problem) -> Score:
         if response is None:

@@ -2,7 +2,7 @@
 
 What it does:
 - Takes the LAST fenced block of a response tagged python/py/python3 or untagged
-  (complete fences only: a truncated response has no code).
+  (complete fences only: a truncated response has no code; ``answers.last_python_block``).
 - Checks syntax with ``compile()`` in the parent (from the program's UTF-8 bytes, as
   ``python3 main.py`` reads a file: a BOM or coding cookie means what it means there), then
   runs the tests in ``gridrun.tasks.sandbox``, which fails closed: without a working sandbox
@@ -71,13 +71,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gridrun.tasks import harness
+from gridrun.tasks.answers import last_python_block
 from gridrun.tasks.sandbox import Limits, SandboxConfig, SandboxProcess, require, start_python
 
 __all__ = [
     "FLAG_NAMES",
     "CodeInputError",
     "CodeScore",
-    "extract_code",
     "program_budget_s",
     "score_code",
     "score_code_batch",
@@ -89,7 +89,6 @@ Strategy = Literal["scheduler", "per_test"]
 
 FLAG_NAMES = ("no_code", "syntax_error", "runtime_error", "wrong_answer", "timeout", "budget", "memory",
               "output_limit", "skipped", "unsandboxed")
-_PY_TAGS = {"", "python", "py", "python3"}
 _FLOAT_TOL = 1e-6
 # Defaults: per-test timeout, and the per-program budget (see program_budget_s).
 TIMEOUT_S = 6.0
@@ -127,26 +126,6 @@ class _Options:
 
 
 # --------------------------------------------------------------------------- code
-def extract_code(response: str) -> str | None:
-    """Body of the last complete ```python / ```py / ``` fenced block, else None."""
-    last: str | None = None
-    body: list[str] | None = None
-    tag = ""
-    for line in response.splitlines():
-        stripped = line.strip()
-        if body is None:
-            if stripped.startswith("```"):
-                tag = stripped[3:].strip().lower()
-                body = []
-        elif stripped == "```":
-            if tag in _PY_TAGS:
-                last = "\n".join(body) + "\n"
-            body = None
-        else:
-            body.append(line)
-    return last
-
-
 def _syntax_ok(code: bytes) -> bool:
     try:
         compile(code, "main.py", "exec", dont_inherit=True)
@@ -497,7 +476,7 @@ def score_code_batch(
     """
     pairs = list(items)
     opts = _options(mode, timeout_s, budget_per_test_s, budget_cap_s, memory_mb, output_bytes, nproc, sandbox)
-    return _score([_program_bytes(extract_code(r)) for r, _ in pairs], [t for _, t in pairs], opts, workers,
+    return _score([_program_bytes(last_python_block(r)) for r, _ in pairs], [t for _, t in pairs], opts, workers,
                   strategy)
 
 
