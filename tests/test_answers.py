@@ -10,6 +10,8 @@ from gridrun.tasks.answers import (
     parse_verdict,
     python_blocks,
 )
+from gridrun.tasks.arith import ArithTask
+from gridrun.tasks.base import Problem
 
 
 @pytest.mark.parametrize(
@@ -20,10 +22,33 @@ from gridrun.tasks.answers import (
         ("no box", None),
         ("\\boxed{12", None),
         ("\\boxed{ 7 } trailing", "7"),
+        # Only the last box counts: an unclosed last box is not answered by an earlier one.
+        ("\\boxed{5} so \\boxed{6", None),
+        ("the answer is \\boxed 7", "7"),  # the bare form, numbers only
+        ("\\boxed{\\{1, 2\\}} and \\boxed{a \\} b}", "a \\} b"),  # escaped braces are not braces
+        ("put it in \\boxed form", None),
     ],
 )
 def test_last_boxed(text: str, expected: str | None) -> None:
     assert last_boxed(text) == expected
+
+
+@pytest.mark.parametrize(
+    "response, reward, parsed",
+    [
+        # The two shapes that used to split: a box parser skipping the unclosed last box read
+        # "5" while the reward scored that last box unparseable (-0.1); and it ignored the bare
+        # `\\boxed 7` the reward scored correct, so a correct turn counted as unanswered.
+        ("\\boxed{5} so \\boxed{6", -0.1, None),
+        ("the answer is \\boxed 7", 1.0, "7"),
+    ],
+)
+def test_a_turns_parsed_answer_is_the_box_its_reward_scored(response: str, reward: float, parsed: str | None) -> None:
+    task = ArithTask(n_train=1, n_val=1)
+    problem = Problem(id="p", question="3 + 4", answer="7")
+    score = task.score(response, problem)
+    assert (score.reward, score.parsed) == (reward, parsed)
+    assert task.extract_answer(response) == parsed
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import math
 import re
 from collections import defaultdict
 
-from gridrun.tasks.answers import boxed_contents, python_blocks
+from gridrun.tasks.answers import last_boxed, python_blocks
 from gridrun.train.episode import Episode, Turn
 
 HEDGES = (
@@ -54,7 +54,7 @@ def jaccard(a: set, b: set) -> float:
 
 
 def has_box(turn: Turn) -> bool:
-    return any(c.strip() for c in boxed_contents(turn.text))
+    return last_boxed(turn.text) is not None
 
 
 def has_code_block(turn: Turn) -> bool:
