@@ -1,7 +1,7 @@
 """Tests for gridrun.tasks.code_reward: fixtures in both test formats and modes, the
 pool == one sandbox start per test, programs judged as `python3 main.py` would be,
-and adversarial programs (each: contained, reward 0, the right flag, bounded wall time,
-healthy parent). Tests that run the real sandbox are marked `sandbox` (skipped, saying why,
+and adversarial programs (each: reward 0, the right flag, bounded wall time, healthy
+parent; their containment is tests/test_sandbox.py's). Tests that run the real sandbox are marked `sandbox` (skipped, saying why,
 without bubblewrap); input errors and fail-closed checks run everywhere."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import dataclasses
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -173,6 +172,9 @@ def test_no_torch_import() -> None:
 
 
 # ------------------------------------------------------------------ adversarial
+# Containment (writes outside, the environment, the network, fork bombs) is the sandbox's
+# and tested once, in tests/test_sandbox.py. Here: each attack gets its flag and reward 0 in
+# bounded time, and leaves the harness healthy for the next program.
 @needs_sandbox
 def test_infinite_loop_times_out() -> None:
     _only(_adversarial("while True:\n    pass"), timeout=1)
@@ -187,50 +189,8 @@ def test_ignoring_sigterm_times_out() -> None:
 
 
 @needs_sandbox
-def test_fork_bomb_times_out_and_leaves_nothing() -> None:
-    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
-    _only(_adversarial(code, max_s=8.0), timeout=1)
-    _assert_healthy()
-
-
-@needs_sandbox
 def test_memory_bomb_is_flagged_memory() -> None:
     _only(_adversarial("x = [bytearray(1 << 24) for _ in range(10**6)]"), memory=1)
-    _assert_healthy()
-
-
-@needs_sandbox
-def test_write_outside_sandbox_fails(tmp_path: Path) -> None:
-    targets = [tmp_path / "pwned", Path("/etc/gridrun-pwned")]
-    code = "for p in %r:\n    open(p, 'w').write('x')\nprint(3)" % [str(t) for t in targets]
-    _only(_adversarial(code), runtime_error=1)
-    for target in targets:
-        assert not target.exists()
-    _assert_healthy()
-
-
-@needs_sandbox
-def test_environment_secret_is_not_visible(monkeypatch: pytest.MonkeyPatch) -> None:
-    secret = "wandb-secret-4b1d"
-    monkeypatch.setenv("WANDB_API_KEY", secret)
-    code = "import os\nprint(os.environ.get('WANDB_API_KEY', 'missing'))"
-    _only(_adversarial(code, [{"input": "", "output": secret}]), wrong_answer=1)
-    _assert_healthy()
-
-
-@needs_sandbox
-def test_socket_to_host_gets_no_connection() -> None:
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    listener.settimeout(0.3)
-    try:
-        code = "import socket\ns = socket.create_connection(('127.0.0.1', %d), timeout=1)\ns.sendall(b'x')\nprint(3)"
-        _only(_adversarial(code % listener.getsockname()[1]), runtime_error=1)
-        with pytest.raises(socket.timeout):
-            listener.accept()
-    finally:
-        listener.close()
     _assert_healthy()
 
 
