@@ -51,6 +51,7 @@ import torch
 from gridrun.train import grpo, logprobs
 from gridrun.train.config import GRPOSpec, RunConfig
 from gridrun.train.distributed import Dist
+from gridrun.train.padding import pad_rows
 from gridrun.train.policy import Routing, activate, adapter_parameters
 
 log = logging.getLogger("gridrun")
@@ -98,28 +99,14 @@ class _Micro:
 
 def _pack(seqs: list[TrainSeq], pad_id: int) -> _Micro:
     """Left-pad so every completion ends at the right edge; T = longest completion."""
-    width = max(len(s.prompt_ids) + len(s.completion_ids) for s in seqs)
-    t_max = max(len(s.completion_ids) for s in seqs)
-    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    attention = torch.zeros_like(input_ids)
-    targets = torch.full((len(seqs), t_max), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), t_max))
-    for row, s in enumerate(seqs):
-        ids = s.prompt_ids + s.completion_ids
-        input_ids[row, width - len(ids) :] = torch.tensor(ids)
-        attention[row, width - len(ids) :] = 1
-        targets[row, t_max - len(s.completion_ids) :] = torch.tensor(s.completion_ids)
-        mask[row, t_max - len(s.completion_ids) :] = 1
-    return _Micro(input_ids, attention, targets, mask)
+    input_ids, attention = pad_rows([s.prompt_ids + s.completion_ids for s in seqs], pad_id, "left")
+    targets, mask = pad_rows([s.completion_ids for s in seqs], pad_id, "left")
+    return _Micro(input_ids, attention, targets, mask.float())
 
 
 def _aligned(values: list[list[float]], t_max: int) -> torch.Tensor:
     """Right-align per-sequence float lists into (batch, t_max)."""
-    out = torch.zeros((len(values), t_max))
-    for row, v in enumerate(values):
-        if v:
-            out[row, t_max - len(v) :] = torch.tensor(v)
-    return out
+    return pad_rows(values, 0.0, "left", width=t_max, dtype=torch.float32)[0]
 
 
 def completion_logprobs(
