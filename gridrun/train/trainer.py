@@ -41,7 +41,7 @@ from gridrun.train.model import load_base
 from gridrun.train.policy import adapter_parameters, attach_adapters, routing_for
 from gridrun.train.rollout import ChatEncoder, RolloutEngine, SamplingParams, StageBatcher
 from gridrun.train.scoring import BackgroundScorer
-from gridrun.train.update import TrainSeq, update
+from gridrun.train.update import TrainSeq, UpdateSettings, update
 from gridrun.train.validate import validation_metrics
 from gridrun.train.workflows import Workflow, get_workflow
 
@@ -303,7 +303,8 @@ class Trainer:
         lrs = {name: self.lr(step, i, len(self.routing.trainable)) for i, name in enumerate(self.routing.trainable)}
         self.engine.sleep()
         update_metrics = update(
-            self.model, self.routing, self.optimizers, seqs, cfg, lrs, self.update_rng, self.pad_id, self.dist
+            self.model, self.routing, self.optimizers, seqs, UpdateSettings.of(cfg, self.pad_id), lrs, self.update_rng,
+            self.dist,
         )
         self.record_skipped(int(update_metrics["train/skipped_nonfinite"]))
         self.engine.check_agreement(update_metrics)
