@@ -3,10 +3,11 @@
 Both sides score the same 64 programs (80% wrong: 43 wrong answers, 8 runtime
 errors; all fail test 0) on one stdin/stdout problem with 10 tests, in the same
 run. "sequential" starts one sandboxed subprocess per test and runs them one after
-another, never skipping; "scheduler" is ``score_code_batch`` (pool sized to the
-CPU count, one sandbox start per program, dropping a program at its first failure
-where that cannot change the reward). Rewards of both sides must be identical,
-else the script exits with status 1.
+another, never skipping (``score_code_batch`` on one-test items with one worker, the
+rewards then assembled per program); "scheduler" is ``score_code_batch`` as training
+calls it (pool sized to the CPU count, one sandbox start per program, dropping a
+program at its first failure where that cannot change the reward). Rewards of both
+sides must be identical, else the script exits with status 1.
 
     .venv/bin/python bench/code_reward.py --json            # mode all_pass
     .venv/bin/python bench/code_reward.py --json --mode pass_rate
@@ -29,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from gridrun.tasks.code_reward import _workers, score_code_batch
+from gridrun.tasks.code_reward import CodeLimits, score_code_batch
 from gridrun.tasks.sandbox import isolation_status
 
 CORRECT = [
@@ -74,6 +75,17 @@ def _programs(n: int, wrong_fraction: float) -> list[str]:
     return [f"Here is my solution.\n```python\n{p}```\n" for p in progs]
 
 
+def one_sandbox_per_test(items: list[tuple[str, list[dict[str, str]]]], mode: str,
+                         limits: CodeLimits) -> list[float]:
+    """Each program's reward with every one of its tests run alone, in turn, never skipped."""
+    alone = score_code_batch([(r, [t]) for r, tests in items for t in tests], "pass_rate", limits=limits, workers=1)
+    rewards, at = [], 0
+    for _, tests in items:
+        passed, at = sum(s.passed for s in alone[at : at + len(tests)]), at + len(tests)
+        rewards.append(passed / len(tests) if mode == "pass_rate" else float(passed == len(tests)))
+    return rewards
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print only the JSON result")
@@ -89,17 +101,17 @@ def main() -> int:
 
     tests = _tests(args.tests, random.Random(0))
     items = [(r, tests) for r in _programs(args.programs, args.wrong_fraction)]
-    kw = {"timeout_s": 2.0}
-    score_code_batch(items[:1], args.mode, **kw)  # probe + warm caches outside the timings
+    limits = CodeLimits(timeout_s=2.0)
+    score_code_batch(items[:1], args.mode, limits=limits)  # probe + warm caches outside the timings
 
     t0 = time.perf_counter()
-    fast = score_code_batch(items, args.mode, **kw)
+    fast = score_code_batch(items, args.mode, limits=limits)
     scheduler_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    slow = score_code_batch(items, args.mode, strategy="per_test", workers=1, **kw)
+    slow = one_sandbox_per_test(items, args.mode, limits)
     sequential_s = time.perf_counter() - t0
 
-    same = [a.reward for a in fast] == [b.reward for b in slow]
+    same = [a.reward for a in fast] == slow
     result = {
         "programs": args.programs,
         "wrong_fraction": args.wrong_fraction,
@@ -108,7 +120,7 @@ def main() -> int:
         "speedup": round(sequential_s / scheduler_s, 2),
         "mode": args.mode,
         "tests_per_program": args.tests,
-        "workers": _workers(None),
+        "workers": len(os.sched_getaffinity(0)),
         "isolated": isolated,
     }
     if not args.json:

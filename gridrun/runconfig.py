@@ -22,12 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-KINDS = ("train", "sa_rl", "base", "transfer", "shuffled")
-WORKFLOWS = ("single", "eval_opt", "voting", "orch_workers")
-TASKS = ("arith", "math", "code")
-POLICIES = ("shared", "isolated", "transfer")
-ENGINES = ("hf", "vllm")
-LOSS_AGGS = ("seq-mean-token-mean", "token-mean")
 # Role types of each workflow: the one list the workflows, the routing and the config checks
 # (grpo.kl_beta) share. Order = the order of the adapters under Isolated-Policy.
 WORKFLOW_ROLES: dict[str, tuple[str, ...]] = {

@@ -1,15 +1,15 @@
-"""Tests for gridrun.tasks.code_reward: extraction, fixtures in both test formats and
-modes, scheduler == per-test baseline, programs judged as `python3 main.py` would be,
-and adversarial programs (each: contained, reward 0, the right flag, bounded wall time,
-healthy parent). Tests that run the real sandbox are marked `sandbox` (skipped, saying why,
+"""Tests for gridrun.tasks.code_reward: fixtures in both test formats and modes, the
+pool == one sandbox start per test, programs judged as `python3 main.py` would be,
+and adversarial programs (each: reward 0, the right flag, bounded wall time, healthy
+parent; their containment is tests/test_sandbox.py's). Tests that run the real sandbox are marked `sandbox` (skipped, saying why,
 without bubblewrap); input errors and fail-closed checks run everywhere."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,9 +21,8 @@ import pytest
 from gridrun.tasks import sandbox
 from gridrun.tasks.code_reward import (
     FLAG_NAMES,
+    CodeLimits,
     CodeScore,
-    extract_code,
-    program_budget_s,
     score_code,
     score_code_batch,
     score_program_json,
@@ -38,7 +37,8 @@ ISOLATED = SandboxConfig()
 FALLBACK = SandboxConfig(isolation="none")
 ONE_TEST = [{"input": "1 2\n", "output": "3\n"}]
 TWO_TESTS = ONE_TEST + [{"input": "2 2\n", "output": "4\n"}]
-FAST: dict[str, Any] = {"timeout_s": 1.0, "memory_mb": 256, "output_bytes": 1 << 20, "nproc": 16, "sandbox": ISOLATED}
+FAST: dict[str, Any] = {"limits": CodeLimits(timeout_s=1.0, memory_mb=256, output_bytes=1 << 20, nproc=16),
+                        "sandbox": ISOLATED}
 
 
 def fenced(code: str) -> str:
@@ -80,16 +80,6 @@ def _adversarial(code: str, tests: list[dict[str, Any]] = ONE_TEST, max_s: float
     return score
 
 
-# ------------------------------------------------------------------ extraction
-def test_extract_last_python_block() -> None:
-    text = "```python\nprint(1)\n```\nthen\n```py\nprint(2)\n```\n```text\nnot code\n```\n"
-    assert extract_code(text) == "print(2)\n"
-    assert extract_code("a\n```\nprint(3)\n```") == "print(3)\n"
-    assert extract_code("no code here") is None
-    assert extract_code("```python\nprint(4)\n") is None  # truncated, no closing fence
-    assert extract_code("```cpp\nint main(){}\n```") is None
-
-
 @needs_sandbox
 def test_no_code_and_syntax_error_skip_the_sandbox() -> None:
     t0 = time.monotonic()
@@ -122,7 +112,7 @@ def _fixture_items() -> tuple[list[tuple[str, list[dict[str, Any]]]], list[tuple
 @pytest.mark.parametrize("mode", ["pass_rate", "all_pass"])
 def test_fixture_solutions_get_expected_rewards(mode: str) -> None:
     items, expected = _fixture_items()
-    scores = score_code_batch(items, mode, timeout_s=2.0, sandbox=ISOLATED)  # type: ignore[arg-type]
+    scores = score_code_batch(items, mode, limits=CodeLimits(timeout_s=2.0), sandbox=ISOLATED)  # type: ignore[arg-type]
     for (name, label, rate), score in zip(expected, scores):
         want = rate if mode == "pass_rate" else float(rate == 1.0)
         assert score.reward == pytest.approx(want), (name, label, score)
@@ -139,13 +129,20 @@ def test_both_test_formats_are_covered() -> None:
 
 
 @needs_sandbox
-def test_scheduler_matches_per_test_baseline() -> None:
+def test_pool_matches_one_sandbox_per_test() -> None:
     items, _ = _fixture_items()
     items = [it for it in items if it[1] in (PROBLEMS[0]["tests"], PROBLEMS[3]["tests"])]
-    fast = score_code_batch(items, "pass_rate", timeout_s=2.0, sandbox=ISOLATED)
-    slow = score_code_batch(items, "pass_rate", timeout_s=2.0, sandbox=ISOLATED, strategy="per_test")
-    assert [s.reward for s in fast] == [s.reward for s in slow]
-    assert [s.flags for s in fast] == [s.flags for s in slow]
+    limits = CodeLimits(timeout_s=2.0)
+    pooled = score_code_batch(items, "pass_rate", limits=limits, sandbox=ISOLATED)
+    # The baseline: every test of every program alone in its own sandbox start, one at a time.
+    alone = score_code_batch([(r, [t]) for r, tests in items for t in tests], "pass_rate", limits=limits,
+                             workers=1, sandbox=ISOLATED)
+    per_program = ("no_code", "syntax_error", "unsandboxed")
+    at = 0
+    for (_, tests), score in zip(items, pooled):
+        mine, at = alone[at : at + len(tests)], at + len(tests)
+        assert score.reward == sum(s.passed for s in mine) / len(tests)
+        assert score.flags == {k: (max if k in per_program else sum)(s.flags[k] for s in mine) for k in FLAG_NAMES}
 
 
 @needs_sandbox
@@ -175,6 +172,9 @@ def test_no_torch_import() -> None:
 
 
 # ------------------------------------------------------------------ adversarial
+# Containment (writes outside, the environment, the network, fork bombs) is the sandbox's
+# and tested once, in tests/test_sandbox.py. Here: each attack gets its flag and reward 0 in
+# bounded time, and leaves the harness healthy for the next program.
 @needs_sandbox
 def test_infinite_loop_times_out() -> None:
     _only(_adversarial("while True:\n    pass"), timeout=1)
@@ -189,50 +189,8 @@ def test_ignoring_sigterm_times_out() -> None:
 
 
 @needs_sandbox
-def test_fork_bomb_times_out_and_leaves_nothing() -> None:
-    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
-    _only(_adversarial(code, max_s=8.0), timeout=1)
-    _assert_healthy()
-
-
-@needs_sandbox
 def test_memory_bomb_is_flagged_memory() -> None:
     _only(_adversarial("x = [bytearray(1 << 24) for _ in range(10**6)]"), memory=1)
-    _assert_healthy()
-
-
-@needs_sandbox
-def test_write_outside_sandbox_fails(tmp_path: Path) -> None:
-    targets = [tmp_path / "pwned", Path("/etc/gridrun-pwned")]
-    code = "for p in %r:\n    open(p, 'w').write('x')\nprint(3)" % [str(t) for t in targets]
-    _only(_adversarial(code), runtime_error=1)
-    for target in targets:
-        assert not target.exists()
-    _assert_healthy()
-
-
-@needs_sandbox
-def test_environment_secret_is_not_visible(monkeypatch: pytest.MonkeyPatch) -> None:
-    secret = "wandb-secret-4b1d"
-    monkeypatch.setenv("WANDB_API_KEY", secret)
-    code = "import os\nprint(os.environ.get('WANDB_API_KEY', 'missing'))"
-    _only(_adversarial(code, [{"input": "", "output": secret}]), wrong_answer=1)
-    _assert_healthy()
-
-
-@needs_sandbox
-def test_socket_to_host_gets_no_connection() -> None:
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    listener.settimeout(0.3)
-    try:
-        code = "import socket\ns = socket.create_connection(('127.0.0.1', %d), timeout=1)\ns.sendall(b'x')\nprint(3)"
-        _only(_adversarial(code % listener.getsockname()[1]), runtime_error=1)
-        with pytest.raises(socket.timeout):
-            listener.accept()
-    finally:
-        listener.close()
     _assert_healthy()
 
 
@@ -352,10 +310,16 @@ def test_status_97_in_a_batch_loses_no_result() -> None:
 def test_budget_scales_with_the_tests_up_to_its_cap() -> None:
     # timeout + 2 s per test, capped at 600 s: 6 + 2 * 10 = 26 s; the cap binds from
     # 6 + 2n >= 600, i.e. n = 297 tests; 10,000 tests get the cap.
-    assert program_budget_s(10) == 26.0
-    assert program_budget_s(296) == 598.0 and program_budget_s(297) == 600.0
-    assert program_budget_s(10_000) == 600.0
-    assert program_budget_s(3, timeout_s=1.0, budget_per_test_s=0.2) == pytest.approx(1.6)
+    limits = CodeLimits()
+    assert limits.program_budget_s(10) == 26.0
+    assert limits.program_budget_s(296) == 598.0 and limits.program_budget_s(297) == 600.0
+    assert limits.program_budget_s(10_000) == 600.0
+    assert CodeLimits(timeout_s=1.0, budget_per_test_s=0.2).program_budget_s(3) == pytest.approx(1.6)
+
+
+def test_limits_refuse_a_non_positive_timeout() -> None:
+    with pytest.raises(ValueError, match="CodeLimits.timeout_s must be positive, got 0"):
+        CodeLimits(timeout_s=0)
 
 
 @needs_sandbox
@@ -365,7 +329,8 @@ def test_spent_budget_is_flagged_budget_not_timeout() -> None:
     # the budget, so tests 3 and 4 are flagged budget: 3 of 5 passed.
     tests = [{"input": "1 2\n", "output": "3\n"}] * 5
     code = "import time\ntime.sleep(0.8)\na, b = map(int, input().split())\nprint(a + b)"
-    score = score_code(fenced(code), tests, workers=1, budget_per_test_s=0.2, **FAST)
+    score = score_code(fenced(code), tests, workers=1, sandbox=ISOLATED,
+                       limits=dataclasses.replace(FAST["limits"], budget_per_test_s=0.2))
     assert (score.passed, score.reward) == (3, 0.6)
     _only(score, budget=2)
 
@@ -395,8 +360,8 @@ def test_killing_the_scorer_kills_its_sandbox_at_once(tmp_path: Path) -> None:
     name = f"grk{os.getpid() % 10**6}"
     code = _named(name, "import time\ntime.sleep(60)")
     scorer = subprocess.Popen([sys.executable, "-c", (
-        "from gridrun.tasks.code_reward import score_code\n"
-        f"score_code({fenced(code)!r}, [{{'input': '', 'output': '3'}}], timeout_s=50.0)\n")])
+        "from gridrun.tasks.code_reward import CodeLimits, score_code\n"
+        f"score_code({fenced(code)!r}, [{{'input': '', 'output': '3'}}], limits=CodeLimits(timeout_s=50.0))\n")])
     try:
         wait_until(lambda: _pids_named(name), "the sandboxed program to start", timeout=20, poll=0.05)
         scorer.kill()

@@ -1,8 +1,9 @@
-"""Trajectory-side diagnostics: the percentile they all rest on."""
+"""Trajectory-side diagnostics: the percentile they all rest on, and the evaluator's code blocks."""
 
 from __future__ import annotations
 
-from gridrun.train.diagnostics import percentile
+from gridrun.train.diagnostics import has_code_block, percentile
+from gridrun.train.episode import Turn
 
 
 def test_nearest_rank_percentile() -> None:
@@ -14,3 +15,18 @@ def test_nearest_rank_percentile() -> None:
     assert percentile([float(v) for v in range(1, 21)], 95) == 19.0
     assert percentile([float(v) for v in range(1, 21)], 96) == 20.0  # ceil(19.2)
     assert percentile([5.0], 0) == 5.0 and percentile([], 50) == 0.0
+
+
+def evaluator_turn(text: str) -> Turn:
+    return Turn(role="evaluator", slot=0, round=0, messages=[], prompt_ids=[], completion_ids=[], logprobs=[],
+                text=text, finish_reason="stop")
+
+
+def test_code_block_counts_complete_python_blocks_of_three_lines() -> None:
+    three = "Try this:\n```python\na = 1\nb = 2\nprint(a + b)\n```\n\\boxed{Correct}"
+    assert has_code_block(evaluator_turn(three))
+    # Two lines is a quoted expression, not code; an unclosed block (truncated) is not code either,
+    # exactly as the code reward reads it (gridrun.tasks.answers.python_blocks).
+    assert not has_code_block(evaluator_turn("```python\na = 1\nb = 2\n```"))
+    assert not has_code_block(evaluator_turn("```python\na = 1\nb = 2\nprint(a + b)\n"))
+    assert not has_code_block(evaluator_turn("```bash\nls\ncd /\nls\n```"))

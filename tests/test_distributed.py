@@ -20,7 +20,7 @@ from gridrun.rundir import RunDir
 from gridrun.train.distributed import Dist, free_local_port
 from gridrun.train.policy import adapter_parameters
 from gridrun.train.trainer import Trainer, run_cell
-from gridrun.train.update import TrainSeq, update
+from gridrun.train.update import TrainSeq, UpdateSettings, update
 from tests.conftest import make_cell, metric_rows, start_run, twin_cell
 
 LR = 1e-3
@@ -48,8 +48,8 @@ def _trainer(cell: Path) -> Trainer:
 
 
 def _update(trainer: Trainer, seqs: list[TrainSeq], dist: Dist | None = None) -> dict[str, float]:
-    return update(trainer.model, trainer.routing, trainer.optimizers, seqs, trainer.config,
-                  {name: LR for name in trainer.routing.trainable}, random.Random(0), trainer.pad_id, dist)
+    return update(trainer.model, trainer.routing, trainer.optimizers, seqs, UpdateSettings.of(trainer.config, trainer.pad_id),
+                  {name: LR for name in trainer.routing.trainable}, random.Random(0), dist)
 
 
 def _adapters(trainer: Trainer) -> dict[str, torch.Tensor]:

@@ -48,20 +48,25 @@ def test_clipping_at_both_bounds() -> None:
     assert clipped.tolist()[0] == [True, False, False, True, False]
 
 
+def whole_minibatch_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """A (batch, tokens) loss aggregated over one whole mini-batch by its token weights."""
+    return (loss * grpo.token_weights(mask, mode, int(mask.sum()), mask.shape[0])).sum()
+
+
 def test_seq_mean_token_mean_vs_token_mean_on_ragged_lengths() -> None:
     # Sequence 1 has 1 token with loss 4; sequence 2 has 3 tokens with loss 1 each.
     loss = torch.tensor([[4.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
     mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
     # token-mean: (4 + 3) / 4 tokens = 1.75. seq-mean-token-mean: (4/1 + 3/3) / 2 = 2.5.
-    assert grpo.aggregate(loss, mask, "token-mean").item() == pytest.approx(1.75)
-    assert grpo.aggregate(loss, mask, "seq-mean-token-mean").item() == pytest.approx(2.5)
+    assert whole_minibatch_loss(loss, mask, "token-mean").item() == pytest.approx(1.75)
+    assert whole_minibatch_loss(loss, mask, "seq-mean-token-mean").item() == pytest.approx(2.5)
 
 
 def test_micro_batch_weights_sum_to_the_mini_batch_aggregate() -> None:
     loss = torch.tensor([[4.0, 0.0, 0.0], [1.0, 1.0, 1.0], [2.0, 2.0, 0.0]])
     mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     for mode in ("token-mean", "seq-mean-token-mean"):
-        whole = grpo.aggregate(loss, mask, mode)
+        whole = whole_minibatch_loss(loss, mask, mode)
         split = sum(
             (grpo.token_weights(mask[rows], mode, int(mask.sum()), 3) * loss[rows]).sum() for rows in ([0], [1, 2])
         )
@@ -70,7 +75,7 @@ def test_micro_batch_weights_sum_to_the_mini_batch_aggregate() -> None:
 
 def test_unknown_aggregation_names_the_valid_ones() -> None:
     with pytest.raises(ValueError, match="seq-mean-token-mean or token-mean"):
-        grpo.aggregate(torch.ones(1, 1), torch.ones(1, 1), "sum")
+        grpo.token_weights(torch.ones(1, 1), "sum", 1, 1)
 
 
 def test_k3_kl_is_zero_at_equality_and_positive_elsewhere() -> None:

@@ -17,7 +17,7 @@ from gridrun.runconfig import load_config
 from gridrun.rundir import RunDir
 from gridrun.train.policy import adapter_parameters
 from gridrun.train.trainer import Trainer, run_cell
-from gridrun.train.update import TrainSeq, update
+from gridrun.train.update import TrainSeq, UpdateSettings, update
 from tests.conftest import make_cell, metric_rows, start_run, twin_cell
 
 pytestmark = pytest.mark.usefixtures("toy_world")
@@ -47,8 +47,8 @@ def seqs_for(trainer: Trainer, roles: list[str]) -> list[TrainSeq]:
 
 
 def run_update(trainer: Trainer, seqs: list[TrainSeq]) -> dict[str, float]:
-    return update(trainer.model, trainer.routing, trainer.optimizers, seqs, trainer.config,
-                  {name: 1e-3 for name in trainer.routing.trainable}, random.Random(0), trainer.pad_id)
+    return update(trainer.model, trainer.routing, trainer.optimizers, seqs, UpdateSettings.of(trainer.config, trainer.pad_id),
+                  {name: 1e-3 for name in trainer.routing.trainable}, random.Random(0))
 
 
 def test_isolated_role_tokens_change_only_their_adapter(tmp_path: Path) -> None:
@@ -185,7 +185,8 @@ def test_partial_mini_batch_is_scaled_by_rows_over_size(tmp_path: Path) -> None:
             trainer.config, grpo=dataclasses.replace(trainer.config.grpo, partial_minibatch=mode)
         )
         metrics = update(trainer.model, trainer.routing, trainer.optimizers, [dataclasses.replace(s) for s in seqs],
-                         trainer.config, {"generator": 0.0, "aggregator": 0.0}, random.Random(0), trainer.pad_id)
+                         UpdateSettings.of(trainer.config, trainer.pad_id), {"generator": 0.0, "aggregator": 0.0},
+                         random.Random(0))
         norms[mode] = metrics["adapter/generator/grad_norm"]
     assert norms["scaled"] == pytest.approx(0.75 * norms["full"], rel=1e-5)
 

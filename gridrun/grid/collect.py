@@ -37,6 +37,7 @@ import pandas as pd
 
 from gridrun.grid.analysis.summary import MetricColumns, cell_hours, cell_summary
 from gridrun.grid.analysis.tables import Table, base_mismatch_notes, flags, signature_tables, table1, table2, table3
+from gridrun.grid.cells import Cell
 from gridrun.grid.console import track
 from gridrun.grid.status import sweep_rows
 from gridrun.grid.sweepdir import SweepDir
@@ -82,7 +83,7 @@ def base_id(kind: str, coords: dict[str, Any]) -> str | None:
     if kind in ("base", "transfer"):
         return None
     workflow = "single" if kind == "sa_rl" else coords["workflow"]
-    return f"base-{workflow}-{coords['scale']}-{coords['task']}"
+    return Cell(kind="base", workflow=workflow, task=coords["task"], scale=coords["scale"]).id
 
 
 def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:

@@ -1,41 +1,69 @@
 """Parsers for the shapes roles are asked to produce.
 
 `\\boxed{...}` is the answer channel of every role: generators and workers box the answer,
-the evaluator boxes its verdict, the aggregator boxes a candidate number. Parsing is
-deliberately strict (the last box, balanced braces) so drift away from a shape is measurable.
+the evaluator boxes its verdict, the aggregator boxes a candidate number. Code comes in
+fenced python blocks: the code reward runs the last one, the evaluator's code-fence rate
+counts them. Parsing is deliberately strict (the last box, balanced braces; complete
+fences) so drift away from a shape is measurable. Each shape has exactly one parser here,
+so a reward, a role's parsed answer and a diagnostic reading the same text read it the
+same way. (One exception: the math reward widens the box-length cap for a reference
+longer than MAX_BOX_CHARS / 2, which no MATH answer is.)
 """
 
 from __future__ import annotations
 
 import re
 
-_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
+# A box command followed by its argument: `{`, or a bare number (`\\boxed 5`, `\\boxed -3.5`).
+# `\\boxed` mentioned in prose ("put it in \\boxed form") is not a box.
+_LAST_BOX = re.compile(r".*\\(?:boxed|fbox)(?![A-Za-z])\s*(?=\{|-?\d)", re.DOTALL)
+_BARE_NUMBER = re.compile(r"-?\d+(?:[.,]\d+)*")
+_BRACE_TOKEN = re.compile(r"\\.|[{}]", re.DOTALL)  # a backslash eats the next char: `\{` is not a brace
+# A box longer than this is a derivation, not an answer (MATH answers are < 200 chars); capping it
+# also bounds the brace scan and the parse.
+MAX_BOX_CHARS = 500
+_PYTHON_TAGS = {"", "python", "py", "python3"}
 _NUMBERED = re.compile(r"^\s*(\d+)[.)]\s*(.+?)\s*$")
 
 
-def boxed_contents(text: str) -> list[str]:
-    """Contents of every `\\boxed{...}` with balanced braces, in order; unclosed boxes skipped."""
-    found = []
-    for match in _BOX.finditer(text):
-        depth, start = 1, match.end()
-        for i in range(start, len(text)):
-            if text[i] == "{":
-                depth += 1
-            elif text[i] == "}":
-                depth -= 1
-                if depth == 0:
-                    found.append(text[start:i])
-                    break
-    return found
+def _closing_brace(text: str, open_at: int, limit: int) -> int | None:
+    """Index of the `}` matching the `{` at `open_at`, looking at most `limit` chars ahead."""
+    depth = 0
+    for m in _BRACE_TOKEN.finditer(text, open_at, min(len(text), open_at + limit + 2)):
+        token = m.group()
+        if token == "{":
+            depth += 1
+        elif token == "}":
+            depth -= 1
+            if depth == 0:
+                return m.start()
+    return None
+
+
+def last_box(text: str, limit: int = MAX_BOX_CHARS) -> tuple[bool, str | None]:
+    """(found, stripped content) of the LAST box only; found=True with content None: that box is
+    unclosed or longer than `limit` chars (an earlier, well-formed box does not stand in for it).
+
+    A box is `\\boxed{...}` or `\\fbox{...}` with balanced braces (`\\{`, `\\}` are escapes,
+    not braces), or the bare form `\\boxed 5` / `\\boxed -3.5` for numbers."""
+    # The greedy `.*` makes the regex engine back off from the end of the text, so this finds the
+    # last box in one C-speed pass however long the response is.
+    m = _LAST_BOX.match(text)
+    if m is None:
+        return False, None
+    arg = m.end()
+    if text[arg] == "{":
+        close = _closing_brace(text, arg, limit)
+        return True, (None if close is None else text[arg + 1 : close].strip())
+    bare = _BARE_NUMBER.match(text, arg)  # matches: the lookahead saw a digit
+    number = bare.group() if bare is not None else ""
+    return True, (number if len(number) <= limit else None)
 
 
 def last_boxed(text: str) -> str | None:
-    """The last box's stripped contents; None when there is none or it is empty."""
-    boxes = boxed_contents(text)
-    if not boxes or not boxes[-1].strip():
-        return None
-    return boxes[-1].strip()
+    """The last box's stripped contents; None when there is no box or it is empty, unclosed or
+    too long (`last_box`). The math reward scores exactly this text."""
+    return last_box(text)[1] or None
 
 
 def parse_verdict(text: str) -> bool | None:
@@ -66,7 +94,31 @@ def parse_strategies(text: str, n: int) -> list[str]:
     return [by_number[k] for k in sorted(by_number)]
 
 
-def last_code_block(text: str) -> str | None:
-    """The last fenced block tagged python (or untagged); None when there is none."""
-    blocks = [body for lang, body in _FENCE.findall(text) if lang.lower() in ("", "python", "py", "python3")]
+def python_blocks(text: str) -> list[str]:
+    """Bodies of the complete fenced blocks tagged python / py / python3 or untagged, in order.
+
+    A fence opens on a line starting with three backticks (the rest of the line is the tag)
+    and closes on a line of exactly three backticks; an unclosed block (a truncated
+    response) is not code. Each body keeps its lines and ends with a newline."""
+    blocks: list[str] = []
+    body: list[str] | None = None
+    tag = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if body is None:
+            if stripped.startswith("```"):
+                tag = stripped[3:].strip().lower()
+                body = []
+        elif stripped == "```":
+            if tag in _PYTHON_TAGS:
+                blocks.append("\n".join(body) + "\n")
+            body = None
+        else:
+            body.append(line)
+    return blocks
+
+
+def last_python_block(text: str) -> str | None:
+    """The last complete python (or untagged) fenced block's body; None when there is none."""
+    blocks = python_blocks(text)
     return blocks[-1] if blocks else None

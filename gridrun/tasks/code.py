@@ -31,8 +31,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gridrun.tasks.answers import last_python_block
 from gridrun.tasks.base import Messages, Problem, RolePrompts, Score, Task, user_message
-from gridrun.tasks.code_reward import FLAG_NAMES, CodeScore, extract_code, score_code, score_code_batch
+from gridrun.tasks.code_reward import FLAG_NAMES, CodeLimits, CodeScore, score_code, score_code_batch
 from gridrun.tasks.prepared import read_split
 from gridrun.tasks.sandbox import SandboxConfig, SandboxUnavailable, require
 
@@ -149,29 +150,28 @@ class CodeTask(Task):
         self.train = [_with_interface(p) for p in read_split(data_path, "train", "code")]
         self.val = [_with_interface(p) for p in read_split(data_path, "val", "code")]
         self.mode = mode
-        self.test_timeout_s = float(test_timeout_s)
+        self.limits = CodeLimits(timeout_s=float(test_timeout_s))
         self.prompts = CodePrompts()
 
 
     def extract_answer(self, response: str) -> str | None:
         # The reward's own extractor, so `Score.parsed` is exactly the program that ran.
-        return extract_code(response)
+        return last_python_block(response)
 
     def _score(self, response: str, result: CodeScore) -> Score:
-        return Score(result.reward, extract_code(response), code_flag(result))
+        return Score(result.reward, last_python_block(response), code_flag(result))
 
     def score(self, response: str | None, problem: Problem) -> Score:
         if response is None:
             return Score(0.0, None, "no_answer")
-        result = score_code(response, list(problem.tests), self.mode, timeout_s=self.test_timeout_s,
-                            sandbox=self.sandbox)
+        result = score_code(response, list(problem.tests), self.mode, limits=self.limits, sandbox=self.sandbox)
         return self._score(response, result)
 
     def score_many(self, items: list[tuple[str | None, Problem]]) -> list[Score]:
         # One call into the batch scheduler: it runs all programs' tests on a shared worker pool.
         ran = [(i, r, p) for i, (r, p) in enumerate(items) if r is not None]
         results = (score_code_batch([(r, list(p.tests)) for _, r, p in ran], self.mode,
-                                    timeout_s=self.test_timeout_s, sandbox=self.sandbox) if ran else [])
+                                    limits=self.limits, sandbox=self.sandbox) if ran else [])
         scores: list[Score] = [Score(0.0, None, "no_answer")] * len(items)
         for (i, response, _), result in zip(ran, results):
             scores[i] = self._score(response, result)

@@ -2,7 +2,7 @@
 
 What it does:
 - Takes the LAST fenced block of a response tagged python/py/python3 or untagged
-  (complete fences only: a truncated response has no code).
+  (complete fences only: a truncated response has no code; ``answers.last_python_block``).
 - Checks syntax with ``compile()`` in the parent (from the program's UTF-8 bytes, as
   ``python3 main.py`` reads a file: a BOM or coding cookie means what it means there), then
   runs the tests in ``gridrun.tasks.sandbox``, which fails closed: without a working sandbox
@@ -29,18 +29,19 @@ How tests run (all sandboxed):
   file, rlimits and wall-clock timeout, so every test sees a new process exactly as if
   started alone, minus the interpreter start. Expected outputs never enter the sandbox:
   the parent compares.
-- ``score_code_batch`` runs all programs on a thread pool sized to the CPU count.
-  Each program's tests go through one sandbox start in order (test 0 first); the
-  parent checks each reply before sending the next test. Under ``all_pass`` a
+- ``score_code_batch`` runs all programs on a ``concurrent.futures`` thread pool sized
+  to the CPU count. Each program's tests go through one sandbox start in order (test 0
+  first); the parent checks each reply before sending the next test. Under ``all_pass`` a
   failing program stops at its first failure ("skipped" counts the rest); under
   ``pass_rate`` only program-level failures (no code, syntax error) skip tests, so
-  rewards are identical to running every test in its own sandbox (``strategy=
-  "per_test"``, the baseline in bench/code_reward.py). With fewer programs than
-  workers, a program's tests are split across several starts.
-- Per-test timeout (``timeout``), plus a per-program budget on the summed test time that
-  scales with the number of tests: ``min(budget_cap_s, timeout_s + budget_per_test_s * n)``
-  (defaults: 6 s + 2 s per test, capped at 600 s: 26 s for 10 tests, the cap from 297
-  tests on). Once spent, the remaining tests are flagged ``budget``, not ``timeout``: the
+  rewards are identical to running every test in its own sandbox (the baseline in
+  bench/code_reward.py). With fewer programs than workers, a program's tests are split
+  across several starts; every program's first chunk (holding test 0) is started before
+  any later, speculative chunk.
+- Limits are one ``CodeLimits``: per-test timeout (``timeout_s``), plus a per-program
+  budget on the summed test time that scales with the number of tests:
+  ``min(budget_cap_s, timeout_s + budget_per_test_s * n)`` (defaults: 6 s + 2 s per test,
+  capped at 600 s: 26 s for 10 tests, the cap from 297 tests on). Once spent, the remaining tests are flagged ``budget``, not ``timeout``: the
   budget ran out, not the program. (Chunks of one program running in parallel can each
   start before the budget is seen, so exhausting it is the one case where results can
   depend on scheduling.)
@@ -58,43 +59,38 @@ No torch import: this module is used by both the trainer and the reward workers.
 from __future__ import annotations
 
 import base64
-import heapq
 import inspect
 import itertools
 import json
 import math
 import os
+import queue
 import threading
 import tokenize
 from collections.abc import Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gridrun.tasks import harness
+from gridrun.tasks.answers import last_python_block
 from gridrun.tasks.sandbox import Limits, SandboxConfig, SandboxProcess, require, start_python
 
 __all__ = [
     "FLAG_NAMES",
     "CodeInputError",
+    "CodeLimits",
     "CodeScore",
-    "extract_code",
-    "program_budget_s",
     "score_code",
     "score_code_batch",
     "score_program_json",
 ]
 
 Mode = Literal["pass_rate", "all_pass"]
-Strategy = Literal["scheduler", "per_test"]
 
 FLAG_NAMES = ("no_code", "syntax_error", "runtime_error", "wrong_answer", "timeout", "budget", "memory",
               "output_limit", "skipped", "unsandboxed")
-_PY_TAGS = {"", "python", "py", "python3"}
 _FLOAT_TOL = 1e-6
-# Defaults: per-test timeout, and the per-program budget (see program_budget_s).
-TIMEOUT_S = 6.0
-BUDGET_PER_TEST_S = 2.0
-BUDGET_CAP_S = 600.0
 _READY_TIMEOUT_S = 30.0
 _REPLY_SLACK_S = 3.0  # per test, on top of the harness's own timeout
 _HARNESS_SOURCE = inspect.getsource(harness)
@@ -115,38 +111,40 @@ class CodeScore:
 
 
 @dataclass(frozen=True)
+class CodeLimits:
+    """What one program's tests may use; the defaults are a training run's."""
+
+    # Per test: wall clock, and ceil() CPU seconds.
+    timeout_s: float = 6.0
+    # The per-program budget on summed test time (see program_budget_s).
+    budget_per_test_s: float = 2.0
+    budget_cap_s: float = 600.0
+    # Address space per process.
+    memory_mb: int = 1024
+    # stdout / stderr per test.
+    output_bytes: int = 8 << 20
+    nproc: int = 32
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "budget_cap_s", "memory_mb", "output_bytes", "nproc"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"CodeLimits.{name} must be positive, got {getattr(self, name)!r}")
+        if self.budget_per_test_s < 0:
+            raise ValueError(f"CodeLimits.budget_per_test_s must be >= 0, got {self.budget_per_test_s!r}")
+
+    def program_budget_s(self, n_tests: int) -> float:
+        """Seconds of summed test time one program may spend, for ``n_tests`` tests."""
+        return min(self.budget_cap_s, self.timeout_s + self.budget_per_test_s * n_tests)
+
+
+@dataclass(frozen=True)
 class _Options:
     mode: Mode
-    timeout_s: float
-    budget_per_test_s: float
-    budget_cap_s: float
-    memory_mb: int
-    output_bytes: int
-    nproc: int
+    limits: CodeLimits
     sandbox: SandboxConfig
 
 
 # --------------------------------------------------------------------------- code
-def extract_code(response: str) -> str | None:
-    """Body of the last complete ```python / ```py / ``` fenced block, else None."""
-    last: str | None = None
-    body: list[str] | None = None
-    tag = ""
-    for line in response.splitlines():
-        stripped = line.strip()
-        if body is None:
-            if stripped.startswith("```"):
-                tag = stripped[3:].strip().lower()
-                body = []
-        elif stripped == "```":
-            if tag in _PY_TAGS:
-                last = "\n".join(body) + "\n"
-            body = None
-        else:
-            body.append(line)
-    return last
-
-
 def _syntax_ok(code: bytes) -> bool:
     try:
         compile(code, "main.py", "exec", dont_inherit=True)
@@ -283,22 +281,16 @@ class _Program:
         return CodeScore(reward=reward, passed=passed, total=total, flags=flags)
 
 
-def program_budget_s(n_tests: int, timeout_s: float = TIMEOUT_S, budget_per_test_s: float = BUDGET_PER_TEST_S,
-                     budget_cap_s: float = BUDGET_CAP_S) -> float:
-    """Seconds of summed test time one program may spend, for ``n_tests`` tests."""
-    return min(budget_cap_s, timeout_s + budget_per_test_s * n_tests)
-
-
-def _session_limits(prog: _Program, opts: _Options, n_tests: int) -> Limits:
+def _session_limits(prog: _Program, limits: CodeLimits, n_tests: int) -> Limits:
     max_in = max((len(r.get("stdin", "")) * 4 for r in prog.requests), default=0)
-    cap = opts.output_bytes
-    budget = min(prog.budget_s, n_tests * opts.timeout_s)
+    cap = limits.output_bytes
+    budget = min(prog.budget_s, n_tests * limits.timeout_s)
     return Limits(
         wall_s=budget + n_tests * _REPLY_SLACK_S + _READY_TIMEOUT_S,
-        cpu_s=int(budget + n_tests * (math.ceil(opts.timeout_s) + 2) + 10),
-        memory_mb=opts.memory_mb,
+        cpu_s=int(budget + n_tests * (math.ceil(limits.timeout_s) + 2) + 10),
+        memory_mb=limits.memory_mb,
         file_mb=max(cap, max_in) // (1 << 20) + 1,
-        nproc=opts.nproc,
+        nproc=limits.nproc,
         stdout_bytes=n_tests * (cap * 4 // 3 + 8192) + 4096,  # base64 replies
         stderr_bytes=1 << 20,
         tmpfs_mb=(max_in + 4 * cap) // (1 << 20) + 32,
@@ -311,12 +303,13 @@ class _HarnessError(RuntimeError):
 
 def _run_chunk(prog: _Program, tests: list[int], opts: _Options, lock: threading.Lock) -> list[int]:
     """Run ``tests`` of ``prog`` in one sandbox start; returns tests left to retry."""
-    limits = _session_limits(prog, opts, len(tests))
-    proc: SandboxProcess = start_python(_HARNESS_SOURCE, limits=limits, config=opts.sandbox, as_pid_1=True)
+    limits = opts.limits
+    proc: SandboxProcess = start_python(_HARNESS_SOURCE, limits=_session_limits(prog, limits, len(tests)),
+                                        config=opts.sandbox, as_pid_1=True)
     assert prog.code is not None
     with proc:
-        header = {"code": base64.b64encode(prog.code).decode(), "timeout": opts.timeout_s,
-                  "out_cap": opts.output_bytes}
+        header = {"code": base64.b64encode(prog.code).decode(), "timeout": limits.timeout_s,
+                  "out_cap": limits.output_bytes}
         proc.send(json.dumps(header).encode() + b"\n", _READY_TIMEOUT_S)
         ready = proc.read_line(_READY_TIMEOUT_S)
         if ready is None:
@@ -337,7 +330,7 @@ def _run_chunk(prog: _Program, tests: list[int], opts: _Options, lock: threading
                     prog.dead = opts.mode == "all_pass"
                     return []
             req = json.dumps(prog.requests[k]).encode() + b"\n"
-            reply_s = opts.timeout_s + _REPLY_SLACK_S + len(req) / 20e6
+            reply_s = limits.timeout_s + _REPLY_SLACK_S + len(req) / 20e6
             line = proc.read_line(reply_s) if proc.send(req, reply_s) else None
             if line is None:
                 # The sandbox died or hung mid-test: charge this test, retry the rest
@@ -346,7 +339,7 @@ def _run_chunk(prog: _Program, tests: list[int], opts: _Options, lock: threading
                         "timeout" if proc.timed_out else "runtime_error")
                 with lock:
                     prog.outcome[k] = flag
-                    prog.spent_s += opts.timeout_s
+                    prog.spent_s += limits.timeout_s
                     prog.dead = prog.dead or opts.mode == "all_pass"
                 return tests[pos + 1:]
             reply = json.loads(line)
@@ -380,91 +373,55 @@ def _workers(workers: int | None) -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _run_scheduler(progs: list[_Program], opts: _Options, workers: int) -> None:
+def _run_pool(progs: list[_Program], opts: _Options, workers: int) -> None:
     live = [i for i, p in enumerate(progs) if not p.dead and p.tests]
     if not live:
         return
     parts = math.ceil(workers / len(live)) if len(live) < workers else 1
     seq = itertools.count()
-    # (rank, program, seq, tests): every program's first chunk, holding test 0, goes first.
-    heap: list[tuple[int, int, int, list[int]]] = []
+    # Chunks wait in (rank, program, seq) order: every program's first chunk, holding test 0,
+    # starts before any program's later (speculative) chunk, and a retried chunk keeps its
+    # rank. Each pool task takes the best waiting chunk when it starts, not when submitted.
+    waiting: queue.PriorityQueue[tuple[int, int, int, list[int]]] = queue.PriorityQueue()
     for i in live:
         for rank, chunk in enumerate(_chunks(len(progs[i].tests), parts)):
-            heap.append((rank, i, next(seq), chunk))
-    heapq.heapify(heap)
+            waiting.put((rank, i, next(seq), chunk))
     lock = threading.Lock()
-    cond = threading.Condition(lock)
-    running = 0
-    errors: list[BaseException] = []
 
-    def worker() -> None:
-        nonlocal running
-        while True:
-            with cond:
-                while not heap and running and not errors:
-                    cond.wait()
-                if not heap or errors:
-                    return
-                rank, i, _, chunk = heapq.heappop(heap)
-                running += 1
-            try:
-                retry = _run_chunk(progs[i], chunk, opts, lock)
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread below
-                retry = []
-                with cond:
-                    errors.append(exc)
-            with cond:
-                running -= 1
+    def run_best() -> tuple[int, int, list[int]]:
+        rank, i, _, chunk = waiting.get_nowait()  # one task per waiting chunk: never empty
+        return rank, i, _run_chunk(progs[i], chunk, opts, lock)
+
+    with ThreadPoolExecutor(max_workers=min(workers, waiting.qsize()), thread_name_prefix="code-reward") as pool:
+        running: set[Future[tuple[int, int, list[int]]]] = {pool.submit(run_best) for _ in range(waiting.qsize())}
+        while running:
+            done, running = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                if future.exception() is not None:
+                    for other in running:
+                        other.cancel()  # chunks already in a sandbox finish; no new one starts
+                    raise future.exception()  # type: ignore[misc]
+                rank, i, retry = future.result()
                 if retry:
-                    heapq.heappush(heap, (rank, i, next(seq), retry))
-                cond.notify_all()
-
-    threads = [threading.Thread(target=worker, name=f"code-reward-{n}", daemon=True)
-               for n in range(min(workers, len(heap)))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-
-
-def _run_per_test(progs: list[_Program], opts: _Options) -> None:
-    """Baseline: every test in its own sandbox start, sequentially, never skipping."""
-    lock = threading.Lock()
-    for prog in progs:
-        if prog.code is None or prog.flags["syntax_error"]:
-            continue
-        prog.dead = False
-        for k in range(len(prog.tests)):
-            prog.dead = False  # judge every test, whatever came before
-            _run_chunk(prog, [k], opts, lock)
+                    waiting.put((rank, i, next(seq), retry))
+                    running.add(pool.submit(run_best))
 
 
 def _score(codes: Sequence[bytes | None], tests: Sequence[Sequence[dict[str, Any]]], opts: _Options,
-           workers: int | None, strategy: Strategy) -> list[CodeScore]:
+           workers: int | None) -> list[CodeScore]:
     for t in tests:
         if not t:
             raise ValueError("a problem has no tests: drop it from the data set or add tests")
     require(opts.sandbox)  # fail closed before any work, even if no program would run
-    progs = [_Program(c, t, program_budget_s(len(t), opts.timeout_s, opts.budget_per_test_s, opts.budget_cap_s))
-             for c, t in zip(codes, tests)]
-    if strategy == "per_test":
-        _run_per_test(progs, opts)
-    elif strategy == "scheduler":
-        _run_scheduler(progs, opts, _workers(workers))
-    else:
-        raise ValueError(f"strategy must be 'scheduler' or 'per_test', got {strategy!r}")
+    progs = [_Program(c, t, opts.limits.program_budget_s(len(t))) for c, t in zip(codes, tests)]
+    _run_pool(progs, opts, _workers(workers))
     return [p.score(opts.mode) for p in progs]
 
 
-def _options(mode: str, timeout_s: float, budget_per_test_s: float, budget_cap_s: float, memory_mb: int,
-             output_bytes: int, nproc: int, sandbox: SandboxConfig | None) -> _Options:
+def _options(mode: str, limits: CodeLimits | None, sandbox: SandboxConfig | None) -> _Options:
     if mode not in ("pass_rate", "all_pass"):
         raise ValueError(f"mode must be 'pass_rate' or 'all_pass', got {mode!r}")
-    return _Options(mode=mode, timeout_s=float(timeout_s), budget_per_test_s=float(budget_per_test_s),  # type: ignore[arg-type]
-                    budget_cap_s=float(budget_cap_s), memory_mb=int(memory_mb), output_bytes=int(output_bytes),
-                    nproc=int(nproc), sandbox=sandbox or SandboxConfig())
+    return _Options(mode=mode, limits=limits or CodeLimits(), sandbox=sandbox or SandboxConfig())  # type: ignore[arg-type]
 
 
 def _program_bytes(code: str | None) -> bytes | None:
@@ -477,28 +434,19 @@ def score_code_batch(
     items: Iterable[tuple[str, list[dict[str, Any]]]],
     mode: Mode = "pass_rate",
     *,
-    timeout_s: float = TIMEOUT_S,
-    budget_per_test_s: float = BUDGET_PER_TEST_S,
-    budget_cap_s: float = BUDGET_CAP_S,
-    memory_mb: int = 1024,
-    output_bytes: int = 8 << 20,
-    nproc: int = 32,
+    limits: CodeLimits | None = None,
     workers: int | None = None,
     sandbox: SandboxConfig | None = None,
-    strategy: Strategy = "scheduler",
 ) -> list[CodeScore]:
     """Score (response, tests) pairs; results in input order.
 
-    ``timeout_s`` is per test (wall clock, and ceil() CPU seconds); one program's summed
-    test time is capped by ``program_budget_s`` of its test count. ``memory_mb`` is the
-    address-space limit per process, ``output_bytes`` caps stdout/stderr per test.
-    ``workers`` defaults to the CPU count. Raises ``SandboxUnavailable`` (before running
-    anything) if there is no working sandbox and ``sandbox.isolation`` is not "none".
+    ``limits`` defaults to ``CodeLimits()``; ``workers`` to the CPU count. Raises
+    ``SandboxUnavailable`` (before running anything) if there is no working sandbox and
+    ``sandbox.isolation`` is not "none".
     """
     pairs = list(items)
-    opts = _options(mode, timeout_s, budget_per_test_s, budget_cap_s, memory_mb, output_bytes, nproc, sandbox)
-    return _score([_program_bytes(extract_code(r)) for r, _ in pairs], [t for _, t in pairs], opts, workers,
-                  strategy)
+    opts = _options(mode, limits, sandbox)
+    return _score([_program_bytes(last_python_block(r)) for r, _ in pairs], [t for _, t in pairs], opts, workers)
 
 
 def score_code(
@@ -506,19 +454,12 @@ def score_code(
     tests: list[dict[str, Any]],
     mode: Mode = "pass_rate",
     *,
-    timeout_s: float = TIMEOUT_S,
-    budget_per_test_s: float = BUDGET_PER_TEST_S,
-    budget_cap_s: float = BUDGET_CAP_S,
-    memory_mb: int = 1024,
-    output_bytes: int = 8 << 20,
-    nproc: int = 32,
+    limits: CodeLimits | None = None,
     workers: int | None = None,
     sandbox: SandboxConfig | None = None,
 ) -> CodeScore:
     """Score one model response against ``tests``; see ``score_code_batch``."""
-    return score_code_batch([(response, tests)], mode, timeout_s=timeout_s, budget_per_test_s=budget_per_test_s,
-                            budget_cap_s=budget_cap_s, memory_mb=memory_mb, output_bytes=output_bytes,
-                            nproc=nproc, workers=workers, sandbox=sandbox)[0]
+    return score_code_batch([(response, tests)], mode, limits=limits, workers=workers, sandbox=sandbox)[0]
 
 
 _JSON_NAMES = {dict: "object", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
@@ -596,6 +537,5 @@ def score_program_json(program_path: str, tests_path: str, mode: Mode = "pass_ra
     """
     code = read_program(program_path)
     tests = read_tests(tests_path)
-    opts = _options(mode, TIMEOUT_S, BUDGET_PER_TEST_S, BUDGET_CAP_S, 1024, 8 << 20, 32, sandbox)
-    score = _score([code], [tests], opts, None, "scheduler")[0]
+    score = _score([code], [tests], _options(mode, None, sandbox), None)[0]
     return {"reward": score.reward, "passed": score.passed, "total": score.total, "flags": score.flags}

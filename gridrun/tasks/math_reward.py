@@ -6,7 +6,8 @@ is not, and `format_penalty` (default -0.1) when there is no usable box: none at
 one that is empty, unclosed, too long, or that math-verify cannot parse ("unparseable").
 
 What it does:
-  * Box extraction is ours, not math-verify's: math-verify's own `parse(response)` joins several
+  * Box extraction is ours (`gridrun.tasks.answers.last_box`, the one box parser every role's
+    answer goes through), not math-verify's: math-verify's own `parse(response)` joins several
     nearby boxes into a set ("\\boxed{1} and \\boxed{2}" -> {1, 2}) and may fall back to any number
     in the text; here only the last box counts. Braces must balance (`\\{`, `\\}` are escapes);
     `\\fbox{...}` counts as a box; the bare form `\\boxed 5` is accepted for numbers only.
@@ -20,7 +21,7 @@ What it does:
     bases raised past `_MAX_SYMBOLIC_EXP` (`(x+1)^{100}`: simplify expands it), and unevaluated
     sums, products, integrals, limits and derivatives (not final answers; sympy may spend seconds
     evaluating them). Sizes are estimated from the expression tree, never by evaluating it.
-    Boxes longer than `_MAX_BOX_CHARS` (or twice the reference's length) are "unparseable".
+    Boxes longer than `answers.MAX_BOX_CHARS` (or twice the reference's length) are "unparseable".
   * Percent answers: "\\boxed{10\\%}" is parsed as the percentage (latex2sympy cannot parse "\\%" itself);
     math-verify then accepts both 10 and 0.1 for it.
 
@@ -58,6 +59,8 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 from sympy.matrices import MatrixBase
 from sympy.matrices.expressions import MatPow
 
+from gridrun.tasks.answers import MAX_BOX_CHARS, last_box
+
 __all__ = ["Flag", "MathScore", "score_math", "score_math_json"]
 
 Flag = Literal["correct", "wrong", "no_box", "unparseable"]
@@ -71,9 +74,6 @@ class MathScore:
     flag: Flag
 
 
-# A box longer than this is a derivation, not an answer (MATH answers are < 200 chars); capping it
-# also bounds the brace scan and the parse.
-_MAX_BOX_CHARS = 500
 # Exact numbers of this size are cheap for sympy: 2^{100000} (30k digits) or 25000! verify in < 0.2 s.
 _MAX_DIGITS = 100_000
 # ...but a power tower like 2^{10^4} sends simplify into factoring its value: 2^{2^9} (155 digits)
@@ -88,11 +88,6 @@ _LATEX = [LatexExtractionConfig(boxed_match_priority=0)]
 # The reference may be plain text ("1 234", "2*x"); there the expression extractor is a fallback.
 _EXPR = [ExprExtractionConfig()]
 
-# A box command followed by its argument: `{`, or a bare number (`\boxed 5`, `\boxed -3.5`).
-# `\boxed` mentioned in prose ("put it in \boxed form") is not a box.
-_LAST_BOX = re.compile(r".*\\(?:boxed|fbox)(?![A-Za-z])\s*(?=\{|-?\d)", re.DOTALL)
-_BARE_NUMBER = re.compile(r"-?\d+(?:[.,]\d+)*")
-_BRACE_TOKEN = re.compile(r"\\.|[{}]", re.DOTALL)  # a backslash eats the next char: `\{` is not a brace
 _PERCENT = re.compile(r"\s*\\?%\s*$")
 _UNEVALUATED = (sympy.Sum, sympy.Product, sympy.Integral, sympy.Limit, sympy.Derivative)
 _BIG_FUNCS = (
@@ -103,36 +98,6 @@ _BIG_FUNCS = (
     sympy.RisingFactorial,
     sympy.FallingFactorial,
 )
-
-
-def _closing_brace(text: str, open_at: int, limit: int) -> int | None:
-    """Index of the `}` matching the `{` at `open_at`, looking at most `limit` chars ahead."""
-    depth = 0
-    for m in _BRACE_TOKEN.finditer(text, open_at, min(len(text), open_at + limit + 2)):
-        token = m.group()
-        if token == "{":
-            depth += 1
-        elif token == "}":
-            depth -= 1
-            if depth == 0:
-                return m.start()
-    return None
-
-
-def _last_box(text: str, limit: int) -> tuple[bool, str | None]:
-    """(found, content) of the last box. found=True, content=None: a box that is unclosed or too long."""
-    # The greedy `.*` makes the regex engine back off from the end of the text, so this finds the
-    # last box in one C-speed pass however long the response is.
-    m = _LAST_BOX.match(text)
-    if m is None:
-        return False, None
-    arg = m.end()
-    if text[arg] == "{":
-        close = _closing_brace(text, arg, limit)
-        return True, (None if close is None else text[arg + 1 : close].strip())
-    bare = _BARE_NUMBER.match(text, arg)  # matches: the lookahead saw a digit
-    number = bare.group() if bare is not None else ""
-    return True, (number if len(number) <= limit else None)
 
 
 def _parse_latex(content: str) -> list[Parsed]:
@@ -257,8 +222,8 @@ def score_math(response: str, answer: str, format_penalty: float = -0.1) -> Math
     or that math-verify cannot parse). `parsed` is the box's stripped text, None when it did not
     parse. Thread-safe; a few ms per call when warm.
     """
-    limit = max(_MAX_BOX_CHARS, 2 * len(answer))
-    found, content = _last_box(response, limit)
+    limit = max(MAX_BOX_CHARS, 2 * len(answer))
+    found, content = last_box(response, limit)
     if not found:
         return MathScore(format_penalty, None, "no_box")
     if not content:

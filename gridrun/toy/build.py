@@ -40,6 +40,7 @@ from gridrun.runconfig import ToySpec
 from gridrun.tasks.arith import make_problems
 from gridrun.toy import transcripts
 from gridrun.train.distributed import Dist, free_local_port
+from gridrun.train.padding import pad_rows
 
 log = logging.getLogger("gridrun")
 
@@ -168,14 +169,9 @@ def _encode_examples(
 
 
 def _batch(encoded: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    width = max(len(ids) for ids, _ in encoded)
-    input_ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
-    attention = torch.zeros_like(input_ids)
-    labels = torch.full_like(input_ids, -100)
-    for row, (ids, prompt_len) in enumerate(encoded):
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        attention[row, : len(ids)] = 1
-        labels[row, prompt_len : len(ids)] = input_ids[row, prompt_len : len(ids)]
+    input_ids, attention = pad_rows([ids for ids, _ in encoded], pad_id, "right")
+    # The loss is on the response only: prompt positions and padding are ignored (-100).
+    labels, _ = pad_rows([[-100] * prompt_len + ids[prompt_len:] for ids, prompt_len in encoded], -100, "right")
     return input_ids, attention, labels
 
 

@@ -13,7 +13,7 @@ import math
 import re
 from collections import defaultdict
 
-from gridrun.tasks.answers import boxed_contents
+from gridrun.tasks.answers import last_boxed, python_blocks
 from gridrun.train.episode import Episode, Turn
 
 HEDGES = (
@@ -27,7 +27,8 @@ HEDGES = (
     "this is wrong",
 )
 _HEDGE = re.compile(r"\b(" + "|".join(re.escape(h) for h in HEDGES) + r")\b", re.IGNORECASE)
-_CODE_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n((?:.*\n){3,}?)```", re.IGNORECASE)
+# A python block this long is code, not a quoted expression.
+CODE_BLOCK_LINES = 3
 TERSE_TOKENS = 30
 
 
@@ -53,7 +54,11 @@ def jaccard(a: set, b: set) -> float:
 
 
 def has_box(turn: Turn) -> bool:
-    return any(c.strip() for c in boxed_contents(turn.text))
+    return last_boxed(turn.text) is not None
+
+
+def has_code_block(turn: Turn) -> bool:
+    return any(len(block.splitlines()) >= CODE_BLOCK_LINES for block in python_blocks(turn.text))
 
 
 def role_signatures(episodes: list[Episode], parallel_role: str | None) -> dict[str, float]:
@@ -78,7 +83,7 @@ def role_signatures(episodes: list[Episode], parallel_role: str | None) -> dict[
         out["role/aggregator/terse_rate"] = sum(terse) / len(group)
     if "evaluator" in turns:
         group = turns["evaluator"]
-        out["role/evaluator/code_fence_rate"] = sum(bool(_CODE_FENCE.search(t.text)) for t in group) / len(group)
+        out["role/evaluator/code_fence_rate"] = sum(has_code_block(t) for t in group) / len(group)
     if "orchestrator" in turns:
         openers = {" ".join(t.text.split()[:3]).lower() for t in turns["orchestrator"]}
         out["role/orchestrator/unique_openers"] = float(len(openers))

@@ -163,10 +163,6 @@ class Dist:
             return self.stop_requested
         return self.all_reduce_sum([1.0 if self.stop_requested else 0.0])[0] > 0
 
-    def barrier(self) -> None:
-        if self.world > 1:
-            torch.distributed.barrier()
-
     @property
     def _comm_device(self) -> torch.device:
         return self.device if torch.distributed.get_backend() == "nccl" else torch.device("cpu")

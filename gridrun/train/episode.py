@@ -26,10 +26,6 @@ class Turn:
     # The role's own parsed output: an answer, a verdict, a selection, strategies.
     parsed: Any = None
 
-    @property
-    def truncated(self) -> bool:
-        return self.finish_reason != "stop"
-
 
 @dataclass
 class Episode:

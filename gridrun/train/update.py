@@ -51,11 +51,38 @@ import torch
 from gridrun.runconfig import GRPOSpec, RunConfig
 from gridrun.train import grpo, logprobs
 from gridrun.train.distributed import Dist
+from gridrun.train.padding import pad_rows
 from gridrun.train.policy import Routing, activate, adapter_parameters
 
 log = logging.getLogger("gridrun")
 # verl's safety bound on log(pi_theta / pi_rollout) when it computes chi2.
 _RHO_LOG_BOUND = 20.0
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """All the update reads of a run's config (one level deep, not the whole config threaded down)."""
+
+    grpo: GRPOSpec
+    # Sequences per mini-batch: train.ppo_mini_batch problems x grpo.n samples.
+    minibatch_size: int
+    # Padded tokens (rows x width) per micro-batch.
+    micro_token_budget: int
+    # The rollout's sampling temperature: log-probs are of softmax(logits / temperature).
+    temperature: float
+    grad_clip: float
+    pad_id: int
+
+    @classmethod
+    def of(cls, config: RunConfig, pad_id: int) -> UpdateSettings:
+        return cls(
+            grpo=config.grpo,
+            minibatch_size=config.train.ppo_mini_batch * config.grpo.n,
+            micro_token_budget=config.train.micro_token_budget,
+            temperature=config.engine.temperature,
+            grad_clip=config.optim.grad_clip,
+            pad_id=pad_id,
+        )
+
 
 @dataclass
 class TrainSeq:
@@ -98,28 +125,14 @@ class _Micro:
 
 def _pack(seqs: list[TrainSeq], pad_id: int) -> _Micro:
     """Left-pad so every completion ends at the right edge; T = longest completion."""
-    width = max(len(s.prompt_ids) + len(s.completion_ids) for s in seqs)
-    t_max = max(len(s.completion_ids) for s in seqs)
-    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    attention = torch.zeros_like(input_ids)
-    targets = torch.full((len(seqs), t_max), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), t_max))
-    for row, s in enumerate(seqs):
-        ids = s.prompt_ids + s.completion_ids
-        input_ids[row, width - len(ids) :] = torch.tensor(ids)
-        attention[row, width - len(ids) :] = 1
-        targets[row, t_max - len(s.completion_ids) :] = torch.tensor(s.completion_ids)
-        mask[row, t_max - len(s.completion_ids) :] = 1
-    return _Micro(input_ids, attention, targets, mask)
+    input_ids, attention = pad_rows([s.prompt_ids + s.completion_ids for s in seqs], pad_id, "left")
+    targets, mask = pad_rows([s.completion_ids for s in seqs], pad_id, "left")
+    return _Micro(input_ids, attention, targets, mask.float())
 
 
 def _aligned(values: list[list[float]], t_max: int) -> torch.Tensor:
     """Right-align per-sequence float lists into (batch, t_max)."""
-    out = torch.zeros((len(values), t_max))
-    for row, v in enumerate(values):
-        if v:
-            out[row, t_max - len(v) :] = torch.tensor(v)
-    return out
+    return pad_rows(values, 0.0, "left", width=t_max, dtype=torch.float32)[0]
 
 
 def completion_logprobs(
@@ -151,17 +164,16 @@ def micro_batches(seqs: list[TrainSeq], token_budget: int) -> Iterator[list[Trai
 
 @torch.no_grad()
 def fill_reference_logprobs(
-    model: Any, seqs: list[TrainSeq], ref_seqs: list[TrainSeq], config: RunConfig, pad_id: int
+    model: Any, seqs: list[TrainSeq], ref_seqs: list[TrainSeq], settings: UpdateSettings
 ) -> None:
     """Old log-probs and entropies of `seqs` (each adapter before the update) and the base
     model's log-probs of `ref_seqs` (the roles with a KL term)."""
-    temperature = config.engine.temperature
-    budget = config.train.micro_token_budget
+    temperature, budget, pad_id = settings.temperature, settings.micro_token_budget, settings.pad_id
     by_adapter: dict[str, list[TrainSeq]] = defaultdict(list)
     for s in seqs:
         by_adapter[s.adapter].append(s)
     for adapter, group in by_adapter.items():
-        if config.grpo.old_logprobs == "recompute":
+        if settings.grpo.old_logprobs == "recompute":
             activate(model, adapter)
             for chunk in micro_batches(group, budget):
                 micro = _pack(chunk, pad_id)
@@ -194,10 +206,9 @@ def update(
     routing: Routing,
     optimizers: dict[str, torch.optim.Optimizer],
     seqs: list[TrainSeq],
-    config: RunConfig,
+    settings: UpdateSettings,
     lrs: dict[str, float],
     rng: random.Random,
-    pad_id: int,
     dist: Dist | None = None,
 ) -> dict[str, float]:
     """One training step's update of every trainable adapter; returns flat metrics.
@@ -207,10 +218,10 @@ def update(
     the same mini-batches, computes the old (and reference) log-probs of the strides it
     trains, and every rank returns the same metrics."""
     dist = dist or Dist()
-    gcfg = config.grpo
+    gcfg = settings.grpo
     kl_roles = {r for r, beta in gcfg.kl_beta.items() if beta > 0}
     seqs, _ = dist.gather([s for s in seqs if s.completion_ids])
-    size = config.train.ppo_mini_batch * gcfg.n
+    size = settings.minibatch_size
     plan = minibatch_plan(seqs, routing.trainable, gcfg, size, dist.world, rng)
     trained = {id(s): s for cuts in plan.values() for batch in cuts for s in dist.stride(batch)}
     # An adapter's first mini-batch is trained on the weights that rolled it out, so its old
@@ -227,8 +238,7 @@ def update(
         model,
         [s for key, s in trained.items() if key not in on_policy],
         [s for s in trained.values() if s.role in kl_roles],
-        config,
-        pad_id,
+        settings,
     )
     stats: dict[str, _RoleStats] = defaultdict(_RoleStats)
     metrics: dict[str, float] = {}
@@ -243,12 +253,12 @@ def update(
         for batch in cuts:
             scale = grpo.partial_scale(len(batch), size) if gcfg.partial_minibatch == "scaled" else 1.0
             measured = {role: len(stats[role].grad_norms) for role in {s.role for s in batch}}
-            loss = _minibatch(model, batch, params, config, stats, pad_id, dist, scale)
+            loss = _minibatch(model, batch, params, settings, stats, dist, scale)
             if dist.world > 1:
                 local = _norm([p.grad for p in params.values() if p.grad is not None])
                 log.info("rank %d/%d adapter %s: local grad norm %.6g", dist.rank, dist.world, adapter, local)
             dist.all_reduce_grads(params.values())
-            norm = float(torch.nn.utils.clip_grad_norm_(list(params.values()), config.optim.grad_clip))
+            norm = float(torch.nn.utils.clip_grad_norm_(list(params.values()), settings.grad_clip))
             (loss,) = dist.all_reduce_sum([loss])
             if not (math.isfinite(norm) and math.isfinite(loss)):
                 # One non-finite step would turn every AdamW moment into NaN: skip it.
@@ -353,9 +363,8 @@ def _minibatch(
     model: Any,
     batch: list[TrainSeq],
     params: dict[str, torch.nn.Parameter],
-    config: RunConfig,
+    settings: UpdateSettings,
     stats: dict[str, _RoleStats],
-    pad_id: int,
     dist: Dist,
     scale: float,
 ) -> float:
@@ -382,8 +391,8 @@ def _minibatch(
     for role in sorted({s.role for s in batch}):
         close_role()
         current_role, role_start = role, _grads(params)
-        for chunk in micro_batches([s for s in mine if s.role == role], config.train.micro_token_budget):
-            loss += _accumulate(model, chunk, config, stats, pad_id, device, n_tokens, n_seqs, scale)
+        for chunk in micro_batches([s for s in mine if s.role == role], settings.micro_token_budget):
+            loss += _accumulate(model, chunk, settings, stats, device, n_tokens, n_seqs, scale)
     close_role()
     return loss
 
@@ -391,9 +400,8 @@ def _minibatch(
 def _accumulate(
     model: Any,
     chunk: list[TrainSeq],
-    config: RunConfig,
+    settings: UpdateSettings,
     stats: dict[str, _RoleStats],
-    pad_id: int,
     device: torch.device,
     n_tokens: int,
     n_seqs: int,
@@ -401,9 +409,9 @@ def _accumulate(
 ) -> float:
     """Backpropagate one role-pure micro-batch with the mini-batch's loss weights (times
     `scale`); returns its share of the mini-batch loss."""
-    gcfg = config.grpo
+    gcfg = settings.grpo
     role = chunk[0].role
-    micro = _pack(chunk, pad_id)
+    micro = _pack(chunk, settings.pad_id)
     t_max = micro.targets.shape[1]
     mask = micro.mask.to(device)
     # Rows without an old-log-prob pass (an adapter's first mini-batch) take this forward's
@@ -412,7 +420,7 @@ def _accumulate(
     on_policy = torch.tensor([seq.old_logp is None for seq in chunk], device=device)
     unmeasured = torch.tensor([seq.old_entropy is None for seq in chunk], device=device)
     logp, entropy = completion_logprobs(
-        model, micro, config.engine.temperature, with_entropy=bool(unmeasured.any())
+        model, micro, settings.temperature, with_entropy=bool(unmeasured.any())
     )
     old = _aligned([s.old_logp or [] for s in chunk], t_max).to(device)
     old = torch.where(on_policy.unsqueeze(1), logp.detach(), old)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
+from gridrun.train.padding import pad_rows
 from gridrun.train.rollout import Completion, GenRequest, RolloutEngine, SamplingParams
 
 
@@ -106,12 +107,7 @@ class HFEngine(RolloutEngine):
 
     @torch.inference_mode()
     def _generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Completion]:
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, ids in enumerate(prompts):
-            input_ids[row, width - len(ids) :] = torch.tensor(ids)
-            attention[row, width - len(ids) :] = 1
+        input_ids, attention = pad_rows(prompts, self.pad_id, "left")
         greedy = sampling.temperature <= 0
         # top_k=0 switches off transformers' default top-50 truncation when sampling.
         sampler = {} if greedy else {"temperature": sampling.temperature, "top_k": 0, "top_p": sampling.top_p}
@@ -129,7 +125,7 @@ class HFEngine(RolloutEngine):
             generation_config=config,
             logits_processor=LogitsProcessorList([recorder]),
         )
-        generated = sequences[:, width:]
+        generated = sequences[:, input_ids.shape[1] :]
         logprobs = recorder.finish(generated)
         stops = torch.tensor(self.stop_ids, device=generated.device)
         completions = []
