@@ -30,6 +30,7 @@ Eval-Opt's evaluator idioms (code fences: a drift alert already names them).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -64,6 +65,7 @@ class Thresholds:
 THRESHOLDS = Thresholds()
 
 
+@functools.cache
 def parallel_role(workflow: str) -> str | None:
     """The role with same-role multiplicity of a workflow (None for one without, or unknown)."""
     from gridrun.train.workflows import get_workflow
@@ -72,6 +74,15 @@ def parallel_role(workflow: str) -> str | None:
         return get_workflow(workflow).parallel_role
     except ValueError:
         return None
+
+
+def applies(mechanism: str, workflow: str, policy: str | None) -> bool:
+    """Whether a cell of this workflow and policy can show the mechanism at all."""
+    if mechanism == GRADIENT_AMPLIFICATION:
+        return policy == "isolated" and parallel_role(workflow) is not None
+    if mechanism == SP_ROLE_CAPTURE:
+        return policy == "shared" and workflow != "single"
+    raise ValueError(f"unknown mechanism '{mechanism}': expected one of {', '.join(MECHANISMS)}")
 
 
 @dataclass
@@ -98,9 +109,15 @@ class MechanismWatch:
     _first_val: dict[str, float] = field(init=False, default_factory=dict)
     _last_val: dict[str, float] = field(init=False, default_factory=dict)
     _val_rows: int = field(init=False, default=0)
+    _applies: dict[str, bool] = field(init=False, default_factory=dict)
+    # The (key, role, metric) a train row's keys hold, per key layout: rows of a run share
+    # their keys, so each layout is parsed once (collect replays hundreds of thousands of rows).
+    _layouts: dict[tuple[str, ...], list[tuple[str, str, str]]] = field(init=False, default_factory=dict)
+    _amplified: str | None = field(init=False, default=None)  # the last verdict, until a peak moves
 
     def __post_init__(self) -> None:
         self._parallel = parallel_role(self.workflow)
+        self._applies = {m: applies(m, self.workflow, self.policy) for m in MECHANISMS}
 
     def see(self, row: Mapping[str, Any]) -> list[str]:
         """Take one metrics row; return the alerts that hold now (one line per mechanism)."""
@@ -110,19 +127,30 @@ class MechanismWatch:
             self._see_train(row)
         return self.alerts()
 
+    def _layout(self, row: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+        keys = tuple(row)
+        layout = self._layouts.get(keys)
+        if layout is None:
+            parts = (key.split("/") for key in keys if key.startswith("role/"))
+            layout = [("/".join(p), p[1], p[2]) for p in parts if len(p) == 3 and p[2] in ("chi2", "ppl", "grad_share")]
+            self._layouts[keys] = layout
+        return layout
+
     def _see_train(self, row: Mapping[str, Any]) -> None:
         window = self.thresholds.share_window
-        for key, value in row.items():
-            if not key.startswith("role/") or not _number(value):
+        for key, role, metric in self._layout(row):
+            value = row[key]
+            if not _number(value):
                 continue
-            _, role, metric = key.split("/", 2)
-            if metric in ("chi2", "ppl"):
+            if metric != "grad_share":
                 seen = self._peaks.get((role, metric))
                 if seen is None:
                     self._peaks[role, metric] = _Peak(float(value), float(value))
+                    self._amplified = None
                 elif value > seen.peak:
                     seen.peak = float(value)
-            elif metric == "grad_share":
+                    self._amplified = None
+            else:
                 early = self._early.setdefault(role, [])
                 if len(early) < window:
                     early.append(float(value))
@@ -138,7 +166,9 @@ class MechanismWatch:
 
     def alerts(self) -> list[str]:
         found = []
-        amplified = self._amplification()
+        if self._amplified is None:
+            self._amplified = self._amplification() or ""
+        amplified = self._amplified
         if amplified:
             found.append(f"{GRADIENT_AMPLIFICATION}: {amplified}")
         captured = self._capture()
@@ -148,7 +178,7 @@ class MechanismWatch:
 
     # --- gradient_amplification ---------------------------------------------------------------
     def _amplification(self) -> str | None:
-        if self.policy != "isolated" or self._parallel is None:
+        if not self._applies[GRADIENT_AMPLIFICATION] or self._parallel is None:
             return None
         t = self.thresholds
         parts = []
@@ -165,7 +195,7 @@ class MechanismWatch:
     # --- sp_role_capture ------------------------------------------------------------------------
     def _capture(self) -> str | None:
         t = self.thresholds
-        if self.policy != "shared" or len(self._recent) < 2 or self._val_rows < 2:
+        if not self._applies[SP_ROLE_CAPTURE] or len(self._recent) < 2 or self._val_rows < 2:
             return None
         dominant = max(self._recent, key=lambda role: _mean(self._recent[role]))
         early, recent = self._early[dominant], self._recent[dominant]
@@ -222,6 +252,11 @@ def alert_history(
 def firings(history: list[tuple[int, list[str]]], mechanism: str) -> list[int]:
     """The steps of a history at which `mechanism` held."""
     return [step for step, alerts in history if any(a.startswith(mechanism + ":") for a in alerts)]
+
+
+def alert_flags(alerts: list[str]) -> dict[str, int]:
+    """`alert/<mechanism>`: 1 where one of `alerts` names it, else 0 (a train row's, for wandb)."""
+    return {f"alert/{m}": int(any(a.startswith(m + ":") for a in alerts)) for m in MECHANISMS}
 
 
 def _number(value: Any) -> bool:
