@@ -274,6 +274,29 @@ def test_skipped_non_finite_steps_show_as_an_alert(tmp_path: Path, monkeypatch) 
     assert "non-finite update: 1 optimizer step skipped" in state["alerts"]
 
 
+def test_mechanism_alerts_go_to_the_train_rows_and_state(tmp_path: Path, monkeypatch) -> None:
+    # With ppl_factor 0 any known generator perplexity ratio is "amplified" (perplexity is > 0,
+    # so every ratio is known): Voting-IP fires from step 1 on, and the trainer logs what a
+    # replay of its metrics.jsonl says, row by row.
+    from gridrun.train import trainer as trainer_module
+    from gridrun.train.mechanisms import MechanismWatch, Thresholds, alert_flags
+
+    eager = Thresholds(ppl_factor=0.0)
+    monkeypatch.setattr(trainer_module, "MechanismWatch", lambda w, p: MechanismWatch(w, p, eager))
+    cell = make_cell(tmp_path, workflow={"name": "voting"}, policy={"name": "isolated"},
+                     train={"total_steps": 2, "val_every": 1})
+    assert run_cell(cell) == 0, RunDir(cell).read_state().get("error")
+    rows = RunDir(cell).read_metrics()
+    replay = MechanismWatch("voting", "isolated", eager)
+    for row in rows:
+        seen = replay.see(row)
+        if row["split"] == "train":
+            assert {k: row[k] for k in alert_flags(seen)} == alert_flags(seen) == {
+                "alert/gradient_amplification": 1, "alert/sp_role_capture": 0}
+    fired = [a for a in RunDir(cell).read_state()["alerts"] if a.startswith("gradient_amplification: generator ppl")]
+    assert fired == seen
+
+
 WORKFLOW_ROLES = {
     "eval_opt": ("generator", "evaluator"),
     "voting": ("generator", "aggregator"),

@@ -9,6 +9,8 @@ sweeps) and writes, under results/<sweep>/:
     metrics.parquet   every numeric metric of every cell in long form:
                       cell, split, step, metric, value
     table1 .. table6  (and table1_final) as md, csv and tex: grid/analysis/tables.py
+    findings, findings_alerts   the paper's claims measured, and the mechanism alerts per
+                      cell, as md, csv and tex: grid/analysis/findings.py
     figures/          PNGs: grid/figures.py (learning curves, gradient shares) and
                       grid/analysis/figures.py (Figures 2-6)
     report.md, report.html   grid/analysis/report.py
@@ -35,17 +37,20 @@ from typing import Any
 
 import pandas as pd
 
-from gridrun.grid.analysis.summary import MetricColumns, cell_hours, cell_summary
+from gridrun.grid.analysis.findings import alerts_table, findings_table
+from gridrun.grid.analysis.summary import MetricColumns, alert_summary, cell_hours, cell_summary
 from gridrun.grid.analysis.tables import Table, base_mismatch_notes, flags, signature_tables, table1, table2, table3
 from gridrun.grid.cells import Cell
 from gridrun.grid.console import track
 from gridrun.grid.status import sweep_rows
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.rundir import RunDir, atomic_write_text
+from gridrun.train.mechanisms import MECHANISMS
 
 # Below this many cells, worker processes cost more to start than they save.
 PARALLEL_FROM_CELLS = 200
-INT_COLUMNS = ("seed", "peak_step", "final_step", "cliff_step")
+INT_COLUMNS = ("seed", "peak_step", "final_step", "cliff_step",
+               *(f"alert/{m}/{c}" for m in MECHANISMS for c in ("fired", "steps", "first_step")))
 
 
 @dataclass
@@ -56,12 +61,12 @@ class SweepData:
     columns: dict[str, MetricColumns]
 
 
-def read_cell(root: str) -> tuple[MetricColumns, dict[str, Any], str | None]:
-    """One cell's metric columns, summary and metrics.jsonl damage (a top-level function:
-    worker processes run it)."""
+def read_cell(root: str, workflow: str | None = None, policy: str | None = None) -> tuple[MetricColumns, dict[str, Any], str | None]:
+    """One cell's metric columns, summary (the mechanism alerts replayed for its workflow and
+    policy included) and metrics.jsonl damage (a top-level function: worker processes run it)."""
     rows, damage = RunDir(root).read_metrics_checked()
     columns = MetricColumns.from_rows(rows)
-    return columns, cell_summary(columns), damage
+    return columns, {**cell_summary(columns), **alert_summary(rows, workflow, policy)}, damage
 
 
 def _workers(cells: int) -> int:
@@ -69,12 +74,13 @@ def _workers(cells: int) -> int:
     return min(cells // PARALLEL_FROM_CELLS, os.cpu_count() or 1, 8)
 
 
-def _read_all(roots: Sequence[str], description: str) -> list[tuple[MetricColumns, dict[str, Any], str | None]]:
-    workers = _workers(len(roots))
+def _read_all(cells: Sequence[tuple[str, str | None, str | None]], description: str) -> list[tuple[MetricColumns, dict[str, Any], str | None]]:
+    """read_cell of each (root, workflow, policy)."""
+    workers = _workers(len(cells))
     if workers < 2:
-        return [read_cell(root) for root in track(roots, description)]
+        return [read_cell(*cell) for cell in track(cells, description)]
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(read_cell, roots, chunksize=max(1, len(roots) // (workers * 8))))
+        return list(pool.map(read_cell, *zip(*cells, strict=True), chunksize=max(1, len(cells) // (workers * 8))))
 
 
 def base_id(kind: str, coords: dict[str, Any]) -> str | None:
@@ -90,7 +96,11 @@ def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
     """Every cell of the sweep, finished or not, with its statistics."""
     plan = {cell["id"]: cell for cell in sweep.read()["cells"]}
     rows = sweep_rows(sweep)
-    read = _read_all([str(sweep.cell(row["cell"]).root) for row in rows], f"reading {len(rows)} cells of {sweep.name}")
+    read = _read_all(
+        [(str(sweep.cell(row["cell"]).root), plan[row["cell"]]["coords"].get("workflow"), plan[row["cell"]]["coords"].get("policy"))
+         for row in rows],
+        f"reading {len(rows)} cells of {sweep.name}",
+    )
     now = time.time()
     records, columns = [], {}
     for row, (metric_columns, summary, metrics_damage) in zip(rows, read):
@@ -207,6 +217,7 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0) -> list[Ta
         return {m: columns.series("val", m) for m in columns.metrics("val") if m.startswith("val/role/")}
 
     tables += signature_tables(cells, signatures)
+    tables += [findings_table(cells), alerts_table(cells)]
     sweep.root.mkdir(parents=True, exist_ok=True)
     write_parquet(_parquet_ready(cells), sweep.cells_parquet)
     write_parquet(metrics_frame(data.columns), sweep.metrics_parquet)
@@ -224,7 +235,7 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0) -> list[Ta
     counts = cells["state"].value_counts().to_dict()
     console.print(
         f"{len(cells)} cells ({', '.join(f'{n} {s}' for s, n in counts.items())}) -> "
-        f"{sweep.cells_parquet}, metrics.parquet, tables 1-6 (md, csv, tex), "
+        f"{sweep.cells_parquet}, metrics.parquet, tables 1-6 and findings (md, csv, tex), "
         + (f"{sweep.figures_dir}/ ({len(figures)} figures)" if figures else "no figures (no cell has metrics yet)")
     )
     console.print(f"report: {sweep.report('html')}")

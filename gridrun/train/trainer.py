@@ -41,6 +41,7 @@ from gridrun.train.alerts import drift_alerts, nonfinite_alerts
 from gridrun.train.distributed import Dist
 from gridrun.train.engines import make_engine
 from gridrun.train.episode import Episode
+from gridrun.train.mechanisms import MECHANISMS, MechanismWatch, alert_flags
 from gridrun.train.metrics_log import MetricsLog
 from gridrun.train.model import load_base
 from gridrun.train.policy import adapter_parameters, attach_adapters, routing_for
@@ -146,6 +147,9 @@ class Trainer:
         self.skipped_nonfinite = 0
         # The drift alerts of the latest validation (state.json's alerts add the non-finite one).
         self.val_alerts: list[str] = []
+        # The mechanism alerts on the metric rows so far (replayed from metrics.jsonl on resume).
+        self.watch = MechanismWatch(config.workflow.name, config.policy.name)
+        self.mechanism_alerts: list[str] = []
         self.pad_id = self.tokenizer.pad_token_id
         self.total_steps = config.steps_to_train
         self.dist.decorrelate_rng(seed, 0)
@@ -161,14 +165,16 @@ class Trainer:
                 if main:
                     self.run_dir.record(cellstate.progressed(step=0))
             for step in range(start + 1, self.total_steps + 1):
-                self.metrics.write(self.train_step(step))
+                row = self.train_step(step)
+                self.mechanism_alerts = self.watch.see(row)
+                self.metrics.write({**row, **alert_flags(self.mechanism_alerts)})
                 if step % self.config.train.val_every == 0 or step == self.total_steps:
                     self.validate(step)
                 saved = step % self.config.train.save_every == 0 or step == self.total_steps
                 if saved:
                     self.save(step)
                 if main:
-                    self.run_dir.record(cellstate.progressed(step=step))
+                    self.run_dir.record(cellstate.progressed(step=step, alerts=self.alerts()))
                 if step < self.total_steps and self.dist.should_stop():
                     if not saved:
                         self.save(step)
@@ -262,9 +268,11 @@ class Trainer:
             return
         self.skipped_nonfinite += skipped
         if self.dist.is_main:
-            self.run_dir.record(cellstate.progressed(
-                skipped_nonfinite=self.skipped_nonfinite, alerts=self.val_alerts + nonfinite_alerts(self.skipped_nonfinite)
-            ))
+            self.run_dir.record(cellstate.progressed(skipped_nonfinite=self.skipped_nonfinite, alerts=self.alerts()))
+
+    def alerts(self) -> list[str]:
+        """state.json's alerts: the latest validation's drift, the mechanisms, non-finite updates."""
+        return self.val_alerts + self.mechanism_alerts + nonfinite_alerts(self.skipped_nonfinite)
 
     def validate(self, step: int) -> None:
         cfg = self.config
@@ -284,6 +292,7 @@ class Trainer:
         metrics = validation_metrics(episodes, self.task, self.workflow, self.workflow.slots(cfg.workflow))
         row = {"step": step, "split": "val", **metrics, "time/val_s": time.time() - started}
         self.metrics.write(row)
+        self.mechanism_alerts = self.watch.see(row)
         self.summarise(step, metrics)
         dumped = "".join(json.dumps(e.to_json()) + "\n" for e in episodes[: cfg.train.val_samples])
         atomic_write_text(self.run_dir.samples(step), dumped)
@@ -297,7 +306,7 @@ class Trainer:
             fields["first_val"] = {k: v for k, v in metrics.items() if k.startswith("val/role/")}
         else:
             self.val_alerts = drift_alerts(state.get("first_val", {}), metrics, self.config.lengths.max_response_tokens)
-            fields["alerts"] = self.val_alerts + nonfinite_alerts(self.skipped_nonfinite)
+            fields["alerts"] = self.alerts()
         self.run_dir.record(cellstate.progressed(**fields))
 
     def peak_fields(self) -> dict[str, Any]:
@@ -338,7 +347,8 @@ class Trainer:
         self.skipped_nonfinite = state.get("skipped_nonfinite", 0)
         if self.dist.is_main:
             alerts = self.run_dir.read_state().get("alerts") or []
-            self.val_alerts = [a for a in alerts if a not in nonfinite_alerts(self.skipped_nonfinite)]
+            derived = nonfinite_alerts(self.skipped_nonfinite)
+            self.val_alerts = [a for a in alerts if a not in derived and not a.startswith(MECHANISMS)]
         random.setstate(state["python_rng"])
         torch.set_rng_state(state["torch_rng"])
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
@@ -348,6 +358,8 @@ class Trainer:
         if self.dist.is_main:
             self.run_dir.truncate_metrics(step)
             self.run_dir.record(cellstate.progressed(**self.peak_fields()))
+        for row in self.run_dir.read_metrics() if self.dist.is_main else []:
+            self.mechanism_alerts = self.watch.see(row)
         log.info("resumed from %s", path)
         return step
 

@@ -4,6 +4,8 @@ reads the run dirs once and calls these):
     stats.py    seed statistics: means, counts, 95% t half-widths, a missing value's state
     summary.py  a cell's metrics as columns; per-cell statistics (cells.parquet's columns)
     tables.py   Tables 1 (peak and final), 2, 3 and 4-6, each as md, csv and tex
+    findings.py the paper's claims measured (holds / does not hold / inconclusive) and the
+                mechanism alerts per cell
     figures.py  Figures 2-6 (PNG)
     report.py   report.md and the self-contained report.html
 

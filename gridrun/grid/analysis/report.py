@@ -1,8 +1,8 @@
 """report.md and report.html: a sweep's whole analysis on one page.
 
 Order: the sweep's coordinates (axes, plan, code version), cell states per kind, cost
-(wall-clock and GPU-hours from the run dirs' attempts, next to the plan's estimate), then
-Tables 1-3, Figures 2-6 each with a one-line caption saying what to look for, and an
+(wall-clock and GPU-hours from the run dirs' attempts, next to the plan's estimate), the
+findings (the paper's claims measured, and the mechanism alerts), then Tables 1-3, Figures 2-6 each with a one-line caption saying what to look for, and an
 appendix with Tables 4-6 and the learning curves. report.md links the PNGs under figures/;
 report.html is the same text rendered (markdown-it, already installed with rich) with every
 figure embedded as base64, so it can be mailed or opened anywhere on its own. What this
@@ -110,6 +110,10 @@ def report_markdown(sweep: SweepDir, cells: pd.DataFrame, tables: list[Table], f
              "Numbers come from finished (`done`) cells only; other cells show as their state."), "",
              "## Sweep", "", *_coordinates(sweep, cells), "", "## Cell states", "", *_states(cells), "",
              "## Cost", "", *_cost(sweep, cells), ""]
+    lines += ["## Findings", ""]
+    for name in ("findings", "findings_alerts"):
+        if name in by_name:
+            lines += [by_name[name].markdown(heading="###"), ""]
     lines += ["## Tables", ""]
     for name in ("table1", "table1_final", "table2", "table3"):
         if name in by_name:

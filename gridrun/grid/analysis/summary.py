@@ -26,6 +26,13 @@ columns, so a cell's file is parsed once.
                                               several roles (Shared-Policy): chi2 and ppl
                                               weighted by each role's tokens, the adapter's
                                               own grad norm
+    val/role/<r>/{len_mean,terse_rate}_change last - first validation of the signature
+                                              (the findings' claim d)
+
+`alert_summary` replays a cell's rows through the mechanism alerts (gridrun/train/
+mechanisms.py) and gives, per mechanism that can show in the cell (else None):
+alert/<m>/fired (training steps at which it held), alert/<m>/steps (steps replayed),
+alert/<m>/first_step; and `mechanism_alerts`, those holding at the last step.
 
 Metrics are read by name and may be missing (an older trainer, another workflow): a
 statistic without its metric is None. A ratio whose first value is not positive is None
@@ -44,11 +51,13 @@ from typing import Any
 import numpy as np
 
 from gridrun.rundir import first_peak
+from gridrun.train.mechanisms import MECHANISMS, THRESHOLDS, Thresholds, alert_history, applies, firings
 
 Column = tuple["np.ndarray", "np.ndarray"]  # steps (int64), values (float64), sorted by step
 ROLE_KEY = re.compile(r"^role/([^/]+)/([^/]+)$")
 ADAPTER_KEY = re.compile(r"^adapter/([^/]+)/([^/]+)$")
 RATIO_METRICS = ("chi2", "ppl", "grad_norm")
+SIGNATURE_CHANGES = ("len_mean", "terse_rate")
 NOT_METRICS = ("step", "split")
 
 
@@ -234,9 +243,39 @@ def training_summary(columns: MetricColumns) -> dict[str, Any]:
     return out
 
 
+def signature_changes(columns: MetricColumns) -> dict[str, float]:
+    """Last minus first validation value of each role's SIGNATURE_CHANGES signatures."""
+    out = {}
+    for metric in columns.metrics("val"):
+        if metric.startswith("val/role/") and metric.rsplit("/", 1)[1] in SIGNATURE_CHANGES:
+            values = columns.column("val", metric)[1]
+            values = values[np.isfinite(values)]
+            if len(values):
+                out[f"{metric}_change"] = float(values[-1] - values[0])
+    return out
+
+
 def cell_summary(columns: MetricColumns) -> dict[str, Any]:
     """Every per-cell statistic of cells.parquet (see the module docstring)."""
-    return {**accuracy_summary(columns.series("val", "val/acc")), **training_summary(columns)}
+    return {**accuracy_summary(columns.series("val", "val/acc")), **training_summary(columns),
+            **signature_changes(columns)}
+
+
+def alert_summary(rows: Iterable[Mapping[str, Any]], workflow: str | None, policy: str | None,
+                  thresholds: Thresholds = THRESHOLDS) -> dict[str, Any]:
+    """The mechanism alerts replayed on a cell's rows (see the module docstring)."""
+    out: dict[str, Any] = {"mechanism_alerts": ""}
+    relevant = [m for m in MECHANISMS if workflow and applies(m, workflow, policy)]
+    history = alert_history(rows, workflow, policy, thresholds) if relevant else []
+    for mechanism in MECHANISMS:
+        fired = firings(history, mechanism) if mechanism in relevant else []
+        known = mechanism in relevant and bool(history)
+        out[f"alert/{mechanism}/fired"] = len(fired) if known else None
+        out[f"alert/{mechanism}/steps"] = len(history) if known else None
+        out[f"alert/{mechanism}/first_step"] = fired[0] if fired else None
+    if history:
+        out["mechanism_alerts"] = "; ".join(history[-1][1])
+    return out
 
 
 # --- cost -----------------------------------------------------------------------------------------

@@ -30,6 +30,9 @@ import pandas as pd
 from gridrun.grid.analysis.stats import Entry
 
 HEADERS = {"base": "Base", "sa_rl": "SA-RL", "ip": "IP", "sp": "SP", "ip_minus_sa": "IP−SA", "sp_minus_sa": "SP−SA"}
+# The reward controls' columns (`shuffled` cells: their twin's training with each step's rewards
+# permuted across its episodes), added after the others when the sweep has such cells.
+SHUFFLED_HEADERS = {"sa_rl_shuffled": "SA-RL shuffled", "ip_shuffled": "IP shuffled", "sp_shuffled": "SP shuffled"}
 TABLE1_COLUMNS = ("task", "scale", "workflow", *HEADERS)
 TRAIN_POLICIES = {"isolated": "ip", "shared": "sp"}
 # A role whose chi2 ratio is this many times another role's, in the same IP cell, while it
@@ -110,7 +113,7 @@ def entry(frame: pd.DataFrame, column: str, scale: float = 1.0) -> Entry:
 
 
 def several_seeds(cells: pd.DataFrame) -> bool:
-    seeded = cells[cells["kind"].isin(["train", "sa_rl", "transfer"])]
+    seeded = cells[cells["kind"].isin(["train", "sa_rl", "transfer", "shuffled"])]
     keys = ["kind", "workflow", "task", "scale", "policy"]
     return bool(len(seeded)) and int(seeded.groupby(keys, dropna=False).size().max()) > 1
 
@@ -130,14 +133,27 @@ def blocks(cells: pd.DataFrame, kinds: Sequence[str]) -> list[tuple[str, str, st
 
 
 # --- Table 1 ------------------------------------------------------------------------------------
+def shuffled_columns(cells: pd.DataFrame) -> list[str]:
+    """Table 1's reward-control columns that the sweep has cells for (SA-RL's twin has workflow
+    `single`; a workflow's twins keep its policy)."""
+    shuffled = cells[cells["kind"] == "shuffled"]
+    present = {"sa_rl_shuffled": bool((shuffled["workflow"] == "single").any()),
+               "ip_shuffled": bool((shuffled["policy"] == "isolated").any()),
+               "sp_shuffled": bool((shuffled["policy"] == "shared").any())}
+    return [name for name in SHUFFLED_HEADERS if present[name]]
+
+
 def table1(cells: pd.DataFrame, value: str = "peak_val_acc") -> Table:
-    """Table 1 of `value` (peak_val_acc: the ceiling; final_val_acc: the floor)."""
+    """Table 1 of `value` (peak_val_acc: the ceiling; final_val_acc: the floor), with a column
+    per kind of `shuffled` twin the sweep has."""
     several = several_seeds(cells)
-    columns = list(TABLE1_COLUMNS)
+    controls = shuffled_columns(cells)
+    headers = {**HEADERS, **{name: SHUFFLED_HEADERS[name] for name in controls}}
+    columns = [*TABLE1_COLUMNS, *controls]
     if several:
-        columns += [f"{name}_{suffix}" for name in HEADERS for suffix in ("n", "ci95")]
+        columns += [f"{name}_{suffix}" for name in headers for suffix in ("n", "ci95")]
     rows, display = [], []
-    for task, scale, workflow in blocks(cells, ("train", "base")):
+    for task, scale, workflow in blocks(cells, ("train", "base", "shuffled")):
         block = cells[(cells["task"] == task) & (cells["scale"] == scale)]
         train = block[(block["kind"] == "train") & (block["workflow"] == workflow)]
         entries = {
@@ -147,6 +163,10 @@ def table1(cells: pd.DataFrame, value: str = "peak_val_acc") -> Table:
             "ip": entry(train[train["policy"] == "isolated"], value, 100),
             "sp": entry(train[train["policy"] == "shared"], value, 100),
         }
+        shuffled = block[block["kind"] == "shuffled"]
+        twins = {"sa_rl_shuffled": shuffled[shuffled["workflow"] == "single"],
+                 "ip_shuffled": shuffled[(shuffled["workflow"] == workflow) & (shuffled["policy"] == "isolated")],
+                 "sp_shuffled": shuffled[(shuffled["workflow"] == workflow) & (shuffled["policy"] == "shared")]}
         csv_row = {"task": task, "scale": scale, "workflow": workflow}
         shown_row = [task, scale, workflow]
         for name, item in entries.items():
@@ -166,6 +186,11 @@ def table1(cells: pd.DataFrame, value: str = "peak_val_acc") -> Table:
             if several:
                 text += (f" ± {number(ci95)}" if n > 1 else "") + f" (n={n})"
             shown_row.append(text)
+        for name in controls:
+            item = entry(twins[name], value, 100)
+            csv_row[name] = number(item.mean) if item.mean is not None else item.word()
+            csv_row[f"{name}_n"], csv_row[f"{name}_ci95"] = str(item.n), number(item.ci95)
+            shown_row.append(shown(item, several))
         rows.append([csv_row[c] for c in columns])
         display.append(shown_row)
     what = "Peak" if value == "peak_val_acc" else "Final"
@@ -173,8 +198,10 @@ def table1(cells: pd.DataFrame, value: str = "peak_val_acc") -> Table:
         name="table1" if value == "peak_val_acc" else "table1_final",
         title=f"Table 1 — {what.lower()} validation accuracy" + ("" if value == "peak_val_acc" else " (the floor)"),
         caption=f"{what} validation accuracy (%); residuals are multi-agent minus SA-RL in points."
+        + (" Shuffled: the twin cell trained on each step's rewards permuted across its episodes (the reward "
+           "control)." if controls else "")
         + (" Mean ± 95% CI over finished seeds (n)." if several else ""),
-        columns=columns, headers=["Task", "Scale", "Workflow", *HEADERS.values()], rows=rows, shown=display,
+        columns=columns, headers=["Task", "Scale", "Workflow", *headers.values()], rows=rows, shown=display,
     )
 
 

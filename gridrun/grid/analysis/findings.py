@@ -1,0 +1,322 @@
+"""The findings table: the paper's four claims, measured on a sweep, each holding or not.
+
+    findings         per claim: the paper's statement, then one row per block of cells with
+                     gridrun's measurement (mean ± 95% CI over seeds: a Student t interval over
+                     the per-seed values of a paired difference, stats.mean_ci95) and a verdict
+    findings_alerts  per cell that can show a mechanism: how many training steps its alert held,
+                     the step it first fired and that step minus the cell's validation peak step
+                     (negative: it fired before the peak)
+
+The claims: (a) multi-agent RL beats the base model in most cells, and beats its shuffled-
+reward control (plus SA-RL against its own shuffled control, the control's calibration);
+(b) IP peaks higher than SP on most matched cells and falls further from its peak by the
+end; (c) Voting-IP `gradient_amplification`: the generator's chi2 and perplexity
+peak-over-first ratios exceed the aggregator's; (d) Voting-SP `sp_role_capture`: the
+aggregator's terse rate falls and its mean length rises (first to last validation).
+
+A row's verdict, for a difference claimed positive: holds when its 95% interval lies above 0,
+does not hold when the interval lies at or below 0, inconclusive otherwise (one seed gives no
+interval: inconclusive). A "most cells" claim holds when more than half its rows hold, does not
+hold when even every inconclusive row holding would not make a majority, else inconclusive;
+an "every block" claim (c, d) holds when all its rows hold and does not hold when one does not.
+A claim whose cells the sweep lacks says "not measured" and what it needs. Only `done` cells
+count; seeds pair by seed number (a train cell and its shuffled twin share data order and
+initialisation). Leaves out: multiple-comparison corrections and effect sizes beyond the mean.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from gridrun.grid.analysis.stats import mean_ci95
+from gridrun.grid.analysis.tables import Table, blocks, number
+from gridrun.train.mechanisms import MECHANISMS
+
+HOLDS, FAILS, UNSURE = "holds", "does not hold", "inconclusive"
+POLICY_NAMES = {"isolated": "IP", "shared": "SP"}
+STATEMENTS = {
+    "a": "Multi-agent RL beats the base model in most cells, and beats its shuffled-reward control.",
+    "b": "IP peaks higher than SP on most matched cells, and falls further from its peak by the end.",
+    "c": "Voting-IP gradient_amplification: the generator's χ² and perplexity peak-over-first ratios "
+         "exceed the aggregator's.",
+    "d": "Voting-SP sp_role_capture: the aggregator's terse rate falls and its length rises.",
+}
+FINDINGS_COLUMNS = ["claim", "measurement", "task", "scale", "workflow", "policy", "n", "mean", "ci95", "unit", "verdict"]
+
+
+@dataclass
+class Measured:
+    """One row of a claim: per-seed values of a difference claimed to have `sign`."""
+
+    measurement: str
+    where: tuple[str, str, str, str]  # task, scale, workflow, policy ("" where it does not apply)
+    values: list[float]
+    unit: str
+    sign: int = 1
+    needs: str = ""  # when set, the row was not measured and this says what it needs
+
+    @property
+    def verdict(self) -> str:
+        if self.needs:
+            return f"not measured (needs {self.needs})"
+        return verdict(self.values, self.sign)
+
+
+@dataclass
+class Part:
+    """One statement of a claim, its rows, and how they combine ("most" or "every" row)."""
+
+    name: str
+    rows: list[Measured]
+    rule: str
+    counts: bool = True  # False: shown beside the claim, not part of its verdict
+
+    def measured(self) -> list[str]:
+        return [row.verdict for row in self.rows if not row.needs]
+
+    @property
+    def verdict(self) -> str:
+        held = self.measured()
+        return combine(held, self.rule) if held else f"not measured (needs {self.rows[0].needs})"
+
+
+@dataclass
+class Claim:
+    key: str
+    parts: list[Part] = field(default_factory=list)
+    needs: str = ""
+
+
+def verdict(values: Sequence[float], sign: int = 1) -> str:
+    """holds / does not hold / inconclusive for per-seed values claimed to have `sign` (see module)."""
+    if len(values) < 2:
+        return UNSURE
+    mean, ci = mean_ci95([sign * v for v in values])
+    if mean - ci > 0:
+        return HOLDS
+    return FAILS if mean + ci <= 0 else UNSURE
+
+
+def combine(verdicts: list[str], rule: str) -> str:
+    """A claim part's verdict from its rows' (rule: "most" or "every")."""
+    held, failed = verdicts.count(HOLDS), verdicts.count(FAILS)
+    if rule == "most":
+        if held > len(verdicts) / 2:
+            return HOLDS
+        return FAILS if len(verdicts) - failed <= len(verdicts) / 2 else UNSURE
+    if failed:
+        return FAILS
+    return HOLDS if held == len(verdicts) else UNSURE
+
+
+# --- pairing seeds ---------------------------------------------------------------------------------
+def _done(cells: pd.DataFrame, column: str) -> dict[int, float]:
+    """seed -> value of the done cells with a value (a base control's seed is None: key -1)."""
+    if column not in cells:
+        return {}
+    done = cells[(cells["state"] == "done") & cells[column].notna()]
+    return {(-1 if pd.isna(seed) else int(seed)): float(value) for seed, value in zip(done["seed"], done[column])}
+
+
+def _paired(a: dict[int, float], b: dict[int, float], scale: float = 1.0,
+            value: Callable[[float, float], float] = lambda x, y: x - y) -> list[float]:
+    return [scale * value(a[seed], b[seed]) for seed in sorted(a) if seed in b]
+
+
+def _select(cells: pd.DataFrame, kind: str, task: str, scale: str, workflow: str, policy: str | None = None) -> pd.DataFrame:
+    picked = cells[(cells["kind"] == kind) & (cells["task"] == task) & (cells["scale"] == scale)
+                   & (cells["workflow"] == workflow)]
+    return picked if policy is None else picked[picked["policy"] == policy]
+
+
+def _measured(name: str, where: tuple[str, str, str, str], values: list[float], unit: str, sign: int,
+              needs: str) -> Measured:
+    return Measured(name, where, values, unit, sign, "" if values else needs)
+
+
+# --- the claims ------------------------------------------------------------------------------------
+def claim_a(cells: pd.DataFrame) -> Claim:
+    claim = Claim("a")
+    over_base, over_shuffled = [], []
+    for task, scale, workflow in blocks(cells, ("train",)):
+        base = _done(_select(cells, "base", task, scale, workflow), "peak_val_acc").get(-1)
+        for policy in ("isolated", "shared"):
+            train = _select(cells, "train", task, scale, workflow, policy)
+            if not len(train):
+                continue
+            where = (task, scale, workflow, POLICY_NAMES[policy])
+            peaks = _done(train, "peak_val_acc")
+            values = [100 * (peak - base) for _, peak in sorted(peaks.items())] if base is not None else []
+            over_base.append(_measured("peak − base", where, values, "pp", 1,
+                                       f"done `train` cells and `base-{workflow}-{scale}-{task}`"))
+            shuffled = _select(cells, "shuffled", task, scale, workflow, policy)
+            if len(shuffled):
+                over_shuffled.append(_measured("peak − shuffled twin's peak", where,
+                                               _paired(peaks, _done(shuffled, "peak_val_acc"), 100), "pp", 1,
+                                               "done train cells and shuffled twins of the same seeds"))
+    if not over_base:
+        claim.needs = "done multi-agent `train` cells and their `base` controls"
+        return claim
+    claim.parts.append(Part("beats base in most cells", over_base, "most"))
+    claim.parts.append(Part("beats its shuffled control in most cells", over_shuffled or [Measured(
+        "peak − shuffled twin's peak", ("", "", "", ""), [], "pp",
+        needs="`shuffled` cells: add `shuffled` to the sweep's `kind` axis")], "most"))
+    sa_rl = []
+    for task, scale in dict.fromkeys(zip(cells["task"], cells["scale"])):
+        shuffled = _select(cells, "shuffled", task, scale, "single")
+        if len(shuffled):
+            rl = _done(cells[(cells["kind"] == "sa_rl") & (cells["task"] == task) & (cells["scale"] == scale)],
+                       "peak_val_acc")
+            sa_rl.append(_measured("SA-RL peak − shuffled SA-RL peak", (task, scale, "single", ""),
+                                   _paired(rl, _done(shuffled, "peak_val_acc"), 100), "pp", 1,
+                                   "done sa_rl cells and shuffled twins of the same seeds"))
+    if sa_rl:
+        claim.parts.append(Part("SA-RL beats its shuffled control (a check of the control, not of the claim)",
+                                sa_rl, "every", counts=False))
+    return claim
+
+
+def claim_b(cells: pd.DataFrame) -> Claim:
+    claim = Claim("b")
+    higher, drops = [], []
+    for task, scale, workflow in blocks(cells, ("train",)):
+        ip = _select(cells, "train", task, scale, workflow, "isolated")
+        sp = _select(cells, "train", task, scale, workflow, "shared")
+        if not (len(ip) and len(sp)):
+            continue
+        where = (task, scale, workflow, "IP − SP")
+        needs = "done IP and SP cells of the same seeds"
+        higher.append(_measured("peak", where, _paired(_done(ip, "peak_val_acc"), _done(sp, "peak_val_acc"), 100),
+                                "pp", 1, needs))
+        # drop_from_peak is final - peak (<= 0): falling further is the more negative one.
+        drops.append(_measured("fall from peak to the end", where,
+                               _paired(_done(ip, "drop_from_peak"), _done(sp, "drop_from_peak"), -100), "pp", 1, needs))
+    if not higher:
+        claim.needs = "IP and SP `train` cells of the same workflow, task and scale"
+        return claim
+    claim.parts += [Part("IP peaks higher in most matched cells", higher, "most"),
+                    Part("IP falls further from its peak in most matched cells", drops, "most")]
+    return claim
+
+
+def _voting_blocks(cells: pd.DataFrame, policy: str) -> list[tuple[str, str, pd.DataFrame]]:
+    voting = cells[(cells["kind"] == "train") & (cells["workflow"] == "voting") & (cells["policy"] == policy)]
+    return [(task, scale, group) for (task, scale), group in voting.groupby(["task", "scale"], sort=False)]
+
+
+def claim_c(cells: pd.DataFrame) -> Claim:
+    claim = Claim("c")
+    rows = []
+    for task, scale, group in _voting_blocks(cells, "isolated"):
+        for metric, label in (("chi2", "χ²"), ("ppl", "perplexity")):
+            rows.append(_measured(
+                f"generator − aggregator {label} peak/first", (task, scale, "voting", "IP"),
+                _paired(_done(group, f"role/generator/{metric}_ratio"), _done(group, f"role/aggregator/{metric}_ratio")),
+                "ratio", 1, f"done cells with both roles' {label} ratios (a first value > 0)"))
+    if not rows:
+        claim.needs = "Voting-IP `train` cells"
+        return claim
+    claim.parts.append(Part("in every block, on both ratios", rows, "every"))
+    return claim
+
+
+def claim_d(cells: pd.DataFrame) -> Claim:
+    claim = Claim("d")
+    rows = []
+    for task, scale, group in _voting_blocks(cells, "shared"):
+        where = (task, scale, "voting", "SP")
+        rows.append(_measured("aggregator terse rate, last − first validation", where,
+                              [100 * v for v in _done(group, "val/role/aggregator/terse_rate_change").values()],
+                              "pp", -1, "done cells with the aggregator's terse rate at two validations"))
+        rows.append(_measured("aggregator mean length, last − first validation", where,
+                              list(_done(group, "val/role/aggregator/len_mean_change").values()),
+                              "tokens", 1, "done cells with the aggregator's length at two validations"))
+    if not rows:
+        claim.needs = "Voting-SP `train` cells"
+        return claim
+    claim.parts.append(Part("in every block, both signatures", rows, "every"))
+    return claim
+
+
+def claims(cells: pd.DataFrame) -> list[Claim]:
+    return [claim_a(cells), claim_b(cells), claim_c(cells), claim_d(cells)]
+
+
+def claim_verdict(claim: Claim) -> str:
+    if claim.needs:
+        return f"not measured (needs {claim.needs})"
+    parts = [part for part in claim.parts if part.counts]
+    measured = [part.verdict for part in parts if part.measured()]
+    if FAILS in measured:
+        return FAILS
+    if not measured:
+        return "not measured"
+    if all(v == HOLDS for v in measured):
+        return HOLDS if len(measured) == len(parts) else f"{HOLDS} where measured (a part is not measured)"
+    return UNSURE
+
+
+# --- the tables ------------------------------------------------------------------------------------
+def findings_table(cells: pd.DataFrame) -> Table:
+    """The findings table (see the module docstring)."""
+    rows, shown = [], []
+    for claim in claims(cells):
+        overall = claim_verdict(claim)
+        rows.append([claim.key, STATEMENTS[claim.key], "", "", "", "", "", "", "", "", overall])
+        shown.append([f"**({claim.key})**", STATEMENTS[claim.key], "", "", f"**{overall}**"])
+        for part in claim.parts:
+            held = part.measured()
+            summary = f"{held.count(HOLDS)}/{len(held)} rows hold" if held else ""
+            rows.append([claim.key, part.name, "", "", "", "", str(len(held)), "", "", "", part.verdict])
+            shown.append(["", f"*{part.name}*", "", summary, f"*{part.verdict}*"])
+            for m in part.rows:
+                if m.needs and not held and len(part.rows) == 1:
+                    continue  # the part's line already says what it needs
+                mean, ci = mean_ci95(m.values) if m.values else (math.nan, math.nan)
+                rows.append([claim.key, m.measurement, *m.where, str(len(m.values)), number(mean, 2), number(ci, 2),
+                             m.unit, m.verdict])
+                cell = " ".join(p for p in m.where if p)
+                value = "" if not m.values else (number(mean, 2, signed=True)
+                                                 + (f" ± {number(ci, 2)}" if len(m.values) > 1 else "")
+                                                 + f" {m.unit} (n={len(m.values)})")
+                shown.append(["", m.measurement, cell, value, m.verdict])
+    return Table(
+        name="findings", title="Findings — the paper's claims on this sweep",
+        caption="Each claim, then each part's verdict, then one row per block of cells: mean ± 95% CI over seeds "
+        "(Student t interval over the per-seed values of the difference; seeds paired by number). A row holds "
+        "when its interval excludes 0 on the claimed side, does not hold when it excludes the claimed side, and is "
+        "inconclusive otherwise (one seed: no interval). Only done cells count.",
+        columns=FINDINGS_COLUMNS, headers=["Claim", "Measurement", "Cells", "gridrun (mean ± 95% CI)", "Verdict"],
+        rows=rows, shown=shown, left=3,
+    )
+
+
+def alerts_table(cells: pd.DataFrame) -> Table:
+    """Per cell that can show a mechanism: steps it held, first step, first step - peak step."""
+    columns = ["cell", "state", "mechanism", "fired_steps", "steps", "first_step", "peak_step", "first_minus_peak"]
+    rows = []
+    for mechanism in MECHANISMS:
+        fired_column = f"alert/{mechanism}/fired"
+        if fired_column not in cells:
+            continue
+        for _, row in cells[cells[fired_column].notna()].iterrows():
+            first, peak = row[f"alert/{mechanism}/first_step"], row["peak_step"]
+            lead = "" if pd.isna(first) or pd.isna(peak) else f"{int(first) - int(peak):+d}"
+            rows.append([row["cell"], row["state"], mechanism, str(int(row[fired_column])),
+                         str(int(row[f"alert/{mechanism}/steps"])), "" if pd.isna(first) else str(int(first)),
+                         "" if pd.isna(peak) else str(int(peak)), lead])
+    notes = [] if rows else [("No cell of this sweep can show a mechanism alert (IP Voting or Orch-Workers cells for "
+                             "gradient_amplification, multi-agent SP cells for sp_role_capture).")]
+    return Table(
+        name="findings_alerts", title="Mechanism alerts — how often each fired, and when against the peak",
+        caption="The alerts of gridrun/train/mechanisms.py replayed on each cell's metrics.jsonl with the current "
+        "thresholds: training steps at which the alert held (of the steps replayed), its first step, and that "
+        "step minus the cell's validation peak step (negative: it fired before the peak).",
+        columns=columns, headers=["Cell", "State", "Mechanism", "Fired (steps)", "Steps", "First step", "Peak step",
+                                  "First − peak"],
+        rows=rows, left=3, notes=notes,
+    )

@@ -1,0 +1,135 @@
+"""Mechanism alerts on metric histories written by hand, each at its threshold's edge: every
+firing case sits exactly on the threshold (the comparisons are >=), every silent one just
+short of it, with numbers exact in binary floating point."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gridrun.train.mechanisms import THRESHOLDS, MechanismWatch, Thresholds, alert_history, firings
+
+
+def train_rows(**series: list[float]) -> list[dict[str, Any]]:
+    """Train rows at steps 1..n; keyword `generator_chi2` is `role/generator/chi2`."""
+    n = len(next(iter(series.values())))
+    return [{"step": s + 1, "split": "train", **{"role/" + k.replace("_", "/", 1): v[s] for k, v in series.items()}}
+            for s in range(n)]
+
+
+# --- gradient_amplification -----------------------------------------------------------------------
+def amplification(rows: list[dict[str, Any]], workflow: str = "voting", policy: str = "isolated") -> list[str]:
+    return [a for a in alert_history(rows, workflow, policy)[-1][1] if a.startswith("gradient_amplification")]
+
+
+def test_amplification_fires_at_twice_every_other_roles_chi2_ratio() -> None:
+    # Generator 0.25 -> 1.0: ratio 4.0; aggregator 0.5 -> 1.0: ratio 2.0; 4.0 >= 2.0 * 2.0.
+    rows = train_rows(generator_chi2=[0.25, 1.0], aggregator_chi2=[0.5, 1.0])
+    assert amplification(rows) == ["gradient_amplification: generator chi2 peak/first 4.00 vs aggregator 2.00"]
+    # The aggregator peaking at 1.0078125 (ratio 2.015625) needs 4.03125: silent.
+    assert amplification(train_rows(generator_chi2=[0.25, 1.0], aggregator_chi2=[0.5, 1.0078125])) == []
+
+
+def test_amplification_is_the_parallel_roles_under_isolated_policy_only() -> None:
+    rows = train_rows(generator_chi2=[0.25, 1.0], aggregator_chi2=[0.5, 1.0])
+    assert amplification(rows, policy="shared") == []  # SP's failure surface is capture
+    assert amplification(rows, workflow="eval_opt") == []  # no same-role multiplicity
+    # The other way round: the aggregator's ratio 4.0 over the generator's 2.0 is not the mechanism.
+    assert amplification(train_rows(generator_chi2=[0.5, 1.0], aggregator_chi2=[0.25, 1.0])) == []
+    # Orch-Workers: the worker is the parallel role, and must beat every other role's ratio.
+    workers = train_rows(worker_chi2=[0.25, 1.0], orchestrator_chi2=[0.5, 1.0], synthesizer_chi2=[0.5, 0.75])
+    assert amplification(workers, workflow="orch_workers") == [
+        "gradient_amplification: worker chi2 peak/first 4.00 vs orchestrator 2.00"]
+
+
+def test_amplification_needs_every_ratio_known() -> None:
+    # chi2 = E[rho^2] - 1 is 0 on-policy: a ratio to 0 says nothing, so the metric stays silent.
+    assert amplification(train_rows(generator_chi2=[0.25, 1.0], aggregator_chi2=[0.0, 0.5])) == []
+    assert amplification(train_rows(generator_chi2=[0.25, 1.0])) == []  # no other role to compare
+
+
+def test_amplification_on_perplexity_alone() -> None:
+    # Generator ppl 1.0 -> 1.5 (1.5); aggregator 1.0 -> 1.25 (1.25): 1.5 >= 1.2 * 1.25 = 1.5.
+    rows = train_rows(generator_ppl=[1.0, 1.5], aggregator_ppl=[1.0, 1.25])
+    assert amplification(rows) == ["gradient_amplification: generator ppl peak/first 1.50 vs aggregator 1.25"]
+    assert amplification(train_rows(generator_ppl=[1.0, 1.4921875], aggregator_ppl=[1.0, 1.25])) == []
+
+
+def test_history_counts_the_steps_it_held() -> None:
+    # Step 1: both ratios 1 (silent). Step 2: 4.0 vs 1.0. Step 3: the aggregator's peak 2.0 makes
+    # its ratio 4.0: silent again. Step 4: the generator's peak 2.0 (ratio 8.0) vs 4.0: fires.
+    rows = [{"step": 0, "split": "val", "val/acc": 0.3}]
+    rows += train_rows(generator_chi2=[0.25, 1.0, 0.5, 2.0], aggregator_chi2=[0.5, 0.5, 2.0, 1.0])
+    history = alert_history(rows, "voting", "isolated")
+    assert [step for step, _ in history] == [1, 2, 3, 4]  # from the first training row on
+    assert firings(history, "gradient_amplification") == [2, 4]
+    assert firings(history, "sp_role_capture") == []
+
+
+# --- sp_role_capture ------------------------------------------------------------------------------
+EDGE = Thresholds(share_window=2, share_rise=0.125, gap_close=0.25, terse_drop=0.25)
+
+
+def capture_rows(generator_shares: list[float], aggregator_len: float, terse: float) -> list[dict[str, Any]]:
+    """Voting-SP: validation at steps 0 and 4, four train steps between (shares sum to 1).
+    Step 0: aggregator length 10, generator 50 (gap 40), terse rate 0.75."""
+    rows: list[dict[str, Any]] = [{"step": 0, "split": "val", "val/role/aggregator/len_mean": 10.0,
+                                   "val/role/generator/len_mean": 50.0, "val/role/aggregator/terse_rate": 0.75}]
+    rows += train_rows(generator_grad_share=generator_shares, aggregator_grad_share=[1 - s for s in generator_shares])
+    rows.append({"step": 4, "split": "val", "val/role/aggregator/len_mean": aggregator_len,
+                 "val/role/generator/len_mean": 50.0, "val/role/aggregator/terse_rate": terse})
+    return rows
+
+
+def capture(rows: list[dict[str, Any]], policy: str = "shared", thresholds: Thresholds = EDGE) -> list[str]:
+    history = alert_history(rows, "voting", policy, thresholds)
+    return [a for a in history[-1][1] if a.startswith("sp_role_capture")] if history else []
+
+
+RISING = [0.5, 0.5, 0.625, 0.625]  # first window's mean 0.5, last window's 0.625: +0.125
+
+
+def test_capture_fires_on_a_rising_share_and_a_closing_length_gap() -> None:
+    # Aggregator 10 -> 20: the gap to the generator's 50 goes 40 -> 30 = (1 - 0.25) * 40.
+    assert capture(capture_rows(RISING, aggregator_len=20.0, terse=0.75)) == [
+        "sp_role_capture: generator grad share 0.50->0.62; aggregator length 10->20 (generator 50)"]
+    # 10 -> 19.75 leaves a gap of 30.25: silent.
+    assert capture(capture_rows(RISING, aggregator_len=19.75, terse=0.75)) == []
+
+
+def test_capture_fires_on_a_falling_terse_rate() -> None:
+    # 0.75 -> 0.5 is the 0.25 fall; 0.75 -> 0.515625 is short of it.
+    assert capture(capture_rows(RISING, aggregator_len=10.0, terse=0.5)) == [
+        "sp_role_capture: generator grad share 0.50->0.62; aggregator terse rate 75%->50%"]
+    assert capture(capture_rows(RISING, aggregator_len=10.0, terse=0.515625)) == []
+
+
+def test_capture_needs_the_dominant_share_to_rise() -> None:
+    # Last window 0.625 and 0.609375: mean 0.6171875, a rise of 0.1171875 < 0.125.
+    assert capture(capture_rows([0.5, 0.5, 0.625, 0.609375], aggregator_len=40.0, terse=0.0)) == []
+    # Under Isolated-Policy there is no shared adapter to capture.
+    assert capture(capture_rows(RISING, aggregator_len=40.0, terse=0.0), policy="isolated") == []
+    # Three steps: the two 2-step windows would share step 2; nothing is compared.
+    short = [r for r in capture_rows(RISING, aggregator_len=40.0, terse=0.0) if r["step"] != 3]
+    assert capture(short) == []
+
+
+def test_capture_length_must_move_toward_the_dominant_role() -> None:
+    # The aggregator shrinking 10 -> 5 widens the gap: no capture, though the share rose.
+    assert capture(capture_rows(RISING, aggregator_len=5.0, terse=0.75)) == []
+    # Overshooting past the generator (10 -> 70, gap 40 -> -20, |20| <= 30) still moved toward it.
+    assert capture(capture_rows(RISING, aggregator_len=70.0, terse=0.75)) != []
+
+
+def test_watch_sees_rows_one_at_a_time_like_the_replay() -> None:
+    rows = capture_rows(RISING, aggregator_len=20.0, terse=0.5)
+    watch = MechanismWatch("voting", "shared", EDGE)
+    seen = [watch.see(row) for row in rows]
+    # Only the step-4 validation shows the drift: every earlier row is silent.
+    assert seen[:-1] == [[]] * (len(rows) - 1) and len(seen[-1]) == 1
+    assert firings(alert_history(rows, "voting", "shared", EDGE), "sp_role_capture") == [4]
+
+
+def test_default_thresholds() -> None:
+    # The documented defaults (README, mechanisms.py); the findings study re-calibrates them.
+    assert THRESHOLDS == Thresholds(chi2_factor=2.0, ppl_factor=1.2, share_window=5, share_rise=0.05,
+                                    gap_close=0.25, terse_drop=0.2)
