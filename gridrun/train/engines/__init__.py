@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gridrun.train.config import RunConfig
+from gridrun.runconfig import RunConfig
 from gridrun.train.rollout import RolloutEngine
 
 
