@@ -30,6 +30,9 @@ WORKFLOW_ROLES: dict[str, tuple[str, ...]] = {
     "voting": ("generator", "aggregator"),
     "orch_workers": ("orchestrator", "worker", "synthesizer"),
 }
+# The role with same-role multiplicity (Voting's 3 generators, Orch-Workers' 3 workers): the
+# workflows' slots and the mechanism alerts share it.
+PARALLEL_ROLES: dict[str, str] = {"voting": "generator", "orch_workers": "worker"}
 
 
 class ConfigError(ValueError):

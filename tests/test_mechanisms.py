@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gridrun.train.mechanisms import THRESHOLDS, MechanismWatch, Thresholds, alert_history, firings
+from gridrun.mechanisms import THRESHOLDS, MechanismWatch, Thresholds, alert_history, firings
 
 
 def train_rows(**series: list[float]) -> list[dict[str, Any]]:

@@ -1,5 +1,5 @@
 """The seam between the halves: only run directories cross it, and the torch-free modules
-beside `rundir.py` that own it (the run schema and the cell state)."""
+beside `rundir.py` that own it (the run schema, the cell state, the mechanism alerts)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_grid_takes_the_run_schema_from_the_seam_module_only() -> None:
 
 
 def test_seam_modules_import_only_the_standard_library() -> None:
-    seam = ["gridrun.runconfig", "gridrun.rundir", "gridrun.cellstate"]
+    seam = ["gridrun.runconfig", "gridrun.rundir", "gridrun.cellstate", "gridrun.mechanisms"]
     loaded = imported_after(seam)
     assert {m for m in loaded if m.startswith("gridrun.")} == set(seam)
     assert not {m for m in loaded if m.split(".")[0] in ("torch", "hydra", "omegaconf", "yaml", "numpy")}

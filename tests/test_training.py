@@ -278,8 +278,8 @@ def test_mechanism_alerts_go_to_the_train_rows_and_state(tmp_path: Path, monkeyp
     # With ppl_factor 0 any known generator perplexity ratio is "amplified" (perplexity is > 0,
     # so every ratio is known): Voting-IP fires from step 1 on, and the trainer logs what a
     # replay of its metrics.jsonl says, row by row.
+    from gridrun.mechanisms import MechanismWatch, Thresholds, alert_flags
     from gridrun.train import trainer as trainer_module
-    from gridrun.train.mechanisms import MechanismWatch, Thresholds, alert_flags
 
     eager = Thresholds(ppl_factor=0.0)
     monkeypatch.setattr(trainer_module, "MechanismWatch", lambda w, p: MechanismWatch(w, p, eager))

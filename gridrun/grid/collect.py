@@ -44,8 +44,8 @@ from gridrun.grid.cells import Cell
 from gridrun.grid.console import track
 from gridrun.grid.status import sweep_rows
 from gridrun.grid.sweepdir import SweepDir
+from gridrun.mechanisms import MECHANISMS
 from gridrun.rundir import RunDir, atomic_write_text
-from gridrun.train.mechanisms import MECHANISMS
 
 # Below this many cells, worker processes cost more to start than they save.
 PARALLEL_FROM_CELLS = 200

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from gridrun import cellstate
+from gridrun.mechanisms import MECHANISMS, MechanismWatch, alert_flags
 from gridrun.runconfig import GRPOSpec, RunConfig, load_config
 from gridrun.rundir import RunDir, atomic_write_text, first_peak
 from gridrun.tasks import make_task
@@ -41,7 +42,6 @@ from gridrun.train.alerts import drift_alerts, nonfinite_alerts
 from gridrun.train.distributed import Dist
 from gridrun.train.engines import make_engine
 from gridrun.train.episode import Episode
-from gridrun.train.mechanisms import MECHANISMS, MechanismWatch, alert_flags
 from gridrun.train.metrics_log import MetricsLog
 from gridrun.train.model import load_base
 from gridrun.train.policy import adapter_parameters, attach_adapters, routing_for

@@ -50,8 +50,8 @@ from typing import Any
 
 import numpy as np
 
+from gridrun.mechanisms import MECHANISMS, THRESHOLDS, Thresholds, alert_history, applies, firings
 from gridrun.rundir import first_peak
-from gridrun.train.mechanisms import MECHANISMS, THRESHOLDS, Thresholds, alert_history, applies, firings
 
 Column = tuple["np.ndarray", "np.ndarray"]  # steps (int64), values (float64), sorted by step
 ROLE_KEY = re.compile(r"^role/([^/]+)/([^/]+)$")

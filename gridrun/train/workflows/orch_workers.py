@@ -7,7 +7,7 @@ left over get "any method" so the episode still runs; the shortfall is recorded.
 
 from __future__ import annotations
 
-from gridrun.runconfig import WORKFLOW_ROLES, WorkflowSpec
+from gridrun.runconfig import PARALLEL_ROLES, WORKFLOW_ROLES, WorkflowSpec
 from gridrun.tasks.answers import parse_strategies
 from gridrun.tasks.base import Task
 from gridrun.train.episode import Episode
@@ -36,5 +36,5 @@ async def run(llm: EpisodeLLM, episode: Episode, task: Task, spec: WorkflowSpec)
 
 
 WORKFLOW = Workflow(
-    name="orch_workers", roles=WORKFLOW_ROLES["orch_workers"], parallel_role="worker", run=run
+    name="orch_workers", roles=WORKFLOW_ROLES["orch_workers"], parallel_role=PARALLEL_ROLES["orch_workers"], run=run
 )

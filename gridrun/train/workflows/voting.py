@@ -6,7 +6,7 @@ candidate's response. A selection naming no candidate commits to nothing (format
 
 from __future__ import annotations
 
-from gridrun.runconfig import WORKFLOW_ROLES, WorkflowSpec
+from gridrun.runconfig import PARALLEL_ROLES, WORKFLOW_ROLES, WorkflowSpec
 from gridrun.tasks.answers import parse_selection
 from gridrun.tasks.base import Task
 from gridrun.train.episode import Episode
@@ -28,5 +28,5 @@ async def run(llm: EpisodeLLM, episode: Episode, task: Task, spec: WorkflowSpec)
 
 
 WORKFLOW = Workflow(
-    name="voting", roles=WORKFLOW_ROLES["voting"], parallel_role="generator", run=run, distinct_slots=True
+    name="voting", roles=WORKFLOW_ROLES["voting"], parallel_role=PARALLEL_ROLES["voting"], run=run, distinct_slots=True
 )

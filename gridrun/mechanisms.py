@@ -5,8 +5,8 @@ them) and its coordinates (workflow, policy). The trainer feeds each row it writ
 `MechanismWatch` (its alerts go to state.json, so `gridrun status` shows them, and to the
 train row as `alert/<mechanism>` 0/1, so wandb plots them); `gridrun collect` replays the
 finished rows through `alert_history` with any `Thresholds`, so the thresholds can be
-re-calibrated on a results folder without retraining. Standard library only: gridrun/grid
-imports this module and must never pull in torch.
+re-calibrated on a results folder without retraining. A seam module (standard library and
+the run schema only): both halves import it, and gridrun/grid must never pull in torch.
 
 gradient_amplification (Isolated-Policy; a workflow with same-role multiplicity, whose
 parallel role is Voting's generator or Orch-Workers' worker): the parallel role's
@@ -30,12 +30,13 @@ Eval-Opt's evaluator idioms (code fences: a drift alert already names them).
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from gridrun.runconfig import PARALLEL_ROLES
 
 GRADIENT_AMPLIFICATION = "gradient_amplification"
 SP_ROLE_CAPTURE = "sp_role_capture"
@@ -65,15 +66,9 @@ class Thresholds:
 THRESHOLDS = Thresholds()
 
 
-@functools.cache
 def parallel_role(workflow: str) -> str | None:
     """The role with same-role multiplicity of a workflow (None for one without, or unknown)."""
-    from gridrun.train.workflows import get_workflow
-
-    try:
-        return get_workflow(workflow).parallel_role
-    except ValueError:
-        return None
+    return PARALLEL_ROLES.get(workflow)
 
 
 def applies(mechanism: str, workflow: str, policy: str | None) -> bool:
