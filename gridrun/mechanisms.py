@@ -53,6 +53,15 @@ class Thresholds:
     a 5-step window is the shortest that averages out one step's batch on 20-step toy runs;
     a 5-point share rise, a quarter of the length gap and a 20-point terse-rate fall are
     each about twice the step-to-step noise of those metrics on the toy smoke sweep.
+
+    Checked on the findings study (sweeps/findings.yaml, 3 seeds, 30 steps; README "The
+    findings study"), and left as they were: neither alert fired on any of the 21
+    shuffled-reward twins (a reward with no signal); the parallel role's perplexity ratio
+    reached at most 1.14 against the other roles' 1.00-1.05 (below 1.2x), while the
+    aggregator's rose 3.4x and 24x in two Voting cells (the reverse of the mechanism: no
+    alert); chi2 is exactly 0 for every role whose data fits one mini-batch per step (the
+    first mini-batch is on-policy), so on the toy world only the perplexity test can fire;
+    sp_role_capture fired in 2 of 3 Eval-Opt-SP seeds, 5 and 6 steps before their peak.
     """
 
     chi2_factor: float = 2.0
