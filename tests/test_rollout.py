@@ -181,14 +181,26 @@ def test_hf_merged_adapter_samples_the_trained_policy_and_leaves_the_base_untouc
     assert [o.token_ids for o in merged.generate(requests, greedy)] == [o.token_ids for o in plain.generate(requests, greedy)]
 
 
-def test_hf_half_precision_adapters_are_not_merged(toy_world) -> None:
-    """bf16 would round the LoRA delta into the base weights: sampling another policy."""
+def test_hf_merges_only_float32_weights_that_fit_the_copy_limit(toy_world, monkeypatch) -> None:
+    """bf16 would round the LoRA delta into the base weights (sampling another policy), and
+    a copy over the limit doubles a large model's memory: neither is merged unasked."""
     from peft import LoraConfig, get_peft_model
 
     from gridrun.train.config import ModelSpec
-    from gridrun.train.engines.hf import HFEngine
+    from gridrun.train.engines import hf
     from gridrun.train.model import load_base
 
     base, tokenizer = load_base(ModelSpec(dtype="bfloat16"))
     model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"), adapter_name="gen")
-    assert not HFEngine(model, tokenizer).merge_lora
+    assert not hf.HFEngine(model, tokenizer).merge_lora
+    base, tokenizer = load_base(ModelSpec())
+    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"), adapter_name="gen")
+    assert hf.HFEngine(model, tokenizer).merge_lora
+    # The toy's wrapped weights: 4 layers x (q 128x128, k and v 64x128, o 128x128, gate and up
+    # 512x128, down 128x512) = 983,040 float32 weights = 3,932,160 bytes; one byte less refuses.
+    wrapped = sum(m.get_base_layer().weight.numel() * 4 for m in model.modules() if isinstance(m, hf.LoraLayer))
+    assert wrapped == 3_932_160
+    monkeypatch.setattr(hf, "MERGE_COPY_LIMIT_BYTES", wrapped)
+    assert hf.HFEngine(model, tokenizer).merge_lora
+    monkeypatch.setattr(hf, "MERGE_COPY_LIMIT_BYTES", wrapped - 1)
+    assert not hf.HFEngine(model, tokenizer).merge_lora

@@ -16,6 +16,9 @@ and the originals are put back untouched, so the base model the update trains on
 bit-for-bit the same; only the rollout's float rounding differs (W + BA versus W, A, B
 applied in turn), as a vLLM engine's does. Half-precision weights are never merged: the
 LoRA delta would be rounded into bf16, sampling from another policy than the trained one.
+The merged copies double the wrapped weights' memory while a rollout runs, so by default
+only models whose wrapped weights fit `MERGE_COPY_LIMIT_BYTES` are merged (the toy's are
+4 MB; a float32 Qwen3-0.6B's 1.8 GB are not).
 
 Left out: per-request seeds (sampling draws from torch's global RNG, which checkpoints
 save); paged KV memory (each sub-batch's cache is sized to its longest prompt plus the
@@ -33,6 +36,9 @@ from peft.tuners.lora import LoraLayer
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from gridrun.train.rollout import Completion, GenRequest, RolloutEngine, SamplingParams
+
+# The largest merged copy of the LoRA-wrapped base weights the engine makes unasked.
+MERGE_COPY_LIMIT_BYTES = 1 << 30
 
 
 def stop_token_ids(tokenizer: Any) -> list[int]:
@@ -90,15 +96,18 @@ def _merged(model: Any, adapter: str) -> Iterator[None]:
 class HFEngine(RolloutEngine):
     def __init__(self, model: Any, tokenizer: Any, max_batch_size: int = 512, merge_lora: bool | None = None) -> None:
         """merge_lora: serve each adapter merged into copies of the base weights (None:
-        when every LoRA-wrapped weight is float32; see the module docstring)."""
+        when every LoRA-wrapped weight is float32 and they fit MERGE_COPY_LIMIT_BYTES;
+        see the module docstring)."""
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.stop_ids = stop_token_ids(tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
         self.device = next(model.parameters()).device
-        wrapped = [m.get_base_layer().weight.dtype for m in model.modules() if isinstance(m, LoraLayer)]
-        self.merge_lora = all(d == torch.float32 for d in wrapped) if merge_lora is None else merge_lora
+        wrapped = [m.get_base_layer().weight for m in model.modules() if isinstance(m, LoraLayer)]
+        fits = sum(w.numel() * w.element_size() for w in wrapped) <= MERGE_COPY_LIMIT_BYTES
+        auto = fits and all(w.dtype == torch.float32 for w in wrapped)
+        self.merge_lora = auto if merge_lora is None else merge_lora
 
     @contextlib.contextmanager
     def _serving(self, adapter: str | None) -> Iterator[None]:
