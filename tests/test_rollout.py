@@ -131,3 +131,76 @@ def test_hf_greedy_batch_equals_one_at_a_time(toy_model) -> None:
     batched = engine.generate([GenRequest(p, None) for p in prompts], greedy)
     alone = [engine.generate([GenRequest(p, None)], greedy)[0] for p in prompts]
     assert [b.token_ids for b in batched] == [a.token_ids for a in alone]
+
+
+def test_hf_merged_adapter_samples_the_trained_policy_and_leaves_the_base_untouched(toy_world) -> None:
+    """With float32 weights the engine serves an adapter merged into copies of the base
+    weights: the update must find the very same base tensors afterwards, and the rollout
+    log-probs must be the unmerged policy's up to float rounding."""
+    from gridrun.runconfig import ModelSpec
+    from peft import LoraConfig, get_peft_model
+
+    from gridrun.train.engines.hf import HFEngine
+    from gridrun.train.model import load_base
+
+    base, tokenizer = load_base(ModelSpec())  # its own copy: peft rewrites the modules it wraps
+    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"), adapter_name="gen")
+    torch.manual_seed(0)
+    for name, param in model.named_parameters():
+        if "lora_B" in name:  # peft starts B at 0 (a no-op adapter): give it a real delta
+            param.data.normal_(0.0, 0.05)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    identity = {n: p.data.data_ptr() for n, p in model.named_parameters() if "lora_" not in n}
+    merged, plain = HFEngine(model, tokenizer), HFEngine(model, tokenizer, merge_lora=False)
+    assert merged.merge_lora and not plain.merge_lora
+    encoder = ChatEncoder(tokenizer, enable_thinking=False, max_prompt_tokens=256)
+    prompts = encoder.encode([TASK.prompts.generator(p.question) for p in TASK.val_problems()[:4]])
+
+    torch.manual_seed(1)
+    outs = merged.generate([GenRequest(p, "gen") for p in prompts], SAMPLING)
+    after = dict(model.named_parameters())
+    assert all(torch.equal(after[n], w) and after[n].data.data_ptr() == identity[n] for n, w in before.items())
+    assert not any(getattr(m, "merged_adapters", []) for m in model.modules())
+    off_base = 0.0
+    for prompt, out in zip(prompts, outs):
+        ids = torch.tensor([prompt + out.token_ids])
+        with torch.no_grad():  # the unmerged adapter, as the update computes it, and the base model
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1] / SAMPLING.temperature
+            with model.disable_adapter():
+                base_logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1] / SAMPLING.temperature
+        taken = torch.tensor(out.token_ids)[:, None]
+        expected = torch.log_softmax(logits, -1).gather(-1, taken).squeeze(-1)
+        assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-4)
+        unadapted = torch.log_softmax(base_logits, -1).gather(-1, taken).squeeze(-1)
+        off_base = max(off_base, float((torch.tensor(out.logprobs) - unadapted).abs().max()))
+    # The adapter was served, not the base model: B ~ N(0, 0.05) moves log-probs far beyond rounding.
+    assert off_base > 1e-3
+    # Greedy decoding agrees merged or not.
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=24)
+    requests = [GenRequest(p, "gen") for p in prompts]
+    assert [o.token_ids for o in merged.generate(requests, greedy)] == [o.token_ids for o in plain.generate(requests, greedy)]
+
+
+def test_hf_merges_only_float32_weights_that_fit_the_copy_limit(toy_world, monkeypatch) -> None:
+    """bf16 would round the LoRA delta into the base weights (sampling another policy), and
+    a copy over the limit doubles a large model's memory: neither is merged unasked."""
+    from gridrun.runconfig import ModelSpec
+    from peft import LoraConfig, get_peft_model
+
+    from gridrun.train.engines import hf
+    from gridrun.train.model import load_base
+
+    base, tokenizer = load_base(ModelSpec(dtype="bfloat16"))
+    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"), adapter_name="gen")
+    assert not hf.HFEngine(model, tokenizer).merge_lora
+    base, tokenizer = load_base(ModelSpec())
+    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"), adapter_name="gen")
+    assert hf.HFEngine(model, tokenizer).merge_lora
+    # The toy's wrapped weights: 4 layers x (q 128x128, k and v 64x128, o 128x128, gate and up
+    # 512x128, down 128x512) = 983,040 float32 weights = 3,932,160 bytes; one byte less refuses.
+    wrapped = sum(m.get_base_layer().weight.numel() * 4 for m in model.modules() if isinstance(m, hf.LoraLayer))
+    assert wrapped == 3_932_160
+    monkeypatch.setattr(hf, "MERGE_COPY_LIMIT_BYTES", wrapped)
+    assert hf.HFEngine(model, tokenizer).merge_lora
+    monkeypatch.setattr(hf, "MERGE_COPY_LIMIT_BYTES", wrapped - 1)
+    assert not hf.HFEngine(model, tokenizer).merge_lora
