@@ -44,8 +44,8 @@ from typing import Any
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import torch
-from gridrun.runconfig import config_from_dict
 
+from gridrun.runconfig import config_from_dict
 from gridrun.rundir import RunDir
 from gridrun.tasks.arith import ArithTask
 from gridrun.tasks.base import Problem

@@ -137,9 +137,9 @@ def test_hf_merged_adapter_samples_the_trained_policy_and_leaves_the_base_untouc
     """With float32 weights the engine serves an adapter merged into copies of the base
     weights: the update must find the very same base tensors afterwards, and the rollout
     log-probs must be the unmerged policy's up to float rounding."""
-    from gridrun.runconfig import ModelSpec
     from peft import LoraConfig, get_peft_model
 
+    from gridrun.runconfig import ModelSpec
     from gridrun.train.engines.hf import HFEngine
     from gridrun.train.model import load_base
 
@@ -184,9 +184,9 @@ def test_hf_merged_adapter_samples_the_trained_policy_and_leaves_the_base_untouc
 def test_hf_merges_only_float32_weights_that_fit_the_copy_limit(toy_world, monkeypatch) -> None:
     """bf16 would round the LoRA delta into the base weights (sampling another policy), and
     a copy over the limit doubles a large model's memory: neither is merged unasked."""
-    from gridrun.runconfig import ModelSpec
     from peft import LoraConfig, get_peft_model
 
+    from gridrun.runconfig import ModelSpec
     from gridrun.train.engines import hf
     from gridrun.train.model import load_base
 
