@@ -99,8 +99,12 @@ def test_only_an_active_cell_fails_or_is_cancelled() -> None:
     assert allowed_sources("failed") == allowed_sources("cancelled") == {"queued", "running"}
 
 
-def test_a_cancelled_slurm_job_whose_requeue_was_refused_is_preempted() -> None:
-    assert allowed_sources("preempted") == {"queued", "running", "cancelled"}
+def test_a_slurm_job_whose_requeue_was_refused_is_preempted_with_the_reason() -> None:
+    # cancelled: the trainer recorded the SIGTERM; preempted: the trainer recorded its stop
+    # on SLURM's warning, and the job's word (timeout budget spent) replaces the reason.
+    assert allowed_sources("preempted") == {"queued", "running", "cancelled", "preempted"}
+    record = cellstate.preempted("budget spent").apply({"state": "preempted", "error": "stopped after step 1 on SIGUSR2"})
+    assert (record["state"], record["error"]) == ("preempted", "budget spent")
 
 
 def test_damaged_and_blocked_are_derived_never_written() -> None:
