@@ -75,15 +75,10 @@ class Thresholds:
 THRESHOLDS = Thresholds()
 
 
-def parallel_role(workflow: str) -> str | None:
-    """The role with same-role multiplicity of a workflow (None for one without, or unknown)."""
-    return PARALLEL_ROLES.get(workflow)
-
-
 def applies(mechanism: str, workflow: str, policy: str | None) -> bool:
     """Whether a cell of this workflow and policy can show the mechanism at all."""
     if mechanism == GRADIENT_AMPLIFICATION:
-        return policy == "isolated" and parallel_role(workflow) is not None
+        return policy == "isolated" and workflow in PARALLEL_ROLES
     if mechanism == SP_ROLE_CAPTURE:
         return policy == "shared" and workflow != "single"
     raise ValueError(f"unknown mechanism '{mechanism}': expected one of {', '.join(MECHANISMS)}")
@@ -120,7 +115,7 @@ class MechanismWatch:
     _amplified: str | None = field(init=False, default=None)  # the last verdict, until a peak moves
 
     def __post_init__(self) -> None:
-        self._parallel = parallel_role(self.workflow)
+        self._parallel = PARALLEL_ROLES.get(self.workflow)
         self._applies = {m: applies(m, self.workflow, self.policy) for m in MECHANISMS}
 
     def see(self, row: Mapping[str, Any]) -> list[str]:
@@ -255,12 +250,17 @@ def alert_history(
 
 def firings(history: list[tuple[int, list[str]]], mechanism: str) -> list[int]:
     """The steps of a history at which `mechanism` held."""
-    return [step for step, alerts in history if any(a.startswith(mechanism + ":") for a in alerts)]
+    return [step for step, alerts in history if _names(alerts, mechanism)]
 
 
 def alert_flags(alerts: list[str]) -> dict[str, int]:
     """`alert/<mechanism>`: 1 where one of `alerts` names it, else 0 (a train row's, for wandb)."""
-    return {f"alert/{m}": int(any(a.startswith(m + ":") for a in alerts)) for m in MECHANISMS}
+    return {f"alert/{m}": int(_names(alerts, m)) for m in MECHANISMS}
+
+
+def _names(alerts: list[str], mechanism: str) -> bool:
+    """Whether one of `alerts` (each "<mechanism>: <why>") is `mechanism`'s."""
+    return any(a.startswith(mechanism + ":") for a in alerts)
 
 
 def _number(value: Any) -> bool:

@@ -364,19 +364,12 @@ class RunDir:
             "restore the file, or delete the damaged lines to silence this"
         )
 
-    def val_accuracy(self) -> dict[int, float]:
-        """step -> validation accuracy (`val/acc`) of metrics.jsonl's readable rows, finite
-        values only, a later row for a step winning (as `gridrun collect` reads them)."""
-        return {
-            row["step"]: float(row["val/acc"])
-            for row in self.read_metrics()
-            if row["split"] == "val" and row.get("val/acc") is not None and math.isfinite(row["val/acc"])
-        }
-
-    def truncate_metrics(self, last_step: int) -> None:
-        """Keep rows up to `last_step`: resuming from a checkpoint replays what came after."""
+    def truncate_metrics(self, last_step: int) -> list[dict[str, Any]]:
+        """Keep rows up to `last_step` (resuming from a checkpoint replays what came after);
+        returns the rows kept."""
         kept = [row for row in self.read_metrics() if row.get("step", 0) <= last_step]
         atomic_write_text(self.metrics_jsonl, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+        return kept
 
     # --- checkpoints -------------------------------------------------------------------
     def complete_checkpoints(self) -> list[tuple[int, Path]]:
@@ -395,6 +388,16 @@ class RunDir:
     def latest_checkpoint(self) -> tuple[int, Path] | None:
         found = self.complete_checkpoints()
         return found[-1] if found else None
+
+
+def val_accuracy(rows: Iterable[Mapping[str, Any]]) -> dict[int, float]:
+    """step -> validation accuracy (`val/acc`) of metrics rows, finite values only, a later
+    row for a step winning (as `gridrun collect` reads them)."""
+    return {
+        row["step"]: float(row["val/acc"])
+        for row in rows
+        if row["split"] == "val" and row.get("val/acc") is not None and math.isfinite(row["val/acc"])
+    }
 
 
 def first_peak(val_acc: Mapping[int, float]) -> tuple[int, float] | None:

@@ -130,6 +130,6 @@ def test_watch_sees_rows_one_at_a_time_like_the_replay() -> None:
 
 
 def test_default_thresholds() -> None:
-    # The documented defaults (README, mechanisms.py); the findings study re-calibrates them.
+    # The documented defaults (README, mechanisms.py), as checked on the findings study.
     assert THRESHOLDS == Thresholds(chi2_factor=2.0, ppl_factor=1.2, share_window=5, share_rise=0.05,
                                     gap_close=0.25, terse_drop=0.2)

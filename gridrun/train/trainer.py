@@ -33,7 +33,7 @@ import torch
 from gridrun import cellstate
 from gridrun.mechanisms import MECHANISMS, MechanismWatch, alert_flags
 from gridrun.runconfig import GRPOSpec, RunConfig, load_config
-from gridrun.rundir import RunDir, atomic_write_text, first_peak
+from gridrun.rundir import RunDir, atomic_write_text, first_peak, val_accuracy
 from gridrun.tasks import make_task
 from gridrun.tasks.base import Problem
 from gridrun.tasks.sandbox import SandboxUnavailable
@@ -147,9 +147,11 @@ class Trainer:
         self.skipped_nonfinite = 0
         # The drift alerts of the latest validation (state.json's alerts add the non-finite one).
         self.val_alerts: list[str] = []
-        # The mechanism alerts on the metric rows so far (replayed from metrics.jsonl on resume).
+        # The mechanism alerts and the validation accuracies of the metric rows so far (a
+        # resume replays the rows it keeps into both).
         self.watch = MechanismWatch(config.workflow.name, config.policy.name)
         self.mechanism_alerts: list[str] = []
+        self.val_acc: dict[int, float] = {}
         self.pad_id = self.tokenizer.pad_token_id
         self.total_steps = config.steps_to_train
         self.dist.decorrelate_rng(seed, 0)
@@ -165,9 +167,7 @@ class Trainer:
                 if main:
                     self.run_dir.record(cellstate.progressed(step=0))
             for step in range(start + 1, self.total_steps + 1):
-                row = self.train_step(step)
-                self.mechanism_alerts = self.watch.see(row)
-                self.metrics.write({**row, **alert_flags(self.mechanism_alerts)})
+                self.log_row(self.train_step(step))
                 if step % self.config.train.val_every == 0 or step == self.total_steps:
                     self.validate(step)
                 saved = step % self.config.train.save_every == 0 or step == self.total_steps
@@ -291,8 +291,7 @@ class Trainer:
             return
         metrics = validation_metrics(episodes, self.task, self.workflow, self.workflow.slots(cfg.workflow))
         row = {"step": step, "split": "val", **metrics, "time/val_s": time.time() - started}
-        self.metrics.write(row)
-        self.mechanism_alerts = self.watch.see(row)
+        self.log_row(row)
         self.summarise(step, metrics)
         dumped = "".join(json.dumps(e.to_json()) + "\n" for e in episodes[: cfg.train.val_samples])
         atomic_write_text(self.run_dir.samples(step), dumped)
@@ -309,11 +308,18 @@ class Trainer:
             fields["alerts"] = self.alerts()
         self.run_dir.record(cellstate.progressed(**fields))
 
+    def log_row(self, row: dict[str, Any]) -> None:
+        """Write a metrics row (a train row with its `alert/<mechanism>` flags); the mechanism
+        alerts and the validation accuracies see it first."""
+        self.mechanism_alerts = self.watch.see(row)
+        self.val_acc.update(val_accuracy([row]))
+        self.metrics.write({**row, **alert_flags(self.mechanism_alerts)} if row["split"] == "train" else row)
+
     def peak_fields(self) -> dict[str, Any]:
-        """state.json's copy of the peak, derived from metrics.jsonl's validation rows as
+        """state.json's copy of the peak, derived from the rows metrics.jsonl holds as
         `gridrun collect` derives it (so a resume that replays validations cannot leave a
         peak that the metrics no longer hold)."""
-        peak = first_peak(self.run_dir.val_accuracy())
+        peak = first_peak(self.val_acc)
         return {} if peak is None else {"peak_step": peak[0], "peak_val_acc": peak[1]}
 
     # --- checkpoints ----------------------------------------------------------------------
@@ -356,10 +362,11 @@ class Trainer:
         self.dist.decorrelate_rng(self.config.cell.seed, step)
         self.engine.refresh()
         if self.dist.is_main:
-            self.run_dir.truncate_metrics(step)
+            kept = self.run_dir.truncate_metrics(step)
+            for row in kept:
+                self.mechanism_alerts = self.watch.see(row)
+            self.val_acc = val_accuracy(kept)
             self.run_dir.record(cellstate.progressed(**self.peak_fields()))
-        for row in self.run_dir.read_metrics() if self.dist.is_main else []:
-            self.mechanism_alerts = self.watch.see(row)
         log.info("resumed from %s", path)
         return step
 

@@ -185,7 +185,7 @@ def test_no_figure_for_a_sweep_without_metrics(gridrun: Gridrun, results: Path) 
 
 def test_the_peak_has_one_definition_read_off_metrics(tmp_path: Path) -> None:
     from gridrun.grid.analysis.summary import accuracy_summary
-    from gridrun.rundir import RunDir, first_peak
+    from gridrun.rundir import RunDir, first_peak, val_accuracy
 
     run_dir = RunDir(tmp_path / "cell")
     run_dir.root.mkdir()
@@ -198,7 +198,7 @@ def test_the_peak_has_one_definition_read_off_metrics(tmp_path: Path) -> None:
         {"step": 30, "split": "val", "val/acc": 0.75}, {"step": 30, "split": "train", "val/acc": 1.0},
         {"step": 30, "split": "val", "val/acc": 0.25},
     ])
-    val_acc = run_dir.val_accuracy()
+    val_acc = val_accuracy(run_dir.read_metrics())
     assert val_acc == {0: 0.25, 10: 0.5, 20: 0.5, 30: 0.25}
     assert first_peak(val_acc) == (10, 0.5) and first_peak({}) is None
     summary = accuracy_summary(val_acc)

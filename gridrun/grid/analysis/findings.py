@@ -171,8 +171,7 @@ def claim_a(cells: pd.DataFrame) -> Claim:
     for task, scale in dict.fromkeys(zip(cells["task"], cells["scale"])):
         shuffled = _select(cells, "shuffled", task, scale, "single")
         if len(shuffled):
-            rl = _done(cells[(cells["kind"] == "sa_rl") & (cells["task"] == task) & (cells["scale"] == scale)],
-                       "final_val_acc")
+            rl = _done(_select(cells, "sa_rl", task, scale, "single"), "final_val_acc")
             sa_rl.append(_measured("SA-RL final − shuffled SA-RL final", (task, scale, "single", ""),
                                    _paired(rl, _done(shuffled, "final_val_acc"), 100), "pp", 1,
                                    "done sa_rl cells and shuffled twins of the same seeds"))

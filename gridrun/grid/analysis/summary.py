@@ -29,8 +29,8 @@ columns, so a cell's file is parsed once.
     val/role/<r>/{len_mean,terse_rate}_change last - first validation of the signature
                                               (the findings' claim d)
 
-`alert_summary` replays a cell's rows through the mechanism alerts (gridrun/train/
-mechanisms.py) and gives, per mechanism that can show in the cell (else None):
+`alert_summary` replays a cell's rows through the mechanism alerts (gridrun/mechanisms.py)
+and gives, per mechanism that can show in the cell (else None):
 alert/<m>/fired (training steps at which it held), alert/<m>/steps (steps replayed),
 alert/<m>/first_step; and `mechanism_alerts`, those holding at the last step.
 
