@@ -46,7 +46,7 @@ POLICIES = ("shared", "isolated")
 def overrides(args: argparse.Namespace, scale: str, workflow: str, policy: str, data_root: str) -> list[str]:
     out = [
         f"scale={scale}", f"workflow={workflow}", f"task={args.task}", f"policy={policy}", "engine=hf",
-        "model.init=random", f"data_root={data_root}", "logging.wandb_mode=disabled",
+        "model.init=random", f"grid.data_root={data_root}", "logging.wandb_mode=disabled",
         f"train.batch_problems={args.problems}", f"train.ppo_mini_batch={args.problems}", f"grpo.n={args.n}",
     ]
     if args.gpu:
@@ -66,7 +66,7 @@ def compose(args: argparse.Namespace, scale: str, workflow: str, policy: str, da
 
     tree = Composer().compose(overrides(args, scale, workflow, policy, data_root))
     kind = "sa_rl" if workflow == "single" else "train"
-    return run_config(tree, {"id": f"gpu-check-{workflow}-{policy}-{scale}", "kind": kind, "seed": 0}), tree["gpu"]
+    return run_config(tree, {"id": f"gpu-check-{workflow}-{policy}-{scale}", "kind": kind, "seed": 0}), tree["grid"]["gpu"]
 
 
 def run_case(args: argparse.Namespace) -> dict:

@@ -55,7 +55,7 @@ def _cell(tmp_path: Path, task: str, workflow: str, policy: str, *overrides: str
     fixture = {"math": FIXTURES / "dapo_math_sample.parquet", "code": FIXTURES / "deepcoder_sample.jsonl"}[task]
     prepare(task, fixture, data / task, val_size=3)
     tree = Composer().compose(["scale=0.6b", f"task={task}", f"workflow={workflow}", f"policy={policy}", "engine=hf",
-                               "model.init=random", f"data_root={data}", "train.total_steps=1",
+                               "model.init=random", f"grid.data_root={data}", "train.total_steps=1",
                                "train.batch_problems=2", "train.ppo_mini_batch=2", "grpo.n=2", *SHORT])
     config = run_config(tree, {"id": f"{workflow}-{task}", "kind": "train", "seed": 0})
     run_dir = RunDir(tmp_path / config.cell.id)

@@ -2,7 +2,7 @@
 name the fix.
 
 `Composer.compose(overrides)` returns the same tree as `hydra.compose("config", overrides)`
-minus the `hydra` node, resolved to plain Python (data_root made absolute). It takes Hydra's
+minus the `hydra` node, resolved to plain Python (grid.data_root made absolute). It takes Hydra's
 own steps (ConfigLoaderImpl._load_configuration_impl) with Hydra's and OmegaConf's own code:
 the defaults list (`create_defaults_list`), each entry loaded at its package, OmegaConf's
 merge in the list's order, the settings applied in struct mode as Hydra applies command-line
@@ -12,8 +12,9 @@ hydra.compose rebuilds all of that, and Hydra's own config, on every call: 7 s f
 matrix's compositions against a 3 s budget for the whole dry run (bench/plan.py).
 
 Errors are worked out from structured data, never from Hydra's English: a missing option
-file from the exception's path and Hydra's group choices; a setting that cannot be applied
-from its parsed key and the keys of the tree it was applied to.
+file from the exception's path; a pair of choices without a row in conf/tables.yaml from the
+table itself; a setting that cannot be applied from its parsed key and the keys of the tree
+it was applied to.
 
 The steps live in `hydra._internal` (written against hydra-core 1.3); tests/grid/test_compose.py
 checks the result against hydra.compose.
@@ -33,7 +34,7 @@ from hydra._internal.config_repository import CachingConfigRepository, ConfigRep
 from hydra._internal.defaults_list import create_defaults_list
 from hydra._internal.utils import create_config_search_path
 from hydra.core.config_search_path import ConfigSearchPath
-from hydra.core.default_element import GroupDefault, ResultDefault
+from hydra.core.default_element import ResultDefault
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException, MissingConfigException
@@ -45,6 +46,12 @@ from gridrun.grid.errors import GridError, closest
 
 CONF_DIR = REPO_ROOT / "conf"
 PRIMARY = "config"
+# The tables of conf/tables.yaml: (table, (row group, key naming the row), (column group, key
+# naming the column)); the keys are where the chosen options' names land in the tree.
+TABLES = (
+    ("workflow_task", ("workflow", "workflow.name"), ("task", "task.name")),
+    ("scale_gpu", ("scale", "grid.scale"), ("gpu", "grid.gpu.name")),
+)
 
 
 class Composer:
@@ -107,8 +114,9 @@ class Composer:
                 ConfigLoaderImpl._apply_overrides_to_config([setting], cfg)
             except (HydraException, OmegaConfBaseException) as err:
                 raise GridError(self._explain_setting(setting, cfg, err)) from None
+        self._check_rows(cfg)
         try:
-            cfg.data_root = _absolute(str(cfg.data_root))
+            cfg.grid.data_root = _absolute(str(cfg.grid.data_root))
             resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
         except OmegaConfBaseException as err:
             where = f"'{err.full_key}'" if getattr(err, "full_key", None) else "the config"
@@ -126,7 +134,7 @@ class Composer:
                     repo=self._repo, config_name=PRIMARY, overrides_list=choices, prepend_hydra=False, skip_missing=False
                 ).defaults
             except MissingConfigException as err:
-                raise GridError(self._explain_missing(err, choices)) from None
+                raise GridError(self._explain_missing(err)) from None
             except HydraException as err:
                 raise GridError(f"cannot compose the config: {_first_line(err)}") from None
             self._defaults[key] = defaults
@@ -145,42 +153,25 @@ class Composer:
         return self._entries[key]
 
     # --- errors --------------------------------------------------------------------------
-    def _explain_missing(self, err: MissingConfigException, choices: list[Override]) -> str:
+    def _explain_missing(self, err: MissingConfigException) -> str:
         if not err.missing_cfg_file or "/" not in err.missing_cfg_file:
             return f"cannot compose the config: {_first_line(err)}"
         group, _, option = err.missing_cfg_file.rpartition("/")
-        every_paired = self._paired_groups()
-        paired = every_paired.get(group)
-        unknown = f"unknown {group} '{option}'{closest(option, err.options or self.options(group))}"
-        if paired is None:
-            return unknown
-        # Hydra's choices with the paired groups left out: the choices that name the file.
-        without = [*choices, *(self.parse(f"~{g}") for g in every_paired)]
-        try:
-            chosen = create_defaults_list(
-                repo=self._repo, config_name=PRIMARY, overrides_list=without, prepend_hydra=False, skip_missing=False
-            ).overrides.known_choices
-        except MissingConfigException:
-            return unknown
-        first, *others = paired
-        pairs = ", ".join(self.options(group))
-        return (
-            f"{first}={chosen[first]} does not run on {' '.join(f'{g}={chosen[g]}' for g in others)} "
-            f"(no conf/{err.missing_cfg_file}.yaml): pick another {others[-1]}=...; valid {'-'.join(paired)} "
-            f"pairs: {pairs}"
-        )
+        return f"unknown {group} '{option}'{closest(option, err.options or self.options(group))}"
 
-    def _paired_groups(self) -> dict[str, list[str]]:
-        """Groups whose option the primary config names from other groups' choices, e.g.
-        scale_gpu: ${scale}-${gpu} -> {'scale_gpu': ['scale', 'gpu']}."""
-        primary = self._repo.load_config(PRIMARY)
-        assert primary is not None
-        paired = {}
-        for item in primary.defaults_list or []:
-            if isinstance(item, GroupDefault) and isinstance(item.value, str) and "${" in item.value:
-                named = sorted((item.value.index(f"${{{g}}}"), g) for g in self._groups if f"${{{g}}}" in item.value)
-                paired[item.group] = [g for _, g in named]
-        return paired
+    def _check_rows(self, cfg: DictConfig) -> None:
+        """Refuses a pair of choices that has no row in its table of conf/tables.yaml, naming
+        the pairs that do (the rows are looked up by interpolation, whose error names neither)."""
+        for table, (row_group, row_key), (column_group, column_key) in TABLES:
+            rows = cfg.grid[table]
+            row, column = OmegaConf.select(cfg, row_key), OmegaConf.select(cfg, column_key)
+            if row in rows and column in rows[row]:
+                continue
+            pairs = ", ".join(f"{r}-{c}" for r in rows for c in rows[r])
+            raise GridError(
+                f"{row_group}={row} does not run on {column_group}={column} (no row in conf/tables.yaml's "
+                f"{table}): pick another {column_group}=...; valid {row_group}-{column_group} pairs: {pairs}"
+            )
 
     def _explain_setting(self, setting: Override, cfg: DictConfig, err: Exception) -> str:
         key = setting.key_or_group
@@ -214,7 +205,7 @@ def _first_line(err: BaseException) -> str:
 
 
 def _absolute(data_root: str) -> str:
-    """data_root from the repository root when relative (so cells planned anywhere agree)."""
+    """grid.data_root from the repository root when relative (so cells planned anywhere agree)."""
     path = Path(data_root).expanduser()
     return str(path if path.is_absolute() else REPO_ROOT / path)
 

@@ -4,8 +4,8 @@ a time, with a progress display.
 A local cell's job id is `<pid>@<host>` of the gridrun process that queued it; that process
 starts the cell (`python -P -m gridrun.cli run <run_dir>`, its own session, logs appended to
 logs/stdout.log and logs/stderr.log) when a slot frees. By default as many cells run at
-once as the machine's cores hold cells of `cluster.cpus_per_cell` threads each
-(`launcher.max_parallel` or --max-parallel set it by hand). Ctrl-C (or SIGTERM) sends SIGTERM to
+once as the machine's cores hold cells of `grid.cluster.cpus_per_cell` threads each
+(`grid.launcher.max_parallel` or --max-parallel set it by hand). Ctrl-C (or SIGTERM) sends SIGTERM to
 every running cell, waits `term_timeout_s`, then SIGKILLs what is left; the cells record
 `cancelled` themselves, and cells not yet started are marked cancelled here.
 
@@ -304,7 +304,7 @@ class _Pool:
         env = dict(os.environ, PYTHONUNBUFFERED="1", GRIDRUN_JOB_ID=self.launcher.job_id)
         cpus = _cell_cpus(run_dir)
         if cpus:
-            # The cell's CPU share (cluster.cpus_per_cell): torch's threads, via the trainer's
+            # The cell's CPU share (grid.cluster.cpus_per_cell): torch's threads, via the trainer's
             # GRIDRUN_THREADS, and any OpenMP/MKL pools.
             env.update(GRIDRUN_THREADS=str(cpus), OMP_NUM_THREADS=str(cpus), MKL_NUM_THREADS=str(cpus))
         header = f"--- gridrun attempt {state.get('attempt')} on {HOST} at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n"

@@ -47,8 +47,6 @@ from gridrun.grid.sweepdir import SweepDamaged, SweepDir, sibling_cell
 from gridrun.runconfig import ConfigError, RunConfig, config_from_dict, dump_config, load_config
 from gridrun.rundir import DamagedFile, RunDir, atomic_write_json, atomic_write_text
 
-# Top-level nodes of the composed config that are the grid's, not the trainer's.
-GRID_NODES = ("data_root", "gpu", "cluster", "launcher", "estimate")
 VERSIONED = ("gridrun", "torch", "transformers", "peft", "vllm", "hydra-core", "omegaconf")
 
 
@@ -119,7 +117,7 @@ def fingerprint(config: RunConfig) -> str:
 def run_config(tree: dict[str, Any], cell: dict[str, Any]) -> RunConfig:
     """The trainer's part of a composed tree, with its `cell` node: what config.yaml holds."""
     # config_from_dict builds new objects and edits nothing: a cached tree can be shared.
-    run_part = {key: value for key, value in tree.items() if key not in GRID_NODES}
+    run_part = {key: value for key, value in tree.items() if key != "grid"}
     run_part["cell"] = cell
     return config_from_dict(run_part)
 
@@ -141,14 +139,14 @@ def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
             config = run_config(tree, cell.cell_node())
         except ConfigError as err:
             raise GridError(f"cell {cell.id}: {err}") from None
-        this_grid = {"launcher": tree["launcher"], "cluster": tree["cluster"]}
+        this_grid = {"launcher": tree["grid"]["launcher"], "cluster": tree["grid"]["cluster"]}
         if grid is None:
             grid = this_grid
         elif this_grid != grid:
             raise GridError(f"cell {cell.id} has another launcher or cluster than the sweep's first cell: set them once")
         cells.append(
             PlannedCell(cell, config, fingerprint(config), _resources(tree), _estimate_hours(tree, config),
-                        _fits(cell.id, config, tree["gpu"]))
+                        _fits(cell.id, config, tree["grid"]["gpu"]))
         )
     assert grid is not None, "expand() yields at least one cell for non-empty axes"
     return Plan(spec=spec, cells=cells, launcher=grid["launcher"], cluster=grid["cluster"])
@@ -181,7 +179,7 @@ def _fits(cell_id: str, config: RunConfig, gpu: dict[str, Any]) -> float | None:
 
 
 def _resources(tree: dict[str, Any]) -> dict[str, Any]:
-    gpu, cluster = tree["gpu"], tree["cluster"]
+    gpu, cluster = tree["grid"]["gpu"], tree["grid"]["cluster"]
     return {
         "gpu_class": gpu["name"],
         "gpus": gpu["gpus_per_cell"],
@@ -196,7 +194,7 @@ def _resources(tree: dict[str, Any]) -> dict[str, Any]:
 
 def _estimate_hours(tree: dict[str, Any], config: RunConfig) -> float:
     """Rough wall-clock hours of one attempt: steps and validations at the conf's rates."""
-    rate = tree["estimate"]
+    rate = tree["grid"]["estimate"]
     steps = config.steps_to_train
     validations = 1 + steps // config.train.val_every + (1 if steps % config.train.val_every else 0)
     seconds = rate["step_s"] * rate["relative_cost"] * (steps + validations * rate["val_cost"])

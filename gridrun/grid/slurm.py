@@ -8,7 +8,7 @@ sweep.json (GPU class, GPUs, CPUs, memory, time limit and partition, frozen at p
 and the sweep's cluster profile (conf/cluster/<name>.yaml: GPU types for --gres,
 constraints, account, qos, tasks per cell, extra #SBATCH lines, setup lines, per-cell
 overrides). Cells with equal specs go out as one submitit job array, `--array` capped at
-`launcher.max_parallel` running at once and cut into chunks of the cluster's MaxArraySize.
+`grid.launcher.max_parallel` running at once and cut into chunks of the cluster's MaxArraySize.
 Before anything is queued, `admit` checks each spec with `sbatch --test-only`, so a wrong
 partition, account or gres is one line naming the fix, not a sweep of failed jobs.
 
@@ -25,7 +25,7 @@ at once. A cell's own state.json wins when it says done/failed/cancelled/preempt
 scheduler speaks for cells whose job died without a word: CANCELLED -> cancelled,
 TIMEOUT/PREEMPTED -> preempted, NODE_FAIL/OUT_OF_MEMORY/FAILED/BOOT_FAIL -> failed. `gridrun
 resubmit --failed` (and --preempted, --cells) queues them again, at most
-`launcher.max_attempts` submissions per cell (the scheduler's own requeues do not count).
+`grid.launcher.max_attempts` submissions per cell (the scheduler's own requeues do not count).
 
 Dependencies. A cell that needs others (a transfer cell its sa_rl cell) is submitted after
 them with `--dependency=afterok:<their jobs>` (none for needs already done): SLURM starts it
@@ -325,9 +325,9 @@ class SlurmLauncher(Launcher):
             used = int(state.get("attempt") or 0) - int(state.get("requeues") or 0)
             if used >= self.max_attempts:
                 log.warning(
-                    "not resubmitting %s: it has had %d submissions (launcher.max_attempts=%d); find out why with "
+                    "not resubmitting %s: it has had %d submissions (grid.launcher.max_attempts=%d); find out why with "
                     "`gridrun status --failed`, then raise the cap by re-planning the sweep with "
-                    "launcher.max_attempts=%d (cells stay as they are) or start it afresh with --replace",
+                    "grid.launcher.max_attempts=%d (cells stay as they are) or start it afresh with --replace",
                     cell_id, used, self.max_attempts, self.max_attempts + 3,
                 )
                 continue

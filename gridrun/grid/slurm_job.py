@@ -176,7 +176,7 @@ class CellJob(submitit.helpers.Checkpointable):
             if rank == 0:
                 run_dir.record(cellstate.preempted(
                     f"stopped at its time limit after {self.time_min} min, with its timeout budget "
-                    "(launcher.max_num_timeout) spent; resume it with `gridrun resubmit --preempted`"
+                    "(grid.launcher.max_num_timeout) spent; resume it with `gridrun resubmit --preempted`"
                 ))
             raise
         return self._finish(run_dir, rank, restart, code, err_path) if rank == 0 else code

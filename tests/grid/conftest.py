@@ -50,12 +50,12 @@ def tree(root: Path) -> list[str]:
 
 @pytest.fixture
 def recording_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`launcher.name=record`: tests/grid/recording.py's launcher, which runs nothing."""
+    """`grid.launcher.name=record`: tests/grid/recording.py's launcher, which runs nothing."""
     monkeypatch.setitem(dispatch.LAUNCHERS, "record", "tests.grid.recording:RecordingLauncher")
 
 
 @pytest.fixture
 def smoke(gridrun: Gridrun, results: Path, recording_launcher: None) -> SweepDir:
     """The smoke sweep planned for the recording launcher."""
-    assert gridrun("plan", "conf=smoke", "launcher.name=record").code == 0
+    assert gridrun("plan", "conf=smoke", "grid.launcher.name=record").code == 0
     return SweepDir(results, "smoke")

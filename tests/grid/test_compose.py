@@ -27,8 +27,8 @@ def composer() -> Composer:
         ["workflow=eval_opt", "task=code", "scale=0.6b", "gpu=h100", "train.total_steps=3", "optim.lr=0.001"],
         ["scale=toy", "workflow=orch_workers", "+grpo.kl_beta.generator=0.1", "engine=hf"],
         ["workflow=single", "task=math", "scale=4b", "gpu=l40s", "cluster=paper"],
-        ["task=math", "scale=1.7b", "task.data_path=${data_root}/elsewhere", "train.val_every=${train.save_every}"],
-        ["task=code", "scale=4b", "data_root=/shared/data", "logging.wandb_mode=disabled"],
+        ["task=math", "scale=1.7b", "task.data_path=${grid.data_root}/elsewhere", "train.val_every=${train.save_every}"],
+        ["task=code", "scale=4b", "grid.data_root=/shared/data", "logging.wandb_mode=disabled"],
         # A mapping merged into a node, a forced add, a deletion, an added key then set.
         ["+grpo.kl_beta={generator:0.1}", "++train.val_every=4", "~logging.wandb_project", "+train.new=1", "train.new=2"],
     ],
@@ -38,7 +38,7 @@ def test_composition_equals_hydra_compose(
     composer: Composer, monkeypatch: pytest.MonkeyPatch, overrides: list[str], env_data: str | None
 ) -> None:
     # The composer runs Hydra's steps with caches in between: it must give exactly
-    # hydra.compose's tree (data_root aside, made absolute).
+    # hydra.compose's tree (grid.data_root aside, made absolute).
     if env_data:
         monkeypatch.setenv("GRIDRUN_DATA", env_data)
     else:
@@ -46,8 +46,8 @@ def test_composition_equals_hydra_compose(
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         reference = compose("config", overrides=overrides)
     with open_dict(reference):
-        root = Path(str(reference.data_root))
-        reference.data_root = str(root if root.is_absolute() else REPO_ROOT / root)
+        root = Path(str(reference.grid.data_root))
+        reference.grid.data_root = str(root if root.is_absolute() else REPO_ROOT / root)
     expected = OmegaConf.to_container(reference, resolve=True)
     assert composer.compose(overrides) == expected
     # ... and composing others in between leaves no trace in the caches.
@@ -67,7 +67,7 @@ def test_cells_share_each_parsed_file_and_defaults_list(monkeypatch: pytest.Monk
 
     cell = ["workflow=voting", "task=math", "scale=1.7b"]
     first = composer.compose([*cell, "train.total_steps=3"])
-    assert len(listed) == 1 and "scale/1.7b" in parsed and "workflow_task/voting-math" in parsed
+    assert len(listed) == 1 and "scale/1.7b" in parsed and "tables" in parsed
     # The same group choices with another setting: no file parsed again, no new defaults list.
     before = len(parsed)
     second = composer.compose([*cell, "train.total_steps=4"])
@@ -81,12 +81,12 @@ def test_cells_share_each_parsed_file_and_defaults_list(monkeypatch: pytest.Monk
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        # A pair group's missing file: named by the choices that name it, gpu=h100 given...
-        (["scale=toy", "gpu=h100"], ("scale=toy does not run on gpu=h100 (no conf/scale_gpu/toy-h100.yaml): "
-         "pick another gpu=...; valid scale-gpu pairs: 0.6b-h100, 0.6b-l40s, 1.7b-h100, 1.7b-l40s, 4b-h100, "
-         "4b-l40s, toy-cpu")),
+        # A pair without a row in conf/tables.yaml: named by the choices, gpu=h100 given...
+        (["scale=toy", "gpu=h100"], ("scale=toy does not run on gpu=h100 (no row in conf/tables.yaml's scale_gpu): "
+         "pick another gpu=...; valid scale-gpu pairs: toy-cpu, 0.6b-l40s, 0.6b-h100, 1.7b-l40s, 1.7b-h100, "
+         "4b-l40s, 4b-h100")),
         # ... or gpu=cpu, given on the command line, over scale=4b's own default (h100).
-        (["scale=4b", "gpu=cpu"], "scale=4b does not run on gpu=cpu (no conf/scale_gpu/4b-cpu.yaml)"),
+        (["scale=4b", "gpu=cpu"], "scale=4b does not run on gpu=cpu (no row in conf/tables.yaml's scale_gpu)"),
         (["+train.total_steps=3"], "'train.total_steps' exists already: drop the '+' and write train.total_steps=..."),
         (["train.totl_steps=3"], ("unknown config key 'train.totl_steps' (did you mean 'train.total_steps'?); "
          "to add a new entry under 'train' write +train.totl_steps=...")),

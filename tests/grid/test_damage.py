@@ -72,7 +72,7 @@ def test_a_damaged_state_json_is_one_damaged_cell(gridrun: Gridrun, smoke: Sweep
 
     # sweep: the 10 others are dispatched (one is failed, dispatched again); the damaged one is not.
     assert runnable(smoke, ids) == ids[1:]
-    swept = gridrun("sweep", "conf=smoke", "launcher.name=record")
+    swept = gridrun("sweep", "conf=smoke", "grid.launcher.name=record")
     assert swept.code == 0, swept.err
     assert "not dispatching 1 damaged cell(s)" in swept.out
     assert [sorted(s["ids"]) for s in submissions(smoke)] == [sorted(ids[1:])]
@@ -85,7 +85,7 @@ def test_a_damaged_state_json_is_one_damaged_cell(gridrun: Gridrun, smoke: Sweep
     assert cancel.code == 0 and cancel.out.count(": cancelled") == 10, cancel.out
 
     # plan, show and collect read on.
-    assert gridrun("plan", "conf=smoke", "launcher.name=record").code == 0
+    assert gridrun("plan", "conf=smoke", "grid.launcher.name=record").code == 0
     show = gridrun("show", ids[0])
     assert show.code == 0 and "damaged" in show.out, show.err
     collected = gridrun("collect", "conf=smoke")
@@ -131,7 +131,7 @@ def test_a_damaged_cell_json_is_shown_and_repaired_by_planning(gridrun: Gridrun,
     assert [row["cell"] for row in rows] == ids and {row["state"] for row in rows} == {"planned"}
     # The fix, which `gridrun sweep` applies first: planning writes it again from config.yaml
     # (whose fingerprint still matches), then every cell is dispatched.
-    swept = gridrun("sweep", "conf=smoke", "launcher.name=record")
+    swept = gridrun("sweep", "conf=smoke", "grid.launcher.name=record")
     assert swept.code == 0 and squeezed("1 repaired (cell.json or config.yaml written again)") in squeezed(swept.out)
     assert bad.read_record()["id"] == ids[2]  # type: ignore[index]
     assert bad.inspect()["state"] == "queued"
@@ -165,7 +165,7 @@ def test_a_torn_last_metrics_line_is_not_damage(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("damage", ["not_utf8", "list", "null", "wrong_type", "empty"])
 def test_a_damaged_sweep_json_affects_only_its_sweep(gridrun: Gridrun, results: Path, damage: str) -> None:
-    assert gridrun("plan", "conf=smoke", "launcher.name=record").code == 0
+    assert gridrun("plan", "conf=smoke", "grid.launcher.name=record").code == 0
     assert gridrun("plan", "conf=full_matrix", "scale=0.6b", "task=math", "seed=0").code == 0
     smoke = SweepDir(results, "smoke")
     smoke.sweep_json.write_bytes(DAMAGE[damage] if damage != "wrong_type" else b'{"name": "smoke", "cells": {}}')
@@ -186,7 +186,7 @@ def test_a_damaged_sweep_json_affects_only_its_sweep(gridrun: Gridrun, results: 
     assert collected.code == 2 and (results / "full_matrix" / "table1.md").is_file()
     assert gridrun("show", "base-single-0.6b-math").code == 0
     # The fix: planning again moves the damaged file aside and writes the plan again.
-    assert gridrun("plan", "conf=smoke", "launcher.name=record").code == 0
+    assert gridrun("plan", "conf=smoke", "grid.launcher.name=record").code == 0
     assert len(smoke.cell_ids()) == 11
     (aside,) = smoke.root.glob("sweep.json.damaged-*")
     assert aside.read_bytes() == (DAMAGE[damage] if damage != "wrong_type" else b'{"name": "smoke", "cells": {}}')
@@ -202,6 +202,6 @@ def test_a_binary_config_yaml_is_one_line(gridrun: Gridrun, smoke: SweepDir) -> 
         assert result.err == f"gridrun: error: {run_dir.config_yaml} is damaged (not UTF-8 text): re-plan its sweep " \
             "(`gridrun plan conf=<sweep>`, with --replace if it says so) to write it again\n"
     # Planning again restores it: cell.json still vouches for the planned fingerprint.
-    assert gridrun("plan", "conf=smoke", "launcher.name=record").code == 0
+    assert gridrun("plan", "conf=smoke", "grid.launcher.name=record").code == 0
     assert run_dir.config_yaml.read_bytes() == planned
     assert run_dir.inspect()["state"] == "planned"

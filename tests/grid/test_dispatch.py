@@ -80,12 +80,12 @@ def test_a_rerun_skips_done_queued_and_running_cells(gridrun: Gridrun, smoke: Sw
     put_state(smoke.cell(ids[3]), state="failed", attempt=1)
     put_state(smoke.cell(ids[4]), state="cancelled", attempt=1)
     assert runnable(smoke, ids) == ids[3:]
-    result = gridrun("sweep", "conf=smoke", "launcher.name=record")
+    result = gridrun("sweep", "conf=smoke", "grid.launcher.name=record")
     assert result.code == 0 and "skipping 3 done, queued or running" in result.out
     assert submissions(smoke)[-1]["ids"] == ids[3:]
     assert smoke.cell(ids[3]).read_state()["attempt"] == 2
     # Nothing left to do: a third run submits nothing.
-    again = gridrun("sweep", "conf=smoke", "launcher.name=record")
+    again = gridrun("sweep", "conf=smoke", "grid.launcher.name=record")
     assert again.code == 0 and "dispatching 0 cells" in again.out
 
 

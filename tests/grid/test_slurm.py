@@ -120,7 +120,7 @@ def test_a_slurm_launcher_on_the_local_profile_or_a_missing_partition(gridrun: G
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
     result = gridrun("sweep", "conf=smoke", "launcher=slurm")
     assert result.code == 2 and "cluster=local has no partitions: set cluster=testcluster" in result.err
-    result = gridrun("sweep", "conf=smoke", "cluster=testcluster", "launcher=slurm", "cluster.partitions.cpu=null",
+    result = gridrun("sweep", "conf=smoke", "cluster=testcluster", "launcher=slurm", "grid.cluster.partitions.cpu=null",
                      "--replace")
     assert result.code == 2
     assert "cluster profile 'testcluster' names no partition for GPU class 'cpu'" in result.err
@@ -238,4 +238,4 @@ def test_resubmissions_stop_at_max_attempts_but_requeues_do_not_count(
         put_state(sweep.cell(cell_id), state="failed", attempt=attempt, requeues=requeues)
     admitted = SlurmLauncher({"name": "slurm", "max_attempts": 2}).admit(sweep, ids)
     assert admitted == [ids[2]]
-    assert f"not resubmitting {ids[0]}: it has had 2 submissions (launcher.max_attempts=2)" in caplog.text
+    assert f"not resubmitting {ids[0]}: it has had 2 submissions (grid.launcher.max_attempts=2)" in caplog.text

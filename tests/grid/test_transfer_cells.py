@@ -128,7 +128,7 @@ def test_a_transfer_cell_without_its_sa_rl_cell_is_refused_until_that_is_planned
 # ---------------------------------------------------------------- queueing
 @pytest.fixture
 def smoke(gridrun: Gridrun, results: Path) -> SweepDir:
-    assert gridrun("plan", "conf=smoke", "kind=transfer,sa_rl", "launcher.name=record").code == 0
+    assert gridrun("plan", "conf=smoke", "kind=transfer,sa_rl", "grid.launcher.name=record").code == 0
     return SweepDir(results, "smoke")
 
 

@@ -107,7 +107,7 @@ def resumed_from(run_dir: RunDir) -> list[int]:
 
 def test_a_partition_the_cluster_lacks_is_refused_before_anything_is_queued(gridrun: Gridrun) -> None:
     result = gridrun("sweep", f"conf={gridrun.copy_of_smoke('badpart')}", *ON_CLUSTER, *ONE_CELL,
-                     "cluster.partitions.cpu=nosuch")
+                     "grid.cluster.partitions.cpu=nosuch")
     assert result.returncode == 2
     assert "sbatch rejects the jobs of partition 'nosuch'" in result.stderr
     assert "partitions here: debug, gpu" in result.stderr and "conf/cluster/testcluster.yaml" in result.stderr
@@ -157,7 +157,7 @@ def test_scancel_shows_cancelled_and_resubmit_resumes_from_the_checkpoint(gridru
 
 def test_gridrun_cancel_stops_a_pending_job_and_records_it(gridrun: Gridrun) -> None:
     # An extra #SBATCH line from the profile holds the job back for an hour: it stays PENDING.
-    cell_id, run_dir = gridrun.one_cell("pending", 'cluster.sbatch_extra=["--begin=now+3600"]')
+    cell_id, run_dir = gridrun.one_cell("pending", 'grid.cluster.sbatch_extra=["--begin=now+3600"]')
     row = gridrun.rows("pending")[cell_id]
     assert (row["state"], row["scheduler"]) == ("queued", "PENDING")
     result = gridrun("cancel", "conf=pending")
@@ -197,7 +197,7 @@ def test_a_spent_timeout_budget_stops_the_cell_as_preempted(gridrun: Gridrun) ->
     # ran min(80%, limit - 10 min) < 0 of it); with max_num_timeout=0 the first one spends the
     # budget: the trainer checkpoints, the job is not requeued, the cell stops as preempted.
     cell_id, run_dir = gridrun.one_cell("timeout", "train.total_steps=10", "train.save_every=100",
-                                        "train.val_every=100", "cluster.time_limit_h=0.08", "launcher.max_num_timeout=0")
+                                        "train.val_every=100", "grid.cluster.time_limit_h=0.08", "grid.launcher.max_num_timeout=0")
     wait_until(lambda: state(run_dir).get("step", 0) >= 1, "step 1")
     subprocess.run(["scancel", "--signal=USR2", state(run_dir)["job_id"]], check=True, timeout=30)
     wait_until(lambda: "timeout budget" in str(state(run_dir).get("error")), "the budget to be spent", 120)
@@ -212,7 +212,7 @@ def test_a_spent_timeout_budget_stops_the_cell_as_preempted(gridrun: Gridrun) ->
 def test_a_two_task_job_trains_data_parallel_over_gloo(gridrun: Gridrun) -> None:
     env = dict(gridrun.env, GRIDRUN_LOG="DEBUG")
     two = Gridrun(gridrun.results, env)
-    _, run_dir = two.one_cell("ranks", "train.total_steps=2", "cluster.tasks_per_cell=2", "cluster.cpus_per_cell=2")
+    _, run_dir = two.one_cell("ranks", "train.total_steps=2", "grid.cluster.tasks_per_cell=2", "grid.cluster.cpus_per_cell=2")
     wait_until(lambda: state(run_dir)["state"] in ("done", "failed"), "the 2-rank cell to finish", 240)
     assert state(run_dir)["state"] == "done", state(run_dir).get("error")
     logs = [path.read_text() for path in run_dir.rank_logs(0)[1:] + run_dir.rank_logs(1)[1:]]
