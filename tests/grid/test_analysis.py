@@ -52,7 +52,8 @@ def rows_of(train: dict[str, list[float]], val_acc: dict[int, float], signatures
     for key, values in (signatures or {}).items():
         for row, value in zip((r for r in val_rows if r["step"] in (0, 20, 40)), values):
             row[key] = value
-    return rows + val_rows
+    # As the trainer writes them: the validation of step s after training step s.
+    return sorted(rows + val_rows, key=lambda row: (row["step"], row["split"] == "val"))
 
 
 def test_every_per_cell_statistic() -> None:
@@ -153,10 +154,18 @@ def coords(workflow: str, policy: str | None = None, seed: int | None = 0) -> di
     return {"workflow": workflow, "task": "math", "scale": "1.7b", "policy": policy, "seed": seed}
 
 
-def scaled(train: dict[str, list[float]], chi2_factor: float) -> dict[str, list[float]]:
-    """The generator's chi2 rise scaled: its ratio becomes 1 + 3 * factor."""
-    first = train["role/generator/chi2"][0]
-    return {**train, "role/generator/chi2": [first + (v - first) * chi2_factor for v in train["role/generator/chi2"]]}
+def scaled(train: dict[str, list[float]], factor: float) -> dict[str, list[float]]:
+    """The generator's chi2 and perplexity rises scaled by `factor` (chi2's ratio becomes 1 + 3 * factor)."""
+    out = dict(train)
+    for key in ("role/generator/chi2", "role/generator/ppl"):
+        first = train[key][0]
+        out[key] = [first + (v - first) * factor for v in train[key]]
+    return out
+
+
+def lengthened(train: dict[str, list[float]], steps: int) -> dict[str, list[float]]:
+    """`train` run on to `steps` steps, each metric holding its last value."""
+    return {k: v + [v[-1]] * (steps - len(v)) for k, v in train.items()}
 
 
 @pytest.fixture
@@ -164,14 +173,19 @@ def analysed(results: Path) -> SweepDir:
     sweep = SweepDir(results, "analysed")
     data: dict = {"name": "analysed", "cells": [], "plans": [{"at": 0, "argv": ["train.total_steps=40"],
                                                                "git": {"commit": "abc1234def", "dirty": False}}]}
-    # IP, two seeds: generator chi2 ratios 4.0 (as above) and 2.0 (rise halved: 0.02 -> 0.04).
+    # IP, two seeds of 40 steps (5-40 as step 4): generator chi2 ratios 4.0 (as above) and 2.0
+    # (rise a third: 0.02 -> 0.04), perplexity ratios 1.6 and 1.2 (1.5 -> 1.8).
     add_cell(sweep, data, "voting-ip-1.7b-math-s0", "train", coords("voting", "isolated", 0), "done",
-             rows_of(TRAIN, VAL_ACC, SIGNATURES), gpus=2)
+             rows_of(lengthened(TRAIN, 40), VAL_ACC, SIGNATURES), gpus=2)
     add_cell(sweep, data, "voting-ip-1.7b-math-s1", "train", coords("voting", "isolated", 1), "done",
-             rows_of(scaled(TRAIN, 1 / 3), {0: 0.40, 40: 0.52}))
-    # SP: one adapter for both roles; a drift alert on the aggregator.
-    shared = {k: v for k, v in TRAIN.items() if not k.startswith("adapter/")}
-    shared["adapter/shared/grad_norm"] = [1.0, 1.2, 1.1, 1.0]
+             rows_of(lengthened(scaled(TRAIN, 1 / 3), 40), {0: 0.40, 40: 0.52}))
+    # SP: one adapter for both roles, 40 steps (5-40 as step 4). The generator's share of the
+    # gradient rises from 0.60 (steps 1-20) to 0.70 (21-40) while the aggregator's terse rate
+    # falls 90% -> 80% -> 30% at the validations of steps 0, 20, 40: role capture.
+    shared = lengthened({k: v for k, v in TRAIN.items() if not k.startswith("adapter/")}, 40)
+    shared["adapter/shared/grad_norm"] = [1.0, 1.2, 1.1] + [1.0] * 37
+    shared["role/generator/grad_share"] = [0.6] * 20 + [0.7] * 20
+    shared["role/aggregator/grad_share"] = [0.4] * 20 + [0.3] * 20
     add_cell(sweep, data, "voting-sp-1.7b-math-s0", "train", coords("voting", "shared", 0), "done",
              rows_of(shared, {0: 0.40, 20: 0.50, 40: 0.48}, SIGNATURES), alerts=["aggregator terse rate 90%->30%"])
     add_cell(sweep, data, "voting-sp-1.7b-math-s1", "train", coords("voting", "shared", 1), "running",
@@ -197,7 +211,8 @@ def test_table2_ratios_per_role_and_shared_adapter(gridrun: Gridrun, analysed: S
     # t(1) = 12.706 -> half-width 12.71; the peak step is 3 in both.
     generator = rows[("IP", "generator")]
     assert (generator["chi2_ratio"], generator["chi2_ratio_n"], generator["chi2_ratio_ci95"]) == ("3.00", "2", "12.71")
-    assert generator["chi2_peak_step"] == "3" and generator["ppl_ratio"] == "1.60"
+    # Perplexity ratios 1.6 and 1.2: mean 1.4.
+    assert generator["chi2_peak_step"] == "3" and generator["ppl_ratio"] == "1.40"
     assert rows[("IP", "aggregator")]["chi2_ratio"] == "1.20"
     # SP: only seed 0 is done. Shared adapter: chi2 per step (0.02*300 + 0.10*100)/400 = 0.04,
     # (0.05*300 + 12)/400 = 0.0675, (0.08*300 + 11)/400 = 0.0875, (12 + 10)/400 = 0.055
@@ -234,11 +249,15 @@ def test_table3_transfer_against_base_and_sa_rl(gridrun: Gridrun, analysed: Swee
 def test_flagged_cells_get_signature_tables(gridrun: Gridrun, analysed: SweepDir) -> None:
     assert gridrun("collect", "conf=analysed").code == 0
     cells = pd.read_parquet(analysed.cells_parquet).set_index("cell")
-    # Seed 0: the generator takes 3 optimizer steps per step to the aggregator's 1, and its
-    # chi2 ratio 4.0 is over twice the aggregator's 1.2. Seed 1: 2.0 is not (2.4 needed).
-    assert cells.loc["voting-ip-1.7b-math-s0", "flags"] == "gradient_amplification (generator)"
+    # The mechanism alerts replayed on the rows. Seed 0: the generator's chi2 peak/first is 2.5
+    # at step 2 (0.05 / 0.02), over twice the aggregator's 1.2 (0.12 / 0.10): it holds from
+    # step 2 to 40. Seed 1: chi2 2.0 (2.4 needed) and perplexity 1.2 (1.2 x 1.3/1.2 = 1.3
+    # needed): never.
+    assert cells.loc["voting-ip-1.7b-math-s0", "flags"] == "gradient_amplification (held at 39 of 40 steps, from step 2)"
     assert cells.loc["voting-ip-1.7b-math-s1", "flags"] == ""
-    assert cells.loc["voting-sp-1.7b-math-s0", "flags"] == "sp_role_capture (aggregator terse rate 90%->30%)"
+    # SP seed 0: the generator's share rose 0.60 -> 0.70; the aggregator's terse rate fell 60
+    # points only by the last validation (10 at step 20, under the 20 needed).
+    assert cells.loc["voting-sp-1.7b-math-s0", "flags"] == "sp_role_capture (held at 1 of 40 steps, from step 40)"
     table4 = read_csv(analysed.table("table4", "csv"))
     # First, peak (step 20) and last validation, per role that logs signatures (as metrics.jsonl
     # sorts them).
@@ -272,10 +291,10 @@ def test_metrics_parquet_is_long_form(gridrun: Gridrun, analysed: SweepDir) -> N
     metrics = pd.read_parquet(analysed.metrics_parquet)
     assert list(metrics.columns) == ["cell", "split", "step", "metric", "value"]
     ip = metrics[metrics["cell"] == "voting-ip-1.7b-math-s0"]
-    # 4 training steps x 15 metrics + 5 val/acc + 3 x 2 signatures.
-    assert len(ip) == 4 * 15 + 5 + 6
+    # 40 training steps x 15 metrics + 5 val/acc + 3 x 2 signatures.
+    assert len(ip) == 40 * 15 + 5 + 6
     chi2 = ip[ip["metric"] == "role/generator/chi2"].sort_values("step")
-    assert chi2["value"].tolist() == [0.02, 0.05, 0.08, 0.04] and set(chi2["split"]) == {"train"}
+    assert chi2["value"].tolist() == [0.02, 0.05, 0.08] + [0.04] * 37 and set(chi2["split"]) == {"train"}
     assert len(metrics[metrics["cell"] == "transfer-eval_opt-1.7b-math-s0"]) == 0
 
 

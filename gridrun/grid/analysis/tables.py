@@ -16,7 +16,7 @@
 With several seeds a value is the mean over finished seeds with `_n` and `_ci95` (Student t)
 columns; only `done` cells give numbers, others show as their state. Tables 4-6 are per cell
 (a seed is a cell) and so carry no intervals. What this leaves out: significance tests, and
-flags other than the two mechanisms (`flags` says how each is decided).
+flags other than the two mechanisms (`flags`: a mechanism's alert held at some step).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from gridrun.grid.analysis.stats import Entry
+from gridrun.mechanisms import MECHANISMS
 
 HEADERS = {"base": "Base", "sa_rl": "SA-RL", "ip": "IP", "sp": "SP", "ip_minus_sa": "IP−SA", "sp_minus_sa": "SP−SA"}
 # The reward controls' columns (`shuffled` cells: their twin's training with each step's rewards
@@ -35,9 +36,6 @@ HEADERS = {"base": "Base", "sa_rl": "SA-RL", "ip": "IP", "sp": "SP", "ip_minus_s
 SHUFFLED_HEADERS = {"sa_rl_shuffled": "SA-RL shuffled", "ip_shuffled": "IP shuffled", "sp_shuffled": "SP shuffled"}
 TABLE1_COLUMNS = ("task", "scale", "workflow", *HEADERS)
 TRAIN_POLICIES = {"isolated": "ip", "shared": "sp"}
-# A role whose chi2 ratio is this many times another role's, in the same IP cell, while it
-# takes more optimizer steps per training step: the amplified role drifts, the other does not.
-AMPLIFICATION_FACTOR = 2.0
 WORKFLOW_ORDER = ("eval_opt", "voting", "orch_workers")
 
 
@@ -323,35 +321,17 @@ def table3(cells: pd.DataFrame) -> Table:
 
 
 # --- Tables 4-6: flagged cells' trajectory signatures --------------------------------------------
-def amplified_role(row: pd.Series) -> str | None:
-    """The role an IP cell's gradient amplification falls on, if any: the role with the most
-    optimizer steps per training step whose chi2 ratio is at least AMPLIFICATION_FACTOR times
-    another role's (the amplified role drifts while the other stays put)."""
-    if row.get("kind") != "train" or row.get("policy") != "isolated":
-        return None
-    steps, ratios = {}, {}
-    for key, value in row.items():
-        if key.startswith("role/") and key.endswith("/opt_steps") and not pd.isna(value):
-            role = key.split("/")[1]
-            ratio = row.get(f"role/{role}/chi2_ratio")
-            if ratio is not None and not pd.isna(ratio):
-                steps[role], ratios[role] = float(value), float(ratio)
-    if len(ratios) < 2:
-        return None
-    top = max(ratios, key=lambda r: (steps[r], ratios[r]))
-    others = [ratios[r] for r in ratios if r != top and steps[r] < steps[top]]
-    return top if others and ratios[top] >= AMPLIFICATION_FACTOR * min(others) else None
-
-
 def flags(row: pd.Series) -> list[str]:
-    """The mechanisms gridrun flags in a cell: `gradient_amplification` (see amplified_role)
-    and `sp_role_capture` (a Shared-Policy cell with a trajectory-side drift alert)."""
+    """The mechanisms flagged in a cell: those whose alert (gridrun/mechanisms.py, replayed by
+    collect on the cell's rows) held at one training step or more. One definition serves the
+    trainer's live alerts, the findings and Tables 4-6."""
     found = []
-    role = amplified_role(row)
-    if role:
-        found.append(f"gradient_amplification ({role})")
-    if row.get("kind") == "train" and row.get("policy") == "shared" and row.get("alerts"):
-        found.append("sp_role_capture (" + row["alerts"] + ")")
+    for mechanism in MECHANISMS:
+        fired = row.get(f"alert/{mechanism}/fired")
+        if fired is None or pd.isna(fired) or int(fired) == 0:
+            continue
+        found.append(f"{mechanism} (held at {int(fired)} of {int(row[f'alert/{mechanism}/steps'])} steps, "
+                     f"from step {int(row[f'alert/{mechanism}/first_step'])})")
     return found
 
 
