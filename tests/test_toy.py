@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from gridrun.cellrun import run_cell
 from gridrun.runconfig import ToySpec
 from gridrun.rundir import RunDir
-from gridrun.train.trainer import run_cell
 from tests.conftest import make_cell
 
 
