@@ -65,7 +65,7 @@ class ToySpec:
 @dataclass
 class ModelSpec:
     # "toy" for the embedded world, else a hub id (Qwen/Qwen3-1.7B) or a local directory.
-    name_or_path: str = "toy"
+    name_or_path: str
     # pretrained: load the weights; random: the published architecture of name_or_path with
     # random weights and the toy tokenizer mapped into its vocabulary (no hub needed).
     init: Literal["pretrained", "random"] = "pretrained"
@@ -245,7 +245,8 @@ class LoggingSpec:
 @dataclass
 class RunConfig:
     cell: CellSpec
-    model: ModelSpec = field(default_factory=lambda: ModelSpec(toy=ToySpec()))
+    # The toy world with its default recipe.
+    model: ModelSpec = field(default_factory=lambda: ModelSpec(name_or_path="toy", toy=ToySpec()))
     workflow: WorkflowSpec = field(default_factory=WorkflowSpec)
     task: TaskSpec = field(default_factory=TaskSpec)
     lengths: LengthSpec = field(default_factory=LengthSpec)

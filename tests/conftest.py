@@ -129,4 +129,4 @@ def toy_model(toy_world: Path):
     from gridrun.runconfig import ModelSpec, ToySpec
     from gridrun.train.model import load_base
 
-    return load_base(ModelSpec(toy=ToySpec()), str(toy_world))
+    return load_base(ModelSpec(name_or_path="toy", toy=ToySpec()), str(toy_world))

@@ -80,6 +80,9 @@ def test_the_toy_recipe_comes_with_the_toy_model_and_only_with_it(tmp_path: Path
         config_from_dict(minimal(model={"name_or_path": "toy"}))
     with pytest.raises(ConfigError, match="model.toy is the toy world's recipe, but model.name_or_path is 'Qwen/Qwen3-1.7B'"):
         config_from_dict(minimal(model={"name_or_path": "Qwen/Qwen3-1.7B", "toy": {"seed": 0}}))
+    # A model node names its model: no default that would quietly be the toy world.
+    with pytest.raises(ConfigError, match="missing config key 'model.name_or_path'"):
+        config_from_dict(minimal(model={"dtype": "float32"}))
     # The recipe's values are the schema's defaults (seed 0, 30% target, 600 steps at most).
     toy = config_from_dict(minimal(model={"name_or_path": "toy", "toy": {"seed": 2}}))
     assert toy.to_dict()["model"]["toy"] == {"seed": 2, "target_accuracy": 0.3, "max_warm_steps": 600}
