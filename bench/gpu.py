@@ -74,6 +74,7 @@ def run_case(args: argparse.Namespace) -> dict:
     import torch
 
     from gridrun import cellstate
+    from gridrun.cellrun import model_files
     from gridrun.memory import predict
     from gridrun.runconfig import dump_config
     from gridrun.rundir import RunDir
@@ -88,7 +89,7 @@ def run_case(args: argparse.Namespace) -> dict:
     # As `gridrun run` does: the cell runs, so the trainer may record its progress.
     run_dir.record(cellstate.started(os.getpid(), "gpu-check", config.steps_to_train))
     started = time.time()
-    trainer = Trainer(config, run_dir)
+    trainer = Trainer(config, run_dir, model_files(config.model))
     load_s = time.time() - started
     peaks: dict[str, float] = {}
     response_tokens = config.lengths.max_response_tokens

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
+from gridrun.cellrun import model_files
 from gridrun.runconfig import CellSpec, PolicySpec, RunConfig, WorkflowSpec
 from gridrun.tasks.arith import ArithTask
 from gridrun.train.engines.hf import HFEngine, stop_token_ids
@@ -49,7 +50,7 @@ def main() -> None:
         policy=PolicySpec(name="isolated", lora_rank=8, lora_alpha=16),
     )
     workflow, task = get_workflow("voting"), ArithTask()
-    base, tokenizer = load_base(config.model)
+    base, tokenizer = load_base(config.model, model_files(config.model))
     routing = routing_for(config, workflow)
     model = attach_adapters(base, config, routing)
     engine = HFEngine(model, tokenizer)
@@ -68,7 +69,7 @@ def main() -> None:
         batcher.run(episodes, program, sequential=sequential)
         return time.perf_counter() - wall, time.process_time() - cpu, len(batcher.batches), episodes
 
-    plain, _ = load_base(config.model)
+    plain, _ = load_base(config.model, model_files(config.model))
     timed(False)  # warm-up: first-call overheads out of the comparison
     batched_s, batched_cpu_s, batched_calls, episodes = timed(False)
     stages = [[t.prompt_ids for e in episodes for t in e.turns if t.role == role] for role in workflow.roles]

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 import yaml
 
+from gridrun.cellrun import run_cell
 from gridrun.rundir import RunDir
-from gridrun.train.trainer import run_cell
 
 WORKFLOWS = ("eval_opt", "voting", "orch_workers")
 
@@ -31,7 +31,7 @@ WORKFLOWS = ("eval_opt", "voting", "orch_workers")
 def cell_config(workflow: str, policy: str, steps: int, engine: str) -> dict:
     return {
         "cell": {"id": f"{workflow}-{policy}", "kind": "train", "seed": 0},
-        "model": {"name_or_path": "toy"},
+        "model": {"name_or_path": "toy", "toy": {}},
         "workflow": {"name": workflow, "rounds": 2},
         "task": {"name": "arith"},
         "lengths": {"max_prompt_tokens": 256, "max_response_tokens": 48},

@@ -45,6 +45,7 @@ sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).re
 
 import torch
 
+from gridrun.cellrun import model_files
 from gridrun.runconfig import config_from_dict
 from gridrun.rundir import RunDir
 from gridrun.tasks.arith import ArithTask
@@ -61,7 +62,7 @@ def gridrun_config(steps: int) -> dict[str, Any]:
     """The sa_rl cell both sides are matched to (validation and checkpoints never reached)."""
     return {
         "cell": {"id": "sa_rl-bench", "kind": "sa_rl", "seed": 0},
-        "model": {"name_or_path": "toy"},
+        "model": {"name_or_path": "toy", "toy": {}},
         "workflow": {"name": "single"},
         "task": {"name": "arith"},
         "lengths": {"max_prompt_tokens": 256, "max_response_tokens": NEW_TOKENS},
@@ -85,7 +86,8 @@ def trl_trainer(steps: int, out_dir: Path, task: ArithTask, tokens: list[int]) -
     except ImportError as err:
         raise SystemExit(f"bench/trl.py needs TRL ({err}): pip install -e '.[bench]'") from None
 
-    model, tokenizer = load_base(config_from_dict(gridrun_config(steps)).model)
+    spec = config_from_dict(gridrun_config(steps)).model
+    model, tokenizer = load_base(spec, model_files(spec))
     model.requires_grad_(True)  # load_base freezes the base; peft freezes it again around LoRA
     by_id = {p.id: p for p in task.train_problems()}
     rows = [{"prompt": task.prompts.generator(p.question), "problem_id": p.id} for p in task.train_problems()]
@@ -162,7 +164,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cell = Path(tmp) / "gridrun"
         cell.mkdir()
-        ours = Trainer(config_from_dict(gridrun_config(steps)), RunDir(cell))
+        config = config_from_dict(gridrun_config(steps))
+        ours = Trainer(config, RunDir(cell), model_files(config.model))
         if args.unmerged_rollout:
             ours.engine.merge_lora = False  # type: ignore[attr-defined]
         trl_tokens: list[int] = []

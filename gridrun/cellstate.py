@@ -14,7 +14,7 @@ JSON object whose `state` is a `CellState` value, other fields as the writers se
 
 Two states are never written: `damaged` (a file of the cell cannot be read; derived by
 `RunDir.read_state`) and `blocked` (a queued cell whose need can no longer finish; derived
-by gridrun/grid/dispatch.py). Left out: which process may write (the run's lock and the
+by gridrun/grid/launchers/dispatch.py). Left out: which process may write (the run's lock and the
 sweep's lock decide that) and reading (RunDir.read_state, tolerant of damage).
 Standard library only: both halves import it.
 """

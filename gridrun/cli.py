@@ -22,7 +22,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from gridrun.rundir import RunDir
 
     RunDir(args.run_dir).require()  # fail fast, before torch is imported
-    from gridrun.train.trainer import run_cell
+    from gridrun.cellrun import run_cell
 
     try:
         return run_cell(Path(args.run_dir))
@@ -79,9 +79,10 @@ def _cmd_toy(args: argparse.Namespace) -> int:
     from gridrun.runconfig import ToySpec
     from gridrun.toy.build import ensure_toy_world
 
-    path = ensure_toy_world(ToySpec(seed=args.seed))
+    spec = ToySpec() if args.seed is None else ToySpec(seed=args.seed)
+    path = ensure_toy_world(spec)
     info = json.loads((path / "build.json").read_text())
-    print(f"toy world (seed {args.seed}): {path}")
+    print(f"toy world (seed {spec.seed}): {path}")
     print(f"warm start: {info['steps']} steps, greedy single accuracy {100 * info['accuracy']:.1f}% "
           f"on held-out problems, built in {info['seconds']:.0f} s")
     return 0
@@ -144,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     toy = sub.add_parser("toy", help="the toy world (scale=toy): build it ahead of time, or find it in the cache")
     toy_sub = toy.add_subparsers(dest="action", required=True, metavar="ACTION")
     toy_build = toy_sub.add_parser("build", help="build (once, cached by recipe hash) and print where it is")
-    toy_build.add_argument("--seed", type=int, default=0, help="the toy world's seed (scale.toy.seed; default 0)")
+    toy_build.add_argument("--seed", type=int, help="the toy world's seed (model.toy.seed; default: the recipe's)")
     toy.set_defaults(func=_cmd_toy)
 
     plot = sub.add_parser(

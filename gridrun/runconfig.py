@@ -50,25 +50,42 @@ class CellSpec:
 
 @dataclass
 class ToySpec:
-    """Recipe of the embedded toy world; its hash keys the build cache."""
+    """Recipe of the embedded toy world; its hash keys the build cache. These defaults are the
+    recipe's only values: conf/scale/toy.yaml takes them from here (through Hydra's store)."""
 
+    # Seed of the toy model's build, not the cell's: every cell shares one base model, so that
+    # each training cell's step 0 equals its base control.
     seed: int = 0
     # Warm-start stops at the first evaluation whose greedy generator accuracy reaches this.
     target_accuracy: float = 0.3
+    # Upper bound on warm-start steps.
     max_warm_steps: int = 600
 
 
 @dataclass
 class ModelSpec:
     # "toy" for the embedded world, else a hub id (Qwen/Qwen3-1.7B) or a local directory.
-    name_or_path: str = "toy"
+    name_or_path: str
     # pretrained: load the weights; random: the published architecture of name_or_path with
     # random weights and the toy tokenizer mapped into its vocabulary (no hub needed).
     init: Literal["pretrained", "random"] = "pretrained"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     # Qwen3's chat template flag; the paper trains with thinking disabled.
     enable_thinking: bool = False
-    toy: ToySpec = field(default_factory=ToySpec)
+    # The toy world's recipe: present exactly when name_or_path is "toy" (scale=toy sets both).
+    toy: ToySpec | None = None
+
+    def __post_init__(self) -> None:
+        if self.name_or_path == "toy" and self.toy is None:
+            raise ConfigError(
+                "model.name_or_path=toy needs the toy world's recipe under model.toy: pick the model with "
+                "scale=toy (it sets both) instead of overriding model.name_or_path"
+            )
+        if self.name_or_path != "toy" and self.toy is not None:
+            raise ConfigError(
+                f"model.toy is the toy world's recipe, but model.name_or_path is '{self.name_or_path}': pick the "
+                "model with scale=<0.6b|1.7b|4b> instead of overriding model.name_or_path, or drop model.toy"
+            )
 
 
 @dataclass
@@ -228,7 +245,8 @@ class LoggingSpec:
 @dataclass
 class RunConfig:
     cell: CellSpec
-    model: ModelSpec = field(default_factory=ModelSpec)
+    # The toy world with its default recipe.
+    model: ModelSpec = field(default_factory=lambda: ModelSpec(name_or_path="toy", toy=ToySpec()))
     workflow: WorkflowSpec = field(default_factory=WorkflowSpec)
     task: TaskSpec = field(default_factory=TaskSpec)
     lengths: LengthSpec = field(default_factory=LengthSpec)
@@ -300,7 +318,11 @@ class RunConfig:
         return self.train.total_steps if self.trains else 0
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """config.yaml's tree (and the fingerprint's): model.toy only where the model is the toy world."""
+        tree = dataclasses.asdict(self)
+        if tree["model"]["toy"] is None:
+            del tree["model"]["toy"]
+        return tree
 
 
 def _type_name(tp: Any) -> str:

@@ -11,11 +11,13 @@
 #   whatever your site needs; copy slurm/sites/paper.sh),
 # - keeps model downloads out of jobs (HF_HUB_OFFLINE=1: fetch models on a login node first)
 #   and points the Hugging Face cache at shared storage (HF_HOME, default ~/.cache/huggingface),
-# - keeps the toy-world cache shared (GRIDRUN_CACHE, default ~/.cache/gridrun) and sizes CPU
-#   thread pools to the task's cores,
+# - keeps the toy-world cache shared (GRIDRUN_CACHE, default ~/.cache/gridrun),
 # - with --check, verifies the venv's python imports gridrun and torch, GRIDRUN_DATA holds
 #   prepared data, and the allocated GPUs are visible.
-# Jobs run with the submitter's python (the venv's), so nothing is activated here.
+# Jobs run with the submitter's python (the venv's), so nothing is activated here. What the
+# cell's own process needs (unbuffered output, thread pools sized to SLURM_CPUS_PER_TASK, its
+# rank) is set by the job in Python (gridrun/grid/launchers/process.py), as for a local cell;
+# this script stays shell because a site's module loads must run before that python starts.
 
 _gridrun_repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
@@ -28,11 +30,6 @@ export HF_HOME=${HF_HOME:-$HOME/.cache/huggingface}
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
 export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
 export GRIDRUN_CACHE=${GRIDRUN_CACHE:-$HOME/.cache/gridrun}
-if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then
-    export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK MKL_NUM_THREADS=$SLURM_CPUS_PER_TASK
-fi
-# Python's output reaches the job logs as it is written.
-export PYTHONUNBUFFERED=1
 
 if [[ ${1:-} == --check ]]; then
     python=${GRIDRUN_PYTHON:-$_gridrun_repo/.venv/bin/python}

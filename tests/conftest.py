@@ -17,7 +17,7 @@ import yaml
 # A small, fast toy cell: every test starts from it and overrides what it checks.
 TOY_CELL: dict[str, Any] = {
     "cell": {"id": "test-cell", "kind": "train", "seed": 0},
-    "model": {"name_or_path": "toy"},
+    "model": {"name_or_path": "toy", "toy": {}},
     "workflow": {"name": "single"},
     "task": {"name": "arith"},
     "lengths": {"max_prompt_tokens": 256, "max_response_tokens": 48},
@@ -126,7 +126,7 @@ def metric_rows(cell: Path) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def toy_model(toy_world: Path):
     """(the toy base model, its tokenizer), frozen, on the CPU."""
-    from gridrun.runconfig import ModelSpec
+    from gridrun.runconfig import ModelSpec, ToySpec
     from gridrun.train.model import load_base
 
-    return load_base(ModelSpec())
+    return load_base(ModelSpec(name_or_path="toy", toy=ToySpec()), str(toy_world))

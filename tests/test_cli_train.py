@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from gridrun.cellrun import run_cell
 from gridrun.rundir import RunDir
-from gridrun.train.trainer import run_cell
 from tests.conftest import make_cell
 
 

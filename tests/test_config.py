@@ -71,3 +71,24 @@ def test_only_training_cells_have_steps_to_train() -> None:
     train = config_from_dict(minimal(train={"total_steps": 20}))
     base = config_from_dict(minimal(cell={"id": "base-voting-toy-arith", "kind": "base"}, train={"total_steps": 20}))
     assert (train.steps_to_train, base.steps_to_train) == (20, 0)
+
+
+def test_the_toy_recipe_comes_with_the_toy_model_and_only_with_it(tmp_path: Path) -> None:
+    # model.toy keys the toy world's build cache: a real model has no use for it, and a toy
+    # model without it would build whatever the schema's defaults say at run time.
+    with pytest.raises(ConfigError, match="model.name_or_path=toy needs the toy world's recipe under model.toy.*scale=toy"):
+        config_from_dict(minimal(model={"name_or_path": "toy"}))
+    with pytest.raises(ConfigError, match="model.toy is the toy world's recipe, but model.name_or_path is 'Qwen/Qwen3-1.7B'"):
+        config_from_dict(minimal(model={"name_or_path": "Qwen/Qwen3-1.7B", "toy": {"seed": 0}}))
+    # A model node names its model: no default that would quietly be the toy world.
+    with pytest.raises(ConfigError, match="missing config key 'model.name_or_path'"):
+        config_from_dict(minimal(model={"dtype": "float32"}))
+    # The recipe's values are the schema's defaults (seed 0, 30% target, 600 steps at most).
+    toy = config_from_dict(minimal(model={"name_or_path": "toy", "toy": {"seed": 2}}))
+    assert toy.to_dict()["model"]["toy"] == {"seed": 2, "target_accuracy": 0.3, "max_warm_steps": 600}
+    # A real model's config.yaml has no model.toy at all (not even `toy: null`), and reads back equal.
+    real = config_from_dict(minimal(model={"name_or_path": "Qwen/Qwen3-1.7B"}))
+    assert list(real.to_dict()["model"]) == ["name_or_path", "init", "dtype", "enable_thinking"]
+    assert "toy:" not in dump_config(real)
+    (tmp_path / "config.yaml").write_text(dump_config(real))
+    assert load_config(tmp_path / "config.yaml") == real

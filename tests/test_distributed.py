@@ -15,11 +15,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from gridrun.cellrun import model_files, run_cell
 from gridrun.runconfig import load_config
 from gridrun.rundir import RunDir
 from gridrun.train.distributed import Dist, free_local_port
 from gridrun.train.policy import adapter_parameters
-from gridrun.train.trainer import Trainer, run_cell
+from gridrun.train.trainer import Trainer
 from gridrun.train.update import TrainSeq, UpdateSettings, update
 from tests.conftest import make_cell, metric_rows, start_run, twin_cell
 
@@ -44,7 +45,8 @@ def test_stride_splits_a_mini_batch_and_one_rank_is_the_identity() -> None:
 
 # ---------------------------------------------------------------- two ranks vs one process
 def _trainer(cell: Path) -> Trainer:
-    return Trainer(load_config(cell / "config.yaml"), RunDir(cell))
+    config = load_config(cell / "config.yaml")
+    return Trainer(config, RunDir(cell), model_files(config.model))
 
 
 def _update(trainer: Trainer, seqs: list[TrainSeq], dist: Dist | None = None) -> dict[str, float]:
@@ -65,7 +67,8 @@ def _rank_main(rank: int, cell: str, port: int, shards: list[list[TrainSeq]], ou
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist = Dist.from_env()
-    trainer = Trainer(load_config(Path(cell) / "config.yaml"), RunDir(cell), dist)
+    config = load_config(Path(cell) / "config.yaml")
+    trainer = Trainer(config, RunDir(cell), model_files(config.model), dist)
     metrics = _update(trainer, shards[rank], dist)
     with open(f"{out}.{rank}", "wb") as handle:
         pickle.dump({"adapters": _adapters(trainer), "metrics": metrics}, handle)

@@ -71,7 +71,7 @@ def every_core(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_math_trains_one_step_with_validation(tmp_path: Path) -> None:
-    from gridrun.train.trainer import run_cell
+    from gridrun.cellrun import run_cell
 
     run_dir = _cell(tmp_path, "math", "voting", "isolated", "train.val_problems=1")
     assert run_cell(run_dir.root) == 0, run_dir.read_state().get("error")
@@ -89,7 +89,7 @@ def test_code_reward_runs_in_the_sandbox_inside_training(tmp_path: Path, monkeyp
     """A random model writes no code, so every completion's text is replaced by an a + b
     program: the fixture's validation split holds the a + b problem, and only a program
     that really ran in the sandbox can score there."""
-    from gridrun.train import trainer as trainer_module
+    from gridrun.cellrun import run_cell
     from gridrun.train.engines.hf import HFEngine
 
     program = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
@@ -100,7 +100,7 @@ def test_code_reward_runs_in_the_sandbox_inside_training(tmp_path: Path, monkeyp
 
     monkeypatch.setattr(HFEngine, "generate", writes_a_program)
     run_dir = _cell(tmp_path, "code", "eval_opt", "shared")
-    assert trainer_module.run_cell(run_dir.root) == 0, run_dir.read_state().get("error")
+    assert run_cell(run_dir.root) == 0, run_dir.read_state().get("error")
     print(f"eval_opt-sp code: peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
     val = [r for r in run_dir.read_metrics() if r["split"] == "val"]
     # 1 of the 3 validation problems is a + b: the program passes its tests there only.

@@ -139,11 +139,11 @@ def test_hf_merged_adapter_samples_the_trained_policy_and_leaves_the_base_untouc
     log-probs must be the unmerged policy's up to float rounding."""
     from peft import LoraConfig, get_peft_model
 
-    from gridrun.runconfig import ModelSpec
+    from gridrun.runconfig import ModelSpec, ToySpec
     from gridrun.train.engines.hf import HFEngine
     from gridrun.train.model import load_base
 
-    base, tokenizer = load_base(ModelSpec())  # its own copy: peft rewrites the modules it wraps
+    base, tokenizer = load_base(ModelSpec(name_or_path="toy", toy=ToySpec()), str(toy_world))  # its own copy: peft rewrites the modules it wraps
     model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"), adapter_name="gen")
     torch.manual_seed(0)
     for name, param in model.named_parameters():
@@ -186,14 +186,14 @@ def test_hf_merges_only_float32_weights_that_fit_the_copy_limit(toy_world, monke
     a copy over the limit doubles a large model's memory: neither is merged unasked."""
     from peft import LoraConfig, get_peft_model
 
-    from gridrun.runconfig import ModelSpec
+    from gridrun.runconfig import ModelSpec, ToySpec
     from gridrun.train.engines import hf
     from gridrun.train.model import load_base
 
-    base, tokenizer = load_base(ModelSpec(dtype="bfloat16"))
+    base, tokenizer = load_base(ModelSpec(name_or_path="toy", dtype="bfloat16", toy=ToySpec()), str(toy_world))
     model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"), adapter_name="gen")
     assert not hf.HFEngine(model, tokenizer).merge_lora
-    base, tokenizer = load_base(ModelSpec())
+    base, tokenizer = load_base(ModelSpec(name_or_path="toy", toy=ToySpec()), str(toy_world))
     model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"), adapter_name="gen")
     assert hf.HFEngine(model, tokenizer).merge_lora
     # The toy's wrapped weights: 4 layers x (q 128x128, k and v 64x128, o 128x128, gate and up

@@ -3,9 +3,11 @@ beside `rundir.py` that own it (the run schema, the cell state, the mechanism al
 
 from __future__ import annotations
 
+import ast
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import gridrun
 
@@ -48,6 +50,22 @@ def test_seam_modules_import_only_the_standard_library() -> None:
 def test_train_never_imports_hydra_or_the_grid() -> None:
     loaded = imported_after([m for m in modules("gridrun.train") if not m.endswith(".vllm")])
     assert not {m for m in loaded if m.split(".")[0] in ("hydra", "omegaconf") or m.startswith("gridrun.grid")}
+
+
+def test_train_never_imports_the_toy_world() -> None:
+    # The toy world's build uses the trainer's parts (toy -> train); the trainer is handed the
+    # toy world's directory by the run entry (gridrun/cellrun.py), so train -> toy would be a cycle.
+    loaded = imported_after([m for m in modules("gridrun.train") if not m.endswith(".vllm")])
+    assert not {m for m in loaded if m.startswith("gridrun.toy")}
+    # ... nor inside a function, where importing the modules would not show it.
+    lazy = []
+    for path in Path(gridrun.__file__).parent.joinpath("train").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            lazy += [f"{path.name}:{node.lineno}" for n in names if n.startswith("gridrun.toy")][:1]
+    assert lazy == []
 
 
 def test_tasks_import_neither_half() -> None:

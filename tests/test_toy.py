@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gridrun.runconfig import ToySpec
+from gridrun.cellrun import model_files, run_cell
+from gridrun.runconfig import ModelSpec, ToySpec
 from gridrun.rundir import RunDir
-from gridrun.train.trainer import run_cell
 from tests.conftest import make_cell
 
 
@@ -50,6 +50,14 @@ def test_toy_build_command_reports_the_cached_world(toy_world: Path, capsys: pyt
     built = json.loads((toy_world / "build.json").read_text())
     assert str(toy_world) in out
     assert f"{built['steps']} steps" in out
+
+
+def test_the_run_entry_resolves_the_toy_model_to_its_directory(toy_world: Path) -> None:
+    # config.yaml says `toy`; the trainer is handed the cached world's directory. A real model
+    # is its own hub id, and init=random reads only the default toy world's tokenizer.
+    assert model_files(ModelSpec(name_or_path="toy", toy=ToySpec())) == str(toy_world)
+    assert model_files(ModelSpec(name_or_path="Qwen/Qwen3-1.7B")) == "Qwen/Qwen3-1.7B"
+    assert model_files(ModelSpec(name_or_path="Qwen/Qwen3-1.7B", init="random")) == str(toy_world)
 
 
 def test_model_config_loads_in_vllm_cpu(toy_world: Path) -> None:

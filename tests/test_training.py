@@ -13,10 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from gridrun.cellrun import model_files, run_cell
 from gridrun.runconfig import load_config
 from gridrun.rundir import RunDir
 from gridrun.train.policy import adapter_parameters
-from gridrun.train.trainer import Trainer, run_cell
+from gridrun.train.trainer import Trainer
 from gridrun.train.update import TrainSeq, UpdateSettings, update
 from tests.conftest import make_cell, metric_rows, start_run, twin_cell
 
@@ -24,7 +25,8 @@ pytestmark = pytest.mark.usefixtures("toy_world")
 
 
 def trainer_for(cell: Path) -> Trainer:
-    return Trainer(load_config(cell / "config.yaml"), RunDir(cell))
+    config = load_config(cell / "config.yaml")
+    return Trainer(config, RunDir(cell), model_files(config.model))
 
 
 def snapshot(model) -> dict[str, torch.Tensor]:

@@ -13,6 +13,7 @@ import pytest
 import torch
 from peft import get_peft_model
 
+from gridrun.cellrun import model_files, run_cell
 from gridrun.runconfig import ConfigError, config_from_dict, load_config
 from gridrun.rundir import RunDir
 from gridrun.train import checkpoint
@@ -25,7 +26,7 @@ from gridrun.train.policy import (
     routing_for,
     transfer_adapter_dir,
 )
-from gridrun.train.trainer import Trainer, run_cell
+from gridrun.train.trainer import Trainer
 from gridrun.train.workflows import get_workflow
 from tests.conftest import TOY_CELL, make_cell, merge
 from tests.states import put_state
@@ -42,7 +43,7 @@ def finished_sa_rl(root: Path, step: int = 2) -> RunDir:
     """An sa_rl run dir that ended `done` with its final checkpoint at `step`."""
     run_dir = RunDir(make_cell(root, SA_RL, cell={"kind": "sa_rl"}))
     config = load_config(run_dir.config_yaml)
-    base, _ = load_base(config.model)
+    base, _ = load_base(config.model, model_files(config.model))
     model = get_peft_model(base, lora_config(config), adapter_name=SHARED)
     randomize_lora_b(model, seed=3, scale=0.2)
     checkpoint.save(run_dir, step, model, (SHARED,), {}, {"step": step}, keep=2)
@@ -54,7 +55,7 @@ def test_generator_turns_use_the_sa_rl_adapter_and_other_roles_the_base_model(to
     finished_sa_rl(tmp_path)
     cell = make_cell(tmp_path, "transfer-voting-toy-arith-s0", workflow={"name": "voting"}, **TRANSFER_CELL)
     config = load_config(cell / "config.yaml")
-    trainer = Trainer(config, RunDir(cell))
+    trainer = Trainer(config, RunDir(cell), model_files(config.model))
     temperature = config.engine.val_temperature
     episodes = trainer.rollout(trainer.task.val_problems()[:3], 1, temperature)
     roles = set()

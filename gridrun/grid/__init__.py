@@ -5,9 +5,8 @@
     cells.py     cell kinds, coordinates and readable ids
     plan.py      expand, validate and freeze cells into results/<sweep>/cells/<id>/
     sweepdir.py  SweepDir: the one owner of results/<sweep>/ paths, sweep.json and its lock
-    dispatch.py  queueing cells (attempts, the double-submission lock), the Launcher interface
-    local.py     the local launcher: cells as subprocesses with a progress display
-    slurm.py     the SLURM launcher: cells as submitit job arrays (slurm_job.py runs in them)
+    launchers/   the Launcher interface and queueing (dispatch.py), the local launcher
+                 (subprocesses with a progress display), the SLURM one (submitit job arrays)
     status.py    reading every cell's state fast (stdlib only) and drawing the table
     show.py      one cell's resolved config and state
     collect.py   the analysis: cells/metrics.parquet, tables, figures, report (analysis/)

@@ -85,7 +85,7 @@ def _plan(args: argparse.Namespace) -> int:
         console.print(plan_table(plan, check(plan, sweep, args.replace), sweep))
         return 0
 
-    from gridrun.grid.dispatch import make_launcher, queue, runnable
+    from gridrun.grid.launchers.dispatch import make_launcher, queue, runnable
 
     launcher = make_launcher(plan.launcher) if dispatching else None
     with sweep.lock():
@@ -183,7 +183,7 @@ def _selected(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]
 
 
 def _resubmit(args: argparse.Namespace) -> int:
-    from gridrun.grid.dispatch import make_launcher, queue
+    from gridrun.grid.launchers.dispatch import make_launcher, queue
     from gridrun.grid.status import sweep_rows
     from gridrun.grid.sweepdir import SweepDir, results_root
 
@@ -217,7 +217,7 @@ def _resubmit(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    from gridrun.grid.dispatch import launcher_class
+    from gridrun.grid.launchers.dispatch import launcher_class
     from gridrun.grid.status import sweep_rows
     from gridrun.grid.sweepdir import SweepDir, results_root
 

@@ -34,6 +34,7 @@ from hydra._internal.config_repository import CachingConfigRepository, ConfigRep
 from hydra._internal.defaults_list import create_defaults_list
 from hydra._internal.utils import create_config_search_path
 from hydra.core.config_search_path import ConfigSearchPath
+from hydra.core.config_store import ConfigStore
 from hydra.core.default_element import ResultDefault
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
@@ -43,6 +44,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.errors import GridError, closest
+from gridrun.runconfig import ToySpec
 
 CONF_DIR = REPO_ROOT / "conf"
 PRIMARY = "config"
@@ -52,6 +54,10 @@ TABLES = (
     ("workflow_task", ("workflow", "workflow.name"), ("task", "task.name")),
     ("scale_gpu", ("scale", "grid.scale"), ("gpu", "grid.gpu.name")),
 )
+
+# The toy world's recipe has its values in one place, the run schema: conf/scale/toy.yaml
+# places this structured config at model.toy (Hydra's own structured-config source).
+ConfigStore.instance().store(group="toy_recipe", name="schema", node=ToySpec)
 
 
 class Composer:

@@ -40,8 +40,8 @@ from gridrun.grid import REPO_ROOT
 from gridrun.grid.cells import Cell, expand
 from gridrun.grid.compose import Composer
 from gridrun.grid.console import track
-from gridrun.grid.dispatch import observe
 from gridrun.grid.errors import GridError
+from gridrun.grid.launchers.dispatch import observe
 from gridrun.grid.spec import SweepSpec
 from gridrun.grid.sweepdir import SweepDamaged, SweepDir, sibling_cell
 from gridrun.runconfig import ConfigError, RunConfig, config_from_dict, dump_config, load_config

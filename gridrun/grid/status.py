@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gridrun.cellstate import STATES
-from gridrun.grid.dispatch import needs_of, observe
+from gridrun.grid.launchers.dispatch import needs_of, observe
 from gridrun.grid.sweepdir import SweepDamaged, SweepDir, planned_sweeps
 
 STATE_STYLES = {

@@ -1,33 +1,31 @@
-"""Loading the base model and tokenizer: the same code for the toy world and Qwen3."""
+"""Loading the base model and tokenizer: the same code for the toy world and Qwen3.
+
+The trainer is handed the base model's files, already resolved: `model.name_or_path: toy`
+stays in config.yaml, and the run entry (gridrun/cellrun.py) builds or finds the toy world
+and passes its directory here. Left out: building the toy world (gridrun/toy/, which this
+half never imports) and downloading from the hub.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from gridrun.runconfig import ModelSpec, ToySpec
+from gridrun.runconfig import ModelSpec
 
 
 class ModelLoadError(RuntimeError):
     pass
 
 
-def model_path(spec: ModelSpec) -> str:
-    if spec.name_or_path == "toy":
-        return str(_toy_dir(spec.toy))
-    return spec.name_or_path
+def load_base(spec: ModelSpec, files: str, device: torch.device | None = None) -> tuple[Any, Any]:
+    """(frozen base model on `device`, left-padding tokenizer).
 
-
-def _toy_dir(toy: ToySpec) -> Any:
-    from gridrun.toy.build import ensure_toy_world
-
-    return ensure_toy_world(toy)
-
-
-def load_base(spec: ModelSpec, device: torch.device | None = None) -> tuple[Any, Any]:
-    """(frozen base model on `device`, left-padding tokenizer)."""
+    `files`: what `from_pretrained` loads (a directory or hub id). Under `init=random` only
+    its tokenizer is read, mapped into the vocabulary of `spec.name_or_path`'s architecture."""
     device = device or torch.device("cpu")
     dtype = getattr(torch, spec.dtype)
     if spec.init == "random":
@@ -35,18 +33,17 @@ def load_base(spec: ModelSpec, device: torch.device | None = None) -> tuple[Any,
         from gridrun.train.random_init import load_random
 
         try:
-            model, tokenizer = load_random(spec.name_or_path, dtype, device, _toy_dir(spec.toy))
+            model, tokenizer = load_random(spec.name_or_path, dtype, device, Path(files))
         except UnknownArchitecture as err:
             raise ModelLoadError(str(err)) from None
     else:
-        path = model_path(spec)
         try:
             # transformers 5 does not persist padding_side: set it at load time.
-            tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            tokenizer = AutoTokenizer.from_pretrained(files, padding_side="left")
+            model = AutoModelForCausalLM.from_pretrained(files, dtype=dtype)
         except OSError as err:
             raise ModelLoadError(
-                f"cannot load model '{path}' ({err.__class__.__name__}): on a machine without hub access, "
+                f"cannot load model '{files}' ({err.__class__.__name__}): on a machine without hub access, "
                 "download it elsewhere (`hf download <id> --local-dir DIR`) and set model.name_or_path=DIR"
             ) from err
         model.to(device)

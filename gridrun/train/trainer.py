@@ -32,7 +32,7 @@ import torch
 
 from gridrun import cellstate
 from gridrun.mechanisms import MECHANISMS, MechanismWatch, alert_flags
-from gridrun.runconfig import GRPOSpec, RunConfig, load_config
+from gridrun.runconfig import GRPOSpec, ModelSpec, RunConfig, load_config
 from gridrun.rundir import RunDir, atomic_write_text, first_peak, val_accuracy
 from gridrun.tasks import make_task
 from gridrun.tasks.base import Problem
@@ -111,7 +111,9 @@ class Preempted(Exception):
 
 
 class Trainer:
-    def __init__(self, config: RunConfig, run_dir: RunDir, dist: Dist | None = None) -> None:
+    def __init__(self, config: RunConfig, run_dir: RunDir, model_files: str, dist: Dist | None = None) -> None:
+        """`model_files`: the base model's directory (or hub id), resolved from config.model by
+        the run entry (gridrun/cellrun.py builds the toy world there)."""
         self.config, self.run_dir = config, run_dir
         self.dist = dist or Dist()
         seed = config.cell.seed
@@ -120,7 +122,7 @@ class Trainer:
         self.task = make_task(**dataclasses.asdict(config.task))
         self.workflow = get_workflow(config.workflow.name)
         # On a GPU node each rank trains on its own device; CPU runs stay where they are.
-        base, self.tokenizer = load_base(config.model, self.dist.device)
+        base, self.tokenizer = load_base(config.model, model_files, self.dist.device)
         self.routing = routing_for(config, self.workflow)
         self.model = attach_adapters(base, config, self.routing, run_dir.root)
         if config.train.gradient_checkpointing:
@@ -375,8 +377,10 @@ def _raise_cancelled(signum: int, frame: Any) -> None:
     raise Cancelled(signal.Signals(signum).name)
 
 
-def run_cell(path: Path) -> int:
-    """Entry point of `gridrun run`: returns the process exit code."""
+def run_cell(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int:
+    """One cell's run under its lock and state: returns the process exit code. `resolve_model`
+    gives the base model's files (it may build the toy world for minutes: the cell is running
+    by then, and a failure is recorded)."""
     # Small CPU models lose an order of magnitude to thread oversubscription when cells share
     # cores; the local launcher parallelises across cells instead. GRIDRUN_THREADS overrides.
     torch.set_num_threads(int(os.environ.get("GRIDRUN_THREADS", "1")))
@@ -399,7 +403,7 @@ def run_cell(path: Path) -> int:
         previous = {s: signal.signal(s, _raise_cancelled) for s in (signal.SIGTERM, signal.SIGINT)}
         previous[signal.SIGUSR2] = signal.signal(signal.SIGUSR2, lambda signum, frame: setattr(dist, "stop_requested", True))
         try:
-            Trainer(config, run_dir, dist).fit()
+            Trainer(config, run_dir, resolve_model(config.model), dist).fit()
         except Cancelled as stop:
             record(cellstate.cancelled(f"stopped by {stop}"))
             return 143

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gridrun.cli import main
-from gridrun.grid import dispatch
+from gridrun.grid.launchers import dispatch
 from gridrun.grid.sweepdir import SweepDir
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gridrun import cellstate
-from gridrun.grid.dispatch import Launcher
+from gridrun.grid.launchers.dispatch import Launcher
 from gridrun.grid.sweepdir import SweepDir
 
 

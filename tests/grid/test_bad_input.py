@@ -36,6 +36,12 @@ from tests.grid.conftest import Gridrun, tree
         (["plan", "conf=full_matrix", "scale=toy"], "set task=arith"),
         (["plan", "conf=smoke", "scale=1.7b"], "set scale=toy"),
         (["plan", "conf=smoke", "gpu=h100"], "scale=toy does not run on gpu=h100"),
+        # The toy model without its recipe, a recipe on a real model, a recipe key on a real scale.
+        (["plan", "conf=full_matrix", "scale=1.7b", "model.name_or_path=toy"],
+         "model.name_or_path=toy needs the toy world's recipe under model.toy: pick the model with scale=toy"),
+        (["plan", "conf=smoke", "model.name_or_path=Qwen/Qwen3-1.7B"],
+         "model.toy is the toy world's recipe, but model.name_or_path is 'Qwen/Qwen3-1.7B'"),
+        (["plan", "conf=full_matrix", "scale=1.7b", "model.toy.seed=1"], "unknown config key 'model.toy.seed'"),
         # Sweeping a setting (cells would share ids), or setting what the grid sets.
         (["plan", "conf=smoke", "optim.lr=1e-4,1e-3"], "only the axes"),
         (["plan", "conf=smoke", "cell.seed=3"], "cell.* is set by the grid"),

@@ -55,6 +55,17 @@ def test_composition_equals_hydra_compose(
     assert composer.compose(overrides) == expected
 
 
+def test_the_toy_recipe_is_the_schemas_and_only_on_the_toy_scale(composer: Composer) -> None:
+    # conf/scale/toy.yaml places the run schema's ToySpec at model.toy: its defaults, typed
+    # like the schema, overridable like any key; a real scale has no model.toy.
+    assert composer.compose(["scale=toy"])["model"]["toy"] == {"seed": 0, "target_accuracy": 0.3, "max_warm_steps": 600}
+    assert composer.compose(["scale=toy", "model.toy.seed=1"])["model"]["toy"]["seed"] == 1
+    with pytest.raises(GridError, match="model.toy.seed=x.*could not be converted to Integer"):
+        composer.compose(["scale=toy", "model.toy.seed=x"])
+    for scale in ("0.6b", "1.7b", "4b"):
+        assert "toy" not in composer.compose([f"scale={scale}", "task=math"])["model"]
+
+
 def test_cells_share_each_parsed_file_and_defaults_list(monkeypatch: pytest.MonkeyPatch) -> None:
     composer = Composer()
     parsed: list[str] = []

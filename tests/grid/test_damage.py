@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gridrun import cellstate
-from gridrun.grid.dispatch import runnable
+from gridrun.grid.launchers.dispatch import runnable
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.rundir import RunDir
 from tests.grid.conftest import Gridrun

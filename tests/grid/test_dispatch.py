@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gridrun.grid.dispatch import make_launcher, queue, runnable
 from gridrun.grid.errors import GridError
-from gridrun.grid.local import HOST
+from gridrun.grid.launchers.dispatch import make_launcher, queue, runnable
+from gridrun.grid.launchers.local import HOST
 from gridrun.grid.sweepdir import SweepDir
 from tests.grid.conftest import Gridrun
 from tests.grid.recording import submissions

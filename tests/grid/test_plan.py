@@ -183,11 +183,15 @@ def _leaves(tree_: dict, prefix: str = "") -> set[str]:
 
 
 def test_conf_sets_every_schema_key(composer: Composer) -> None:
-    # A key the conf forgot would silently take the trainer's default.
-    schema = _leaves(config_from_dict({"cell": {"id": "x", "kind": "base"}}).to_dict())
+    # A key the conf forgot would silently take the trainer's default. The schema of a toy
+    # cell holds the toy recipe (model.toy.*); a real model's has no model.toy.
     for scale, task in (("toy", "arith"), ("1.7b", "math"), ("4b", "code")):
-        composed = _leaves(composer.compose([f"scale={scale}", f"task={task}", "workflow=voting"]))
+        composed_tree = composer.compose([f"scale={scale}", f"task={task}", "workflow=voting"])
+        model = {"name_or_path": "toy", "toy": {}} if scale == "toy" else {"name_or_path": "Qwen/Qwen3-1.7B"}
+        schema = _leaves(config_from_dict({"cell": {"id": "x", "kind": "base"}, "model": model}).to_dict())
+        composed = _leaves(composed_tree)
         assert schema <= composed, schema - composed
+        assert ("model.toy.seed" in composed) == (scale == "toy")
 
 
 def test_settings_reach_every_cell_and_change_the_fingerprint(composer: Composer) -> None:

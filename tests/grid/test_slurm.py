@@ -14,7 +14,7 @@ import pytest
 
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.errors import GridError
-from gridrun.grid.slurm import SlurmLauncher, _expand, chunks, executor_parameters, job_spec, sbatch_script
+from gridrun.grid.launchers.slurm import SlurmLauncher, by_job, chunks, executor_parameters, job_spec, sbatch_script
 from tests.grid.conftest import Gridrun
 from tests.states import put_state
 
@@ -187,13 +187,17 @@ def test_status_shows_the_scheduler_state_beside_the_job(gridrun: Gridrun, resul
 
 
 def test_array_ids_expand() -> None:
-    assert _expand("12_[3-5,7%2]") == ["12_3", "12_4", "12_5", "12_7"]
-    assert _expand("12_3") == ["12_3"] and _expand("12") == ["12"]
+    # sacct lists an array's pending elements as one row, `12_[3-5,7%2]` (3 to 5, and 7, at
+    # most 2 at once): 4 elements share its state; a job step (13.batch) is not a job.
+    rows = "12_[3-5,7%2]|PENDING\n12_0|RUNNING\n13|COMPLETED\n13.batch|COMPLETED\n"
+    states = {job: row["State"] for job, row in by_job(("JobID", "State"), rows).items()}
+    assert states == {"12_3": "PENDING", "12_4": "PENDING", "12_5": "PENDING", "12_7": "PENDING",
+                      "12_0": "RUNNING", "13": "COMPLETED"}
 
 
 # ---------------------------------------------------------------- the job's bookkeeping
 def test_a_requeue_opens_the_next_attempt_once(tmp_path: Path) -> None:
-    from gridrun.grid.slurm_job import CellJob
+    from gridrun.grid.launchers.slurm_job import CellJob
     from gridrun.rundir import RunDir
 
     run_dir = RunDir(tmp_path)
@@ -207,7 +211,7 @@ def test_a_requeue_opens_the_next_attempt_once(tmp_path: Path) -> None:
 
 
 def test_every_rank_decides_alike_whether_the_job_runs_the_cell(tmp_path: Path) -> None:
-    from gridrun.grid.slurm_job import CellJob
+    from gridrun.grid.launchers.slurm_job import CellJob
     from gridrun.rundir import RunDir
 
     run_dir = RunDir(tmp_path)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gridrun.grid import dispatch
 from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError
+from gridrun.grid.launchers import dispatch
 from gridrun.grid.plan import make_plan
 from gridrun.grid.spec import load_spec
 from gridrun.grid.sweepdir import SweepDir

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gridrun.grid import dispatch
-from gridrun.grid.dispatch import cell_command
-from gridrun.grid.local import LocalLauncher, _Pool
-from gridrun.grid.slurm import sbatch_script
+from gridrun.grid.launchers.local import LocalLauncher, _Pool
+from gridrun.grid.launchers.process import SAFE_PATH_FLAG, cell_command
+from gridrun.grid.launchers.slurm import sbatch_script
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.rundir import RunDir, RunLocked
 from tests.conftest import make_cell
@@ -126,8 +125,8 @@ def test_cells_import_the_installed_gridrun_not_the_cwds(decoy: Path, gridrun: G
 def test_slurm_jobs_start_python_without_the_cwd(tmp_path: Path) -> None:
     # submitit's job command (the same line goes to SlurmExecutor's `python`).
     script = sbatch_script({"job_name": "x", "time": 10}, tmp_path, python="/venv/bin/python")
-    assert f"/venv/bin/python {dispatch.SAFE_PATH_FLAG} -u -m submitit.core._submit {tmp_path}" in script
-    assert cell_command(tmp_path)[:3] == [sys.executable, dispatch.SAFE_PATH_FLAG, "-u"]
+    assert f"/venv/bin/python {SAFE_PATH_FLAG} -u -m submitit.core._submit {tmp_path}" in script
+    assert cell_command(tmp_path)[:3] == [sys.executable, SAFE_PATH_FLAG, "-u"]
 
 
 # --- the local launcher's parallelism ---------------------------------------------------------------

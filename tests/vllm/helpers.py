@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from gridrun.cellrun import model_files
 from gridrun.runconfig import RunConfig, config_from_dict
 from gridrun.tasks.arith import ArithTask
 from gridrun.train.model import load_base
@@ -28,7 +29,7 @@ def vllm_config(**overrides: Any) -> RunConfig:
 
 def trainer_model(config: RunConfig) -> tuple[Any, Any, Routing]:
     """What the Trainer builds: base model, tokenizer, routing, adapters attached."""
-    base, tokenizer = load_base(config.model)
+    base, tokenizer = load_base(config.model, model_files(config.model))
     routing = routing_for(config, get_workflow(config.workflow.name))
     return attach_adapters(base, config, routing), tokenizer, routing
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 from peft import get_peft_model
 
+from gridrun.cellrun import model_files
 from gridrun.train.engines.hf import stop_token_ids
 from gridrun.train.model import load_base
 from gridrun.train.policy import lora_config
@@ -155,7 +156,7 @@ def test_transfer_routing_serves_base_roles_the_exact_base_model(closing, tmp_pa
     from gridrun.train.engines.vllm import VLLMEngine
 
     donor_config = vllm_config()
-    base, _ = load_base(donor_config.model)
+    base, _ = load_base(donor_config.model, model_files(donor_config.model))
     donor = get_peft_model(base, lora_config(donor_config))
     randomize_lora_b(donor, seed=4)
     donor.save_pretrained(str(tmp_path / "sa_rl"))

@@ -9,7 +9,8 @@ import pytest
 import torch
 from peft import get_peft_model
 
-from gridrun.train.model import load_base, model_path
+from gridrun.cellrun import model_files
+from gridrun.train.model import load_base
 from gridrun.train.policy import lora_config
 from tests.vllm.helpers import peft_logprobs, prompts, randomize_lora_b, vllm_config
 
@@ -29,11 +30,11 @@ def test_cpu_serves_an_adapterless_request_with_the_last_lora_slot(tmp_path: Pat
     from gridrun.train.engines.vllm import _release_vllm_process_state
 
     config = vllm_config()
-    base, tokenizer = load_base(config.model)
+    base, tokenizer = load_base(config.model, model_files(config.model))
     model = get_peft_model(base, lora_config(config), adapter_name="a")
     randomize_lora_b(model, seed=7)
     model.save_pretrained(str(tmp_path))
-    llm = vllm.LLM(model=model_path(config.model), dtype="float32", seed=0, enable_lora=True, max_loras=1,
+    llm = vllm.LLM(model=model_files(config.model), dtype="float32", seed=0, enable_lora=True, max_loras=1,
                    max_lora_rank=8, max_model_len=512, kv_cache_memory_bytes=64 << 20,
                    logprobs_mode="processed_logprobs", generation_config="vllm")
     try:
@@ -68,8 +69,8 @@ def test_cpu_crashes_on_a_seeded_request_whose_prompt_is_chunked() -> None:
     from gridrun.train.engines.vllm import _release_vllm_process_state
 
     config = vllm_config()
-    _, tokenizer = load_base(config.model)
-    llm = vllm.LLM(model=model_path(config.model), dtype="float32", seed=0, max_model_len=512,
+    _, tokenizer = load_base(config.model, model_files(config.model))
+    llm = vllm.LLM(model=model_files(config.model), dtype="float32", seed=0, max_model_len=512,
                    kv_cache_memory_bytes=64 << 20, enable_chunked_prefill=True, max_num_batched_tokens=64,
                    generation_config="vllm")
     try:

@@ -1,7 +1,7 @@
 """`engine=vllm`: every request of a stage in one vLLM batch, each on its role's LoRA adapter.
 
 What it does:
-- One `vllm.LLM` on the base model (`model_path(config.model)`, the config's dtype, tensor
+- One `vllm.LLM` on the base model (the files the trainer's tokenizer came from, the config's dtype, tensor
   parallel 1). Every adapter the trainer's peft model holds is saved in peft format into a
   temp dir this engine owns and served as a `LoRARequest`; a request routed to adapter `a`
   carries `a`'s request, so one `generate` call serves every role of a stage.
@@ -61,7 +61,6 @@ from vllm.lora.request import LoRARequest
 
 from gridrun.runconfig import RunConfig
 from gridrun.train.engines.hf import stop_token_ids
-from gridrun.train.model import model_path
 from gridrun.train.rollout import Completion, GenRequest, RolloutEngine, SamplingParams
 
 log = logging.getLogger("gridrun")
@@ -176,8 +175,10 @@ class VLLMEngine(RolloutEngine):
         set_num_threads = torch.set_num_threads
         try:
             return vllm.LLM(
-                model=model_path(cfg.model),
-                tokenizer=model_path(cfg.model),
+                # The base model's files, resolved before the trainer loaded them (the toy world's
+                # directory for model.name_or_path=toy): the ones its tokenizer came from.
+                model=self.tokenizer.name_or_path,
+                tokenizer=self.tokenizer.name_or_path,
                 dtype=cfg.model.dtype,
                 seed=cfg.cell.seed,
                 tensor_parallel_size=1,

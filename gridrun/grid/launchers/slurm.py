@@ -12,9 +12,9 @@ overrides). Cells with equal specs go out as one submitit job array, `--array` c
 Before anything is queued, `admit` checks each spec with `sbatch --test-only`, so a wrong
 partition, account or gres is one line naming the fix, not a sweep of failed jobs.
 
-Jobs. Every job runs `CellJob` (gridrun/grid/slurm_job.py) with the submitter's python (with
-the job's directory off sys.path: `dispatch.interpreter`): one task per GPU, each starting
-`python -P -m gridrun.cli run <run_dir>` as a data-parallel rank.
+Jobs. Every job runs `CellJob` (gridrun/grid/launchers/slurm_job.py) with the submitter's
+python (with the job's directory off sys.path: `process.interpreter`): one task per GPU,
+each starting `python -P -m gridrun.cli run <run_dir>` as a data-parallel rank.
 SLURM's warning signal (USR2, `signal_delay_s` before the time limit, or sent by hand) makes
 the trainer checkpoint after its current step; the job then requeues itself (submitit's
 Checkpointable) and resumes from that checkpoint as the cell's next attempt. Requeues
@@ -59,8 +59,9 @@ from typing import TYPE_CHECKING, Any
 
 from gridrun import cellstate
 from gridrun.grid import REPO_ROOT
-from gridrun.grid.dispatch import Launcher, interpreter_line, sweep_needs
 from gridrun.grid.errors import GridError
+from gridrun.grid.launchers.dispatch import Launcher, sweep_needs
+from gridrun.grid.launchers.process import interpreter_line
 
 if TYPE_CHECKING:
     from gridrun.grid.sweepdir import SweepDir
@@ -389,7 +390,7 @@ class SlurmLauncher(Launcher):
         """One job array (in chunks of MaxArraySize) of cells sharing a spec and a dependency."""
         import submitit
 
-        from gridrun.grid.slurm_job import CellJob
+        from gridrun.grid.launchers.slurm_job import CellJob
 
         executor = submitit.SlurmExecutor(
             folder=sweep.jobs_dir / "%j", max_num_timeout=self.max_num_timeout, python=interpreter_line()
@@ -463,17 +464,13 @@ class SlurmLauncher(Launcher):
 
 
 # --- asking the scheduler -------------------------------------------------------------------
-def _expand(job_id: str) -> list[str]:
-    """sacct's `12_[3-5,7%2]` (pending array elements) -> 12_3 12_4 12_5 12_7."""
-    found = re.fullmatch(r"(\d+)_\[([^\]%]+)(?:%\d+)?\]", job_id)
-    if not found:
-        return [job_id]
-    base, ranges = found.groups()
-    out = []
-    for part in ranges.split(","):
-        first, _, last = part.partition("-")
-        out += [f"{base}_{i}" for i in range(int(first), int(last or first) + 1)]
-    return out
+def by_job(columns: tuple[str, ...], rows: str) -> dict[str, dict[str, str]]:
+    """`|`-separated rows of `columns` (JobID first; sacct -P -n, squeue -h) by job id, read
+    by submitit's own sacct reader: array ranges expanded (`12_[3-5,7%2]` -> 12_3 12_4 12_5
+    12_7, as sacct lists pending elements), job steps (`12.batch`) skipped."""
+    from submitit.slurm.slurm import SlurmInfoWatcher
+
+    return SlurmInfoWatcher().read_info("|".join(columns) + "\n" + rows)
 
 
 def _epoch(text: str) -> float | None:
@@ -496,13 +493,9 @@ def scheduler_states(job_ids: list[str]) -> dict[str, dict[str, Any]]:
     )
     seen: dict[str, dict[str, Any]] = {}
     if result.returncode == 0:
-        for line in result.stdout.splitlines():
-            fields = line.split("|")
-            if len(fields) < 4:
-                continue
-            info = {"state": fields[1].split()[0] if fields[1] else "UNKNOWN", "exit": fields[2], "end": _epoch(fields[3])}
-            for job in _expand(fields[0]):
-                seen[job] = info
+        for job, row in by_job(("JobID", "State", "ExitCode", "End"), result.stdout).items():
+            state = row.get("State") or "UNKNOWN"
+            seen[job] = {"state": state.split()[0], "exit": row.get("ExitCode", ""), "end": _epoch(row.get("End", ""))}
     missing = [job for job in job_ids if job not in seen]
     if missing:
         # Accounting off, or slurmdbd has not caught up with fresh submissions: the queue knows.
@@ -516,9 +509,8 @@ def _squeue(job_ids: list[str]) -> dict[str, dict[str, Any]]:
     if result.returncode != 0:
         # squeue refuses the whole list when one id is unknown: read the whole queue instead.
         result = _run(args, "reading the queue")
-    seen = {}
-    for line in result.stdout.splitlines():
-        job, _, word = line.partition("|")
-        for one in _expand(job.strip()):
-            seen[one] = {"state": word.strip() or "UNKNOWN", "exit": "", "end": None}
+    seen = {
+        job: {"state": row.get("State") or "UNKNOWN", "exit": "", "end": None}
+        for job, row in by_job(("JobID", "State"), result.stdout).items()
+    }
     return {job: seen[job] for job in job_ids if job in seen}

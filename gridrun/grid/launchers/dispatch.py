@@ -29,8 +29,7 @@ a SLURM job requeued by the scheduler takes too, counting it in `requeues`) and 
 job id; it runs under the sweep's lock and skips cells already queued or running, so two
 `gridrun sweep` runs of one sweep cannot submit a cell twice. A launcher is named in conf/launcher/<name>.yaml and
 registered in LAUNCHERS; a SLURM launcher (submitit) plugs in the same way. Every launcher
-starts a cell with `cell_command`, which runs the installed gridrun whatever the current
-directory holds.
+starts a cell's process the same way (gridrun/grid/launchers/process.py).
 
 Stdlib only: `gridrun status` imports this to reconcile states.
 """
@@ -39,11 +38,8 @@ from __future__ import annotations
 
 import importlib
 import logging
-import shlex
-import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gridrun import cellstate
@@ -54,12 +50,10 @@ if TYPE_CHECKING:
     from gridrun.grid.sweepdir import SweepDir
 
 # name -> "module:Class"; imported only when a cell of that launcher is touched.
-LAUNCHERS: dict[str, str] = {"local": "gridrun.grid.local:LocalLauncher", "slurm": "gridrun.grid.slurm:SlurmLauncher"}
-# Keep the current directory off the child's sys.path, so that a `gridrun/` folder where
-# `gridrun sweep` was typed (another checkout) is never imported by the cells. -P (3.11+)
-# drops only that entry and keeps PYTHONPATH, which a user sets on purpose; 3.10 lacks it
-# and gets -I, which also ignores PYTHON* variables and the user's site-packages.
-SAFE_PATH_FLAG = "-P" if sys.version_info >= (3, 11) else "-I"
+LAUNCHERS: dict[str, str] = {
+    "local": "gridrun.grid.launchers.local:LocalLauncher",
+    "slurm": "gridrun.grid.launchers.slurm:SlurmLauncher",
+}
 
 log = logging.getLogger("gridrun")
 
@@ -90,23 +84,6 @@ class Launcher(ABC):
     @abstractmethod
     def cancel(self, sweep: SweepDir, ids: list[str]) -> list[str]:
         """Stop these active cells' jobs; returns a line per cell saying what was done."""
-
-
-def interpreter(python: str = sys.executable) -> list[str]:
-    """The interpreter (this venv's by default) a cell or a job runs with: no current
-    directory on sys.path."""
-    return [python, SAFE_PATH_FLAG]
-
-
-def interpreter_line(python: str = sys.executable) -> str:
-    """`interpreter` as one shell line, for submitit's `python` (it appends `-u -m ...`)."""
-    return shlex.join(interpreter(python))
-
-
-def cell_command(run_dir: Path) -> list[str]:
-    """What every launcher runs for one cell (one rank of it): `gridrun run <run_dir>`,
-    unbuffered (-u: -I, on 3.10, ignores PYTHONUNBUFFERED)."""
-    return [*interpreter(), "-u", "-m", "gridrun.cli", "run", str(run_dir)]
 
 
 def launcher_class(name: str) -> type[Launcher]:

@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any
 from gridrun import cellstate
 from gridrun.cellstate import BLOCKING_STATES, FINAL_STATES
 from gridrun.grid.console import console
-from gridrun.grid.dispatch import Launcher, cell_command, observe, sweep_needs
 from gridrun.grid.errors import GridError
+from gridrun.grid.launchers.dispatch import Launcher, observe, sweep_needs
+from gridrun.grid.launchers.process import cell_env, log_tail, start_cell
 from gridrun.rundir import DamagedFile, RunDir
 
 if TYPE_CHECKING:
@@ -120,17 +121,6 @@ def _cell_cpus(run_dir: RunDir) -> int | None:
     except DamagedFile:
         return None
     return cpus if isinstance(cpus, int) and not isinstance(cpus, bool) and cpus > 0 else None
-
-
-def _tail(path: Path, lines: int = 8) -> str:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 8192))
-            text = handle.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.strip().splitlines()[-lines:])
 
 
 class LocalLauncher(Launcher):
@@ -299,28 +289,11 @@ class _Pool:
             self.bars[cell_id] = self.progress.add_task(cell_id, total=total, note="starting")
 
     def _spawn(self, run_dir: RunDir, state: Mapping[str, Any]) -> subprocess.Popen[bytes]:
-        run_dir.logs_dir.mkdir(parents=True, exist_ok=True)
-        # GRIDRUN_JOB_ID: named in the run's lock file, so a second run says who holds it.
-        env = dict(os.environ, PYTHONUNBUFFERED="1", GRIDRUN_JOB_ID=self.launcher.job_id)
-        cpus = _cell_cpus(run_dir)
-        if cpus:
-            # The cell's CPU share (grid.cluster.cpus_per_cell): torch's threads, via the trainer's
-            # GRIDRUN_THREADS, and any OpenMP/MKL pools.
-            env.update(GRIDRUN_THREADS=str(cpus), OMP_NUM_THREADS=str(cpus), MKL_NUM_THREADS=str(cpus))
-        header = f"--- gridrun attempt {state.get('attempt')} on {HOST} at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n"
-        with open(run_dir.stdout_log, "ab") as out, open(run_dir.stderr_log, "ab") as err:
-            out.write(header.encode())
-            err.write(header.encode())
-            out.flush()
-            err.flush()
-            return subprocess.Popen(
-                cell_command(run_dir.root.resolve()),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                env=env,
-                start_new_session=True,
-            )
+        # The cell's CPU share (grid.cluster.cpus_per_cell) sizes its thread pools.
+        return start_cell(
+            run_dir.root.resolve(), (run_dir.stdout_log, run_dir.stderr_log), f"attempt {state.get('attempt')}",
+            cell_env(self.launcher.job_id, _cell_cpus(run_dir)), start_new_session=True,
+        )
 
     # --- finishing -----------------------------------------------------------------------
     def _reap(self) -> None:
@@ -334,7 +307,7 @@ class _Pool:
             if state.get("state") not in FINAL_STATES:
                 # It died before it could record why: record it here.
                 terminated = self.stopping or code in (-signal.SIGTERM, -signal.SIGINT, 143, 130)
-                tail = _tail(run_dir.stderr_log)
+                tail = log_tail(run_dir.stderr_log)
                 why = f"{_describe_exit(code)} without recording a final state; see {run_dir.stderr_log}"
                 ended = cellstate.cancelled if terminated else cellstate.failed
                 state = run_dir.record(ended(why + (f"\n{tail}" if tail else "")))
@@ -369,7 +342,7 @@ class _Pool:
                 note += f"  val {100 * state['last_val_acc']:.1f}%"
             elif not state.get("step"):
                 # Before its first step a cell may build the toy world for minutes: say so.
-                last = _tail(run_dir.stderr_log, 1).split(" gridrun: ", 1)[-1]
+                last = log_tail(run_dir.stderr_log, 1).split(" gridrun: ", 1)[-1]
                 note += f"  {last[:70]}" if last and not last.startswith("---") else ""
             total = max(int(state.get("total_steps") or 0), 1)
             self.progress.update(task, completed=int(state.get("step") or 0), total=total, note=note)

@@ -1,7 +1,9 @@
 """What a SLURM job of the launcher runs (`CellJob`): one cell, one rank per task.
 
 Each task of the job (submitit starts them with srun) runs `python -P -m gridrun.cli run
-<run_dir>` (`dispatch.cell_command`: the installed gridrun, never the job's cwd) as a child process, with its rank from submitit's JobEnvironment in torchrun's
+<run_dir>` as a child process (gridrun/grid/launchers/process.py: the installed gridrun,
+never the job's cwd; thread pools sized to SLURM_CPUS_PER_TASK), with its rank from
+submitit's JobEnvironment in torchrun's
 variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; gridrun/train/distributed.py
 reads them). Rank 0's output is appended to the cell's logs/stdout.log and logs/stderr.log,
 other ranks' to logs/rank<r>.*.log. The trainer writes state.json; rank 0's task here only
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -33,7 +34,7 @@ import submitit
 from submitit.core.utils import UncompletedJobError
 
 from gridrun import cellstate
-from gridrun.grid.dispatch import cell_command
+from gridrun.grid.launchers.process import cell_env, log_tail, start_cell
 from gridrun.rundir import RunDir
 
 # Seconds kept back from signal_delay_s for the requeue itself once the trainer stopped.
@@ -67,14 +68,6 @@ def _wait_exit(pid: int, timeout: float, nudge: signal.Signals | None = None) ->
             next_nudge = time.monotonic() + 5.0
         time.sleep(0.2)
     return True
-
-
-def _tail(path: Path, lines: int = 8) -> str:
-    try:
-        text = path.read_bytes()[-8192:].decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.strip().splitlines()[-lines:])
 
 
 def slurm_restarts(raw_job_id: str) -> int | None:
@@ -126,41 +119,24 @@ class CellJob(submitit.helpers.Checkpointable):
         restart = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         if not self._should_run(run_dir, job_id, restart, record=rank == 0):
             return 0
-        child_env = dict(
-            os.environ,
-            PYTHONUNBUFFERED="1",
-            # Named in the run's lock file (gridrun/rundir.py), so a second run says who holds it.
-            GRIDRUN_JOB_ID=job_id,
-            RANK=str(rank),
-            WORLD_SIZE=str(env.num_tasks),
-            LOCAL_RANK=str(env.local_rank),
-            MASTER_ADDR=env.hostnames[0],
-            # One port per job on the node: several cells may share a node.
-            MASTER_PORT=str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000),
-        )
-        cpus = os.environ.get("SLURM_CPUS_PER_TASK")
-        if cpus:
-            child_env.update(GRIDRUN_THREADS=cpus, OMP_NUM_THREADS=cpus, MKL_NUM_THREADS=cpus)
+        # submitit's rendezvous: the first host, a port drawn from the job id (so every task of
+        # the job agrees and cells sharing a node differ), this task's ranks.
+        dist = submitit.helpers.TorchDistributedEnvironment()
+        torchrun = {
+            "MASTER_ADDR": dist.master_addr,
+            "MASTER_PORT": str(dist.master_port),
+            "RANK": str(dist.rank),
+            "WORLD_SIZE": str(dist.world_size),
+            "LOCAL_RANK": str(dist.local_rank),
+        }
+        cpus = int(os.environ.get("SLURM_CPUS_PER_TASK") or 0) or None
         out_path, err_path = run_dir.rank_logs(rank)
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        header = (
-            f"--- gridrun job {job_id} rank {rank}/{env.num_tasks} on {socket.gethostname()} "
-            f"(restart {restart}) at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n"
-        ).encode()
-        with open(out_path, "ab") as out, open(err_path, "ab") as err:
-            out.write(header)
-            err.write(header)
-            out.flush()
-            err.flush()
-            self._child = subprocess.Popen(
-                cell_command(run_dir.root),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                env=child_env,
-                # The job process runs no threads: preexec_fn is safe here.
-                preexec_fn=_ignore_usr2,  # noqa: PLW1509
-            )
+        self._child = start_cell(
+            run_dir.root, (out_path, err_path), f"job {job_id} rank {rank}/{dist.world_size} (restart {restart})",
+            cell_env(job_id, cpus, torchrun),
+            # The job process runs no threads: preexec_fn is safe here.
+            preexec_fn=_ignore_usr2,
+        )
         try:
             code = self._child.wait()
         except SystemExit:
@@ -254,7 +230,7 @@ class CellJob(submitit.helpers.Checkpointable):
             return code
         if state.get("state") == "running":
             how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-            tail = _tail(err_path)
+            tail = log_tail(err_path)
             run_dir.record(cellstate.failed(
                 f"trainer {how} without recording a final state (out of memory?)" + (f"\n{tail}" if tail else "")
             ))
