@@ -26,14 +26,14 @@ import torch
 from transformers import GenerationConfig
 
 from gridrun.cellrun import model_files
-from gridrun.runconfig import CellSpec, PolicySpec, RunConfig, WorkflowSpec
+from gridrun.runconfig import CellSpec, LoraSpec, PolicySpec, RunConfig
 from gridrun.tasks.arith import ArithTask
 from gridrun.train.engines.hf import HFEngine, stop_token_ids
 from gridrun.train.episode import Episode
 from gridrun.train.model import load_base
 from gridrun.train.policy import attach_adapters, routing_for
 from gridrun.train.rollout import ChatEncoder, SamplingParams, StageBatcher
-from gridrun.train.workflows import get_workflow
+from gridrun.workflows.voting import VotingParams
 
 
 def main() -> None:
@@ -46,10 +46,11 @@ def main() -> None:
 
     config = RunConfig(
         cell=CellSpec(id="bench", kind="train"),
-        workflow=WorkflowSpec(name="voting"),
-        policy=PolicySpec(name="isolated", lora_rank=8, lora_alpha=16),
+        workflow=VotingParams(),
+        policy=PolicySpec(name="isolated"),
+        lora=LoraSpec(rank=8, alpha=16),
     )
-    workflow, task = get_workflow("voting"), ArithTask()
+    workflow, task = config.workflow_entry(), ArithTask()
     base, tokenizer = load_base(config.model, model_files(config.model))
     routing = routing_for(config, workflow)
     model = attach_adapters(base, config, routing)

@@ -32,10 +32,11 @@ def cell_config(workflow: str, policy: str, steps: int, engine: str) -> dict:
     return {
         "cell": {"id": f"{workflow}-{policy}", "kind": "train", "seed": 0},
         "model": {"name_or_path": "toy", "toy": {}},
-        "workflow": {"name": workflow, "rounds": 2},
-        "task": {"name": "arith"},
+        "workflow": {"name": workflow, **({"rounds": 2} if workflow == "eval_opt" else {})},
+        "task": {"name": "arith", "n_val": 400},  # the split its recorded timings used (the default is now 200)
         "lengths": {"max_prompt_tokens": 256, "max_response_tokens": 48},
-        "policy": {"name": policy, "lora_rank": 16, "lora_alpha": 32},
+        "policy": {"name": policy},
+        "lora": {"rank": 16, "alpha": 32},
         "engine": {"name": engine},
         "grpo": {"n": 4},
         "optim": {"lr": 5.0e-4, "warmup_steps": 0},

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gridrun.runconfig import PARALLEL_ROLES
+from gridrun import registry
 
 GRADIENT_AMPLIFICATION = "gradient_amplification"
 SP_ROLE_CAPTURE = "sp_role_capture"
@@ -78,7 +78,7 @@ THRESHOLDS = Thresholds()
 def applies(mechanism: str, workflow: str, policy: str | None) -> bool:
     """Whether a cell of this workflow and policy can show the mechanism at all."""
     if mechanism == GRADIENT_AMPLIFICATION:
-        return policy == "isolated" and workflow in PARALLEL_ROLES
+        return policy == "isolated" and registry.workflow(workflow).parallel_role is not None
     if mechanism == SP_ROLE_CAPTURE:
         return policy == "shared" and workflow != "single"
     raise ValueError(f"unknown mechanism '{mechanism}': expected one of {', '.join(MECHANISMS)}")
@@ -115,7 +115,7 @@ class MechanismWatch:
     _amplified: str | None = field(init=False, default=None)  # the last verdict, until a peak moves
 
     def __post_init__(self) -> None:
-        self._parallel = PARALLEL_ROLES.get(self.workflow)
+        self._parallel = registry.workflow(self.workflow).parallel_role
         self._applies = {m: applies(m, self.workflow, self.policy) for m in MECHANISMS}
 
     def see(self, row: Mapping[str, Any]) -> list[str]:

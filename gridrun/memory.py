@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from gridrun.arch import lora_parameter_count, parameter_count, published
-from gridrun.runconfig import WORKFLOW_ROLES, RunConfig
+from gridrun.runconfig import RunConfig
 
 GIB = 2**30
 # Completion positions whose float32 logits exist at once (gridrun/train/logprobs.py).
@@ -79,7 +79,7 @@ def trainable_adapters(config: RunConfig) -> int:
     if not config.trains:
         return 0
     if config.policy.name == "isolated":
-        return len(WORKFLOW_ROLES[config.workflow.name])
+        return len(config.workflow_entry().roles)
     return 1
 
 
@@ -105,7 +105,7 @@ def predict(
     b = _DTYPE_BYTES[config.model.dtype]
     layers, hidden = arch["num_hidden_layers"], arch["hidden_size"]
     weights = parameter_count(arch) * b
-    lora = lora_parameter_count(arch, config.policy.lora_rank)
+    lora = lora_parameter_count(arch, config.lora.rank)
     n_adapters = trainable_adapters(config)
     # float32 weights + AdamW's two moments per adapter; one adapter's gradient at a time.
     adapters = n_adapters * lora * 12 + (lora * 4 if n_adapters else 0)
@@ -130,7 +130,7 @@ def _rollout_bytes(config: RunConfig, arch: dict, dtype_bytes: int, gpu_bytes: f
         return config.engine.gpu_memory_utilization * gpu_bytes
     # engine=hf: a KV cache per sub-batch of requests, each up to the longest prompt plus
     # the response limit, and one decoding step's float32 logits and log-probs.
-    requests = max(config.train.batch_problems * config.grpo.n, 1) * config.workflow.parallel_slots()
+    requests = max(config.train.batch_problems * config.grpo.n, 1) * config.parallel_slots
     rows = min(config.engine.max_batch_size, requests)
     tokens = config.lengths.max_prompt_tokens + config.lengths.max_response_tokens
     kv_per_token = arch["num_hidden_layers"] * 2 * arch["num_key_value_heads"] * arch["head_dim"] * dtype_bytes

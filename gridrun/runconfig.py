@@ -6,6 +6,11 @@ the trainer only parses it into these dataclasses. Unknown keys and wrong types 
 with an error that names the key and the closest valid one, because a typo'd key silently
 falling back to a default would train the wrong cell.
 
+The workflow, task and engine nodes are each the params dataclass of the option they name,
+taken from its registry (gridrun/registry.py): `workflow.rounds` exists on an eval_opt
+config only. The dataclass defaults are the only defaults; the dumped config.yaml, and the
+fingerprint hashed from it, holds every field with its default filled in.
+
 It sits beside `rundir.py`, not in either half, because both halves import it: it imports
 only the standard library (no torch, no Hydra; tests/test_seam.py checks). Left out: the
 composition itself (gridrun/grid/compose.py) and what each field does at run time.
@@ -22,21 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-# Role types of each workflow: the one list the workflows, the routing and the config checks
-# (grpo.kl_beta) share. Order = the order of the adapters under Isolated-Policy.
-WORKFLOW_ROLES: dict[str, tuple[str, ...]] = {
-    "single": ("generator",),
-    "eval_opt": ("generator", "evaluator"),
-    "voting": ("generator", "aggregator"),
-    "orch_workers": ("orchestrator", "worker", "synthesizer"),
-}
-# The role with same-role multiplicity (Voting's 3 generators, Orch-Workers' 3 workers): the
-# workflows' slots and the mechanism alerts share it.
-PARALLEL_ROLES: dict[str, str] = {"voting": "generator", "orch_workers": "worker"}
-
-
-class ConfigError(ValueError):
-    """A config that cannot be run; the message names the key and the fix."""
+from gridrun import registry
+from gridrun.registry import ConfigError, EngineParams, OptionParams, TaskParams, WorkflowParams
 
 
 @dataclass
@@ -89,40 +81,6 @@ class ModelSpec:
 
 
 @dataclass
-class WorkflowSpec:
-    name: Literal["single", "eval_opt", "voting", "orch_workers"] = "single"
-    # Eval-Opt: at most this many generator turns, each judged by the evaluator (the released
-    # code's max_iterations: 3 on math, 2 on code).
-    rounds: int = 3
-    # Voting: parallel generator slots.
-    n_voters: int = 3
-    # Orch-Workers: parallel worker slots.
-    n_workers: int = 3
-
-    def parallel_slots(self) -> int:
-        """Same-role multiplicity of this workflow's parallel role (voters, workers), else 1."""
-        return {"voting": self.n_voters, "orch_workers": self.n_workers}.get(self.name, 1)
-
-
-@dataclass
-class TaskSpec:
-    name: Literal["arith", "math", "code"] = "arith"
-    # Local prepared data (parquet/jsonl); required for math and code.
-    data_path: str | None = None
-    # Reward for a response whose final answer does not parse (math, arith).
-    format_penalty: float = -0.1
-    # Code: "pass_rate" (the paper's text) or "all_pass" (its released code).
-    code_reward_mode: Literal["pass_rate", "all_pass"] = "pass_rate"
-    code_test_timeout_s: float = 6.0
-    # Code: "bwrap" runs model-written programs only in a working bubblewrap sandbox (the cell
-    # refuses to start without one); "none" is the opt-out by name: no isolation, logged loudly.
-    sandbox: Literal["bwrap", "none"] = "bwrap"
-    # arith only: sizes of the seeded synthetic splits.
-    n_train: int = 5000
-    n_val: int = 400
-
-
-@dataclass
 class LengthSpec:
     max_prompt_tokens: int = 512
     max_response_tokens: int = 48
@@ -133,10 +91,6 @@ class PolicySpec:
     # shared: one adapter for every role; isolated: one per role type; transfer: a trained
     # adapter plugged (frozen) into one role, other roles on the base model.
     name: Literal["shared", "isolated", "transfer"] = "shared"
-    lora_rank: int = 64
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    target_modules: str = "all-linear"
     # transfer only: the finished run dir whose adapter serves transfer_role (its newest
     # complete checkpoint's, resolved at run time), or a peft adapter dir; a relative path
     # is taken from this cell's run dir (the grid writes ../<sa_rl cell id>).
@@ -145,20 +99,30 @@ class PolicySpec:
 
 
 @dataclass
-class EngineSpec:
-    name: Literal["hf", "vllm"] = "hf"
+class LoraSpec:
+    """The LoRA adapters every trained role gets, under Shared- and Isolated-Policy alike (a
+    transfer cell's adapter brings its own)."""
+
+    # The paper's rank 64 and alpha 32 (scale = alpha / rank), no dropout.
+    rank: int = 64
+    alpha: int = 32
+    dropout: float = 0.0
+    # Every linear module of the base model (peft leaves lm_head out).
+    target_modules: str = "all-linear"
+
+
+@dataclass
+class SamplingSpec:
+    """Rollout sampling, whichever engine generates."""
+
+    # The paper's rollout temperature.
     temperature: float = 0.7
+    # Nucleus sampling (1.0 = off).
     top_p: float = 1.0
     # Validation samples like training (0 = greedy): with greedy decoding Voting's three
-    # generators would answer identically and pass@k would be meaningless. Validation is
-    # seeded, so it is repeatable.
+    # generators would answer identically and pass@k would be meaningless. Validation draws
+    # from a fixed seed, so it is repeatable and step 0 equals the base control exactly.
     val_temperature: float = 0.7
-    # hf only: requests generated together (each holds a KV cache of prompt + response).
-    max_batch_size: int = 512
-    # vLLM only.
-    gpu_memory_utilization: float = 0.5
-    enable_prefix_caching: bool = True
-    enable_sleep_mode: bool = True
 
 
 @dataclass
@@ -247,11 +211,15 @@ class RunConfig:
     cell: CellSpec
     # The toy world with its default recipe.
     model: ModelSpec = field(default_factory=lambda: ModelSpec(name_or_path="toy", toy=ToySpec()))
-    workflow: WorkflowSpec = field(default_factory=WorkflowSpec)
-    task: TaskSpec = field(default_factory=TaskSpec)
+    # Each node: the params of the option it names (gridrun/registry.py), e.g. voting's
+    # n_voters; absent, the option below with its defaults.
+    workflow: WorkflowParams = field(default_factory=lambda: _default_option("workflow", "single"))
+    task: TaskParams = field(default_factory=lambda: _default_option("task", "arith"))
     lengths: LengthSpec = field(default_factory=LengthSpec)
     policy: PolicySpec = field(default_factory=PolicySpec)
-    engine: EngineSpec = field(default_factory=EngineSpec)
+    lora: LoraSpec = field(default_factory=LoraSpec)
+    engine: EngineParams = field(default_factory=lambda: _default_option("engine", "hf"))
+    sampling: SamplingSpec = field(default_factory=SamplingSpec)
     grpo: GRPOSpec = field(default_factory=GRPOSpec)
     optim: OptimSpec = field(default_factory=OptimSpec)
     train: TrainSpec = field(default_factory=TrainSpec)
@@ -288,19 +256,30 @@ class RunConfig:
             raise ConfigError("model.init=random builds its weights in memory, which vLLM cannot load: set engine=hf")
         if self.grpo.clip_ratio_c is not None and self.grpo.clip_ratio_c <= 1.0:
             raise ConfigError("grpo.clip_ratio_c must be > 1 (verl uses 3.0), or null to turn dual-clip off")
-        if self.workflow.name == "eval_opt" and self.workflow.rounds < 1:
-            raise ConfigError("workflow.rounds must be >= 1 for eval_opt (generator turns, each judged)")
-        roles = WORKFLOW_ROLES[self.workflow.name]
+        workflow = self.workflow_entry()
+        roles = workflow.roles
         for role in self.grpo.kl_beta:
             if role not in roles:
                 close = difflib.get_close_matches(role, roles, n=1)
                 hint = f"did you mean '{close[0]}'?" if close else f"roles of {self.workflow.name}: {', '.join(roles)}"
                 raise ConfigError(f"grpo.kl_beta: '{role}' is not a role of {self.workflow.name} ({hint})")
-        if self.task.name in ("math", "code") and not self.task.data_path:
+        task = registry.task(self.task.name, self.task.plugin)
+        missing = [p for p in workflow.prompt_names() if p not in task.prompt_names()]
+        if missing:
             raise ConfigError(
-                f"task '{self.task.name}' needs task.data_path: run "
-                f"`gridrun data prepare {self.task.name}` and point task.data_path at its output"
+                f"task '{task.name}' has no prompt for role '{missing[0]}' of workflow '{workflow.name}': add a "
+                f"'{missing[0]}' method to {task.prompts.__name__} or call gridrun.registry.add_prompts"
+                f"('{task.name}', {missing[0]}=...) in the workflow's module"
             )
+
+    def workflow_entry(self) -> registry.Workflow:
+        """This cell's workflow: its roles, parallel role and program."""
+        return registry.workflow(self.workflow.name, self.workflow.plugin)
+
+    @property
+    def parallel_slots(self) -> int:
+        """Same-role multiplicity of the workflow's parallel role (voters, workers), else 1."""
+        return self.workflow_entry().slots(self.workflow)
 
     @property
     def shuffles_rewards(self) -> bool:
@@ -329,9 +308,17 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+def _default_option(kind: str, name: str) -> OptionParams:
+    return registry.params_class(kind, {"name": name})(name=name)
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check `value` against the annotation `tp`, building nested dataclasses."""
     origin = get_origin(tp)
+    if isinstance(tp, type) and issubclass(tp, OptionParams):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
+        return _build(registry.params_class(key, value), value, f"{key}.")
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
@@ -386,6 +373,11 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     hints = _hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     for key in data:
+        if key not in names and issubclass(cls, OptionParams):
+            own = [n for n in names if n not in ("name", "plugin")]
+            close = difflib.get_close_matches(str(key), own, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"its keys: {', '.join(own) or 'none'}"
+            raise ConfigError(f"{prefix.rstrip('.')} {data['name']} has no key '{key}' ({hint})")
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f" (did you mean '{prefix}{close[0]}'?)" if close else f" (valid: {', '.join(names)})"

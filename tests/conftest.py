@@ -19,10 +19,13 @@ TOY_CELL: dict[str, Any] = {
     "cell": {"id": "test-cell", "kind": "train", "seed": 0},
     "model": {"name_or_path": "toy", "toy": {}},
     "workflow": {"name": "single"},
-    "task": {"name": "arith"},
+    # The split every toy test was written against (the params default is now the sweeps' 200).
+    "task": {"name": "arith", "n_val": 400},
     "lengths": {"max_prompt_tokens": 256, "max_response_tokens": 48},
-    "policy": {"name": "shared", "lora_rank": 8, "lora_alpha": 16},
-    "engine": {"name": "hf", "temperature": 0.7},
+    "policy": {"name": "shared"},
+    "lora": {"rank": 8, "alpha": 16},
+    "engine": {"name": "hf"},
+    "sampling": {"temperature": 0.7},
     "grpo": {"n": 2},
     "optim": {"lr": 5.0e-4, "warmup_steps": 0},
     "train": {"total_steps": 2, "batch_problems": 4, "ppo_mini_batch": 4, "val_every": 2, "save_every": 1, "val_problems": 16,
@@ -32,9 +35,12 @@ TOY_CELL: dict[str, Any] = {
 
 
 def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `overrides` merged in, node by node; a node naming another option (task
+    code over TOY_CELL's arith) replaces the base's, whose keys the other option lacks."""
     out = copy.deepcopy(base)
     for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        other_option = isinstance(value, dict) and value.get("name", out.get(key, {}).get("name")) != out.get(key, {}).get("name")
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and not other_option:
             out[key] = merge(out[key], value)
         else:
             out[key] = value

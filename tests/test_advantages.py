@@ -7,11 +7,11 @@ import math
 
 import pytest
 
+from gridrun.registry import workflow as get_workflow
 from gridrun.runconfig import GRPOSpec
 from gridrun.tasks.base import Problem, Score
 from gridrun.train.episode import Episode, Turn
 from gridrun.train.trainer import shuffle_rewards, turn_advantages
-from gridrun.train.workflows import get_workflow
 
 RELEASED = GRPOSpec(group_key="problem_trajectory", adv_eps=0.0)
 AS_WRITTEN = GRPOSpec(group_key="problem", adv_eps=0.0)

@@ -29,7 +29,7 @@ def test_unknown_key_names_the_closest_valid_one() -> None:
 def test_wrong_types_and_values_are_rejected() -> None:
     with pytest.raises(ConfigError, match="train.total_steps: expected an integer"):
         config_from_dict(minimal(train={"total_steps": "ten"}))
-    with pytest.raises(ConfigError, match="workflow.name: 'votng' is not one of"):
+    with pytest.raises(ConfigError, match=r"unknown workflow 'votng' \(did you mean 'voting'\?\)"):
         config_from_dict(minimal(workflow={"name": "votng"}))
     with pytest.raises(ConfigError, match="grpo.kl_beta.generator: expected a number"):
         config_from_dict(minimal(grpo={"kl_beta": {"generator": "high"}}))
@@ -92,3 +92,29 @@ def test_the_toy_recipe_comes_with_the_toy_model_and_only_with_it(tmp_path: Path
     assert "toy:" not in dump_config(real)
     (tmp_path / "config.yaml").write_text(dump_config(real))
     assert load_config(tmp_path / "config.yaml") == real
+
+
+def test_each_option_node_takes_only_its_options_keys() -> None:
+    # The schema is no longer a union: a key of another workflow, task or engine is refused,
+    # naming the chosen option's own keys (or the closest one).
+    with pytest.raises(ConfigError, match=r"^workflow voting has no key 'rounds' \(its keys: n_voters\)$"):
+        config_from_dict(minimal(workflow={"name": "voting", "rounds": 3}))
+    with pytest.raises(ConfigError, match=r"^workflow voting has no key 'n_voter' \(did you mean 'n_voters'\?\)$"):
+        config_from_dict(minimal(workflow={"name": "voting", "n_voter": 3}))
+    with pytest.raises(ConfigError, match=r"^task arith has no key 'sandbox' \(its keys: n_train, n_val, format_penalty\)$"):
+        config_from_dict(minimal(task={"name": "arith", "sandbox": "none"}))
+    with pytest.raises(ConfigError, match=r"^engine hf has no key 'gpu_memory_utilization' \(its keys: max_batch_size\)$"):
+        config_from_dict(minimal(engine={"name": "hf", "gpu_memory_utilization": 0.9}))
+    with pytest.raises(ConfigError, match=r"^unknown config key 'engine_temperature'"):
+        config_from_dict(minimal(engine_temperature=0.5))
+
+
+def test_options_keep_their_attribute_paths_and_defaults() -> None:
+    config = config_from_dict(minimal(workflow={"name": "eval_opt", "rounds": 2}, task={"name": "code", "data_path": "/d"},
+                                      engine={"name": "vllm"}))
+    assert (config.workflow.rounds, config.task.code_reward_mode, config.task.sandbox) == (2, "pass_rate", "bwrap")
+    assert (config.engine.gpu_memory_utilization, config.parallel_slots) == (0.5, 1)
+    # Sampling and LoRA are one block each, whichever engine and policy: the paper's values.
+    assert (config.sampling.temperature, config.sampling.val_temperature) == (0.7, 0.7)
+    assert (config.lora.rank, config.lora.alpha, config.lora.target_modules) == (64, 32, "all-linear")
+    assert config_from_dict(minimal(workflow={"name": "voting", "n_voters": 5})).parallel_slots == 5

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from gridrun.train.diagnostics import has_code_block, percentile
+from gridrun.train.diagnostics import percentile
 from gridrun.train.episode import Turn
+from gridrun.workflows.eval_opt import has_code_block
 
 
 def test_nearest_rank_percentile() -> None:

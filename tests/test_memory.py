@@ -12,12 +12,14 @@ def cell(**groups: dict) -> object:
     base = {"cell": {"id": "x", "kind": "train"}, "model": QWEN3_1_7B, "workflow": {"name": "voting"},
             "engine": {"name": "vllm", "gpu_memory_utilization": 0.5}, "train": {"micro_token_budget": 1000}}
     for key, value in groups.items():
-        base[key] = {**base.get(key, {}), **value}
+        # A node naming another option (engine hf) replaces the default one's keys.
+        base[key] = value if value.get("name", base.get(key, {}).get("name")) != base.get(key, {}).get("name") \
+            else {**base.get(key, {}), **value}
     return config_from_dict(base)
 
 
 def test_terms_for_a_small_budget() -> None:
-    estimate = predict(cell(policy={"name": "isolated", "lora_rank": 64}), gpu_memory_gb=80)
+    estimate = predict(cell(policy={"name": "isolated"}, lora={"rank": 64}), gpu_memory_gb=80)
     # 1,720,574,976 parameters in bf16.
     assert estimate.weights == 1_720_574_976 * 2
     # Voting-IP: 2 adapters x 69,730,304 LoRA parameters x 12 bytes (fp32 weight + 2 moments),

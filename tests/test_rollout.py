@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from gridrun.runconfig import WorkflowSpec
+from gridrun.registry import workflow as get_workflow
 from gridrun.tasks.arith import ArithTask
 from gridrun.train.episode import Episode
 from gridrun.train.rollout import (
@@ -20,7 +20,6 @@ from gridrun.train.rollout import (
     StageBatcher,
     WorkflowMisuse,
 )
-from gridrun.train.workflows import get_workflow
 
 TASK = ArithTask(n_train=50, n_val=10)
 SAMPLING = SamplingParams(temperature=0.7, max_new_tokens=32)
@@ -48,7 +47,8 @@ class WordEncoder(ChatEncoder):
 def run_workflow(name: str, n_episodes: int, sequential: bool = False, route=lambda role: role, encoder=None):
     engine = CountingEngine()
     batcher = StageBatcher(engine, encoder or WordEncoder(), route, SAMPLING)
-    workflow, spec = get_workflow(name), WorkflowSpec(name=name)
+    workflow = get_workflow(name)
+    spec = workflow.params()
     episodes = [Episode(problem=p, sample=0) for p in TASK.train_problems()[:n_episodes]]
 
     async def program(llm, episode):

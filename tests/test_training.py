@@ -168,7 +168,7 @@ def single_forward(trainer: Trainer, seq: TrainSeq) -> tuple[torch.Tensor, torch
     activate(trainer.model, seq.adapter)
     with torch.no_grad():
         logp, entropy = completion_logprobs(trainer.model, _pack([seq], trainer.pad_id),
-                                            trainer.config.engine.temperature, with_entropy=True)
+                                            trainer.config.sampling.temperature, with_entropy=True)
     assert entropy is not None
     return logp[0], entropy[0]
 
@@ -309,7 +309,8 @@ WORKFLOW_ROLES = {
 @pytest.mark.parametrize("policy", ["shared", "isolated"])
 @pytest.mark.parametrize("workflow", sorted(WORKFLOW_ROLES))
 def test_every_workflow_and_policy_trains_two_steps(tmp_path: Path, workflow: str, policy: str) -> None:
-    cell = make_cell(tmp_path, workflow={"name": workflow, "rounds": 2}, policy={"name": policy})
+    rounds = {"rounds": 2} if workflow == "eval_opt" else {}
+    cell = make_cell(tmp_path, workflow={"name": workflow, **rounds}, policy={"name": policy})
     assert run_cell(cell) == 0, RunDir(cell).read_state().get("error")
     rows = RunDir(cell).read_metrics()
     train = [r for r in rows if r["split"] == "train"]
@@ -332,7 +333,7 @@ def test_single_agent_rl_learns(tmp_path: Path) -> None:
     # (a random-reward control jumps ~20 points at step 10 and falls back by ~40), so the
     # rise is checked at steps 30 and 40, on 400 validation problems (sd of a rate ~2.4 pts).
     cell = make_cell(
-        tmp_path, cell={"kind": "sa_rl"}, policy={"lora_rank": 16, "lora_alpha": 32},
+        tmp_path, cell={"kind": "sa_rl"}, lora={"rank": 16, "alpha": 32},
         grpo={"n": 8}, lengths={"max_response_tokens": 32},
         train={"total_steps": 40, "batch_problems": 16, "ppo_mini_batch": 16, "val_every": 10,
                "save_every": 40, "val_problems": 400},

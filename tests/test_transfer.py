@@ -14,6 +14,7 @@ import torch
 from peft import get_peft_model
 
 from gridrun.cellrun import model_files, run_cell
+from gridrun.registry import workflow as get_workflow
 from gridrun.runconfig import ConfigError, config_from_dict, load_config
 from gridrun.rundir import RunDir
 from gridrun.train import checkpoint
@@ -27,7 +28,6 @@ from gridrun.train.policy import (
     transfer_adapter_dir,
 )
 from gridrun.train.trainer import Trainer
-from gridrun.train.workflows import get_workflow
 from tests.conftest import TOY_CELL, make_cell, merge
 from tests.states import put_state
 from tests.vllm.helpers import peft_logprobs, randomize_lora_b
@@ -56,7 +56,7 @@ def test_generator_turns_use_the_sa_rl_adapter_and_other_roles_the_base_model(to
     cell = make_cell(tmp_path, "transfer-voting-toy-arith-s0", workflow={"name": "voting"}, **TRANSFER_CELL)
     config = load_config(cell / "config.yaml")
     trainer = Trainer(config, RunDir(cell), model_files(config.model))
-    temperature = config.engine.val_temperature
+    temperature = config.sampling.val_temperature
     episodes = trainer.rollout(trainer.task.val_problems()[:3], 1, temperature)
     roles = set()
     for turn in (turn for episode in episodes for turn in episode.turns):

@@ -7,11 +7,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gridrun.runconfig import WorkflowSpec
+from gridrun.registry import workflow as get_workflow
 from gridrun.tasks.arith import ArithTask
 from gridrun.tasks.base import Problem
 from gridrun.train.episode import Episode
-from gridrun.train.workflows import get_workflow
+from gridrun.workflows.eval_opt import EvalOptParams
+from gridrun.workflows.orch_workers import OrchWorkersParams
+from gridrun.workflows.single import SingleParams
+from gridrun.workflows.voting import VotingParams
 from tests.fakes import run_scripted
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +28,7 @@ def episode() -> Episode:
 
 def test_single_commits_to_generator_answer() -> None:
     ep = episode()
-    run_scripted(get_workflow("single"), TASK, WorkflowSpec(name="single"), ep, lambda *a: "37 + 48 = 85. \\boxed{85}")
+    run_scripted(get_workflow("single"), TASK, SingleParams(), ep, lambda *a: "37 + 48 = 85. \\boxed{85}")
     assert [t.role for t in ep.turns] == ["generator"]
     assert ep.turns[0].parsed == "85"
     assert ep.final_response == "37 + 48 = 85. \\boxed{85}"
@@ -40,7 +43,7 @@ def test_eval_opt_revises_until_accepted() -> None:
         return answers[round_] if role == "generator" else verdicts[round_]
 
     ep = episode()
-    run_scripted(get_workflow("eval_opt"), TASK, WorkflowSpec(name="eval_opt", rounds=3), ep, reply)
+    run_scripted(get_workflow("eval_opt"), TASK, EvalOptParams(rounds=3), ep, reply)
     assert [(t.role, t.round) for t in ep.turns] == [
         ("generator", 0), ("evaluator", 0), ("generator", 1), ("evaluator", 1)
     ]
@@ -56,7 +59,7 @@ def test_eval_opt_malformed_verdicts_use_every_round_and_every_answer_is_judged(
         return f"\\boxed{{{80 + round_}}}" if role == "generator" else "looks fine to me"
 
     ep = episode()
-    run_scripted(get_workflow("eval_opt"), TASK, WorkflowSpec(name="eval_opt", rounds=2), ep, reply)
+    run_scripted(get_workflow("eval_opt"), TASK, EvalOptParams(rounds=2), ep, reply)
     # rounds=2: two generator turns, each judged; a malformed verdict is no acceptance.
     assert [(t.role, t.round) for t in ep.turns] == [
         ("generator", 0), ("evaluator", 0), ("generator", 1), ("evaluator", 1)
@@ -77,7 +80,7 @@ def test_eval_opt_always_rejected_makes_the_released_turn_counts(task: str, gene
         return "\\boxed{85}" if role == "generator" else "\\boxed{Incorrect}"
 
     ep = episode()
-    run_scripted(get_workflow("eval_opt"), TASK, WorkflowSpec(name="eval_opt", rounds=rounds), ep, reply)
+    run_scripted(get_workflow("eval_opt"), TASK, EvalOptParams(rounds=rounds), ep, reply)
     roles = [t.role for t in ep.turns]
     assert (roles.count("generator"), roles.count("evaluator")) == (generator_turns, generator_turns)
     assert roles == ["generator", "evaluator"] * generator_turns
@@ -95,7 +98,7 @@ def test_voting_commits_to_the_selected_candidate(selection: str, expected_final
         return texts[slot] if role == "generator" else selection
 
     ep = episode()
-    llm = run_scripted(get_workflow("voting"), TASK, WorkflowSpec(name="voting"), ep, reply)
+    llm = run_scripted(get_workflow("voting"), TASK, VotingParams(), ep, reply)
     assert [(t.role, t.slot) for t in ep.turns] == [
         ("generator", 0), ("generator", 1), ("generator", 2), ("aggregator", 0)
     ]
@@ -118,7 +121,7 @@ def test_orch_workers_fills_missing_strategies() -> None:
         }[role]
 
     ep = episode()
-    run_scripted(get_workflow("orch_workers"), TASK, WorkflowSpec(name="orch_workers"), ep, reply)
+    run_scripted(get_workflow("orch_workers"), TASK, OrchWorkersParams(), ep, reply)
     assert [(t.role, t.slot) for t in ep.turns] == [
         ("orchestrator", 0), ("worker", 0), ("worker", 1), ("worker", 2), ("synthesizer", 0)
     ]
@@ -131,5 +134,5 @@ def test_orch_workers_fills_missing_strategies() -> None:
 
 
 def test_unknown_workflow_names_the_valid_ones() -> None:
-    with pytest.raises(ValueError, match="expected one of .*voting"):
+    with pytest.raises(ValueError, match=r"unknown workflow 'votng' \(did you mean 'voting'\?\)"):
         get_workflow("votng")

@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 
+from gridrun import registry
 from gridrun.grid.analysis.findings import alerts_table, findings_table
 from gridrun.grid.analysis.summary import MetricColumns, alert_summary, cell_hours, cell_summary
 from gridrun.grid.analysis.tables import Table, base_mismatch_notes, flags, signature_tables, table1, table2, table3
@@ -64,9 +66,22 @@ class SweepData:
 def read_cell(root: str, workflow: str | None = None, policy: str | None = None) -> tuple[MetricColumns, dict[str, Any], str | None]:
     """One cell's metric columns, summary (the mechanism alerts replayed for its workflow and
     policy included) and metrics.jsonl damage (a top-level function: worker processes run it)."""
+    _load_workflow_plugin(RunDir(root))
     rows, damage = RunDir(root).read_metrics_checked()
     columns = MetricColumns.from_rows(rows)
     return columns, {**cell_summary(columns), **alert_summary(rows, workflow, policy)}, damage
+
+
+def _load_workflow_plugin(run_dir: RunDir) -> None:
+    """Import the module that registers the cell's workflow when its config names one: the
+    alerts replayed on its rows look the workflow's parallel role up by name. A config that
+    does not read leaves it to that lookup to say the workflow is unknown."""
+    try:
+        node = yaml.safe_load(run_dir.config_yaml.read_text()).get("workflow") or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+        return
+    if isinstance(node, dict) and isinstance(node.get("plugin"), str):
+        registry.load_plugin(node["plugin"])
 
 
 def _workers(cells: int) -> int:

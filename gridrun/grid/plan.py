@@ -22,6 +22,8 @@ and cell.json records the dependency for the launchers.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import hashlib
 import json
 import platform
@@ -34,10 +36,10 @@ from typing import Any
 
 import yaml
 
-from gridrun import cellstate
+from gridrun import cellstate, registry
 from gridrun.cellstate import ACTIVE_STATES
 from gridrun.grid import REPO_ROOT
-from gridrun.grid.cells import Cell, expand
+from gridrun.grid.cells import TOY_SCALE, Cell, expand
 from gridrun.grid.compose import Composer
 from gridrun.grid.console import track
 from gridrun.grid.errors import GridError
@@ -47,6 +49,8 @@ from gridrun.grid.sweepdir import SweepDamaged, SweepDir, sibling_cell
 from gridrun.runconfig import ConfigError, RunConfig, config_from_dict, dump_config, load_config
 from gridrun.rundir import DamagedFile, RunDir, atomic_write_json, atomic_write_text
 
+# Run nodes holding the chosen option's own settings (gridrun/registry.py).
+OPTION_NODES = ("workflow", "task", "engine")
 VERSIONED = ("gridrun", "torch", "transformers", "peft", "vllm", "hydra-core", "omegaconf")
 
 
@@ -127,10 +131,12 @@ def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
     composed: dict[tuple[str, ...], dict[str, Any]] = {}
     cells: list[PlannedCell] = []
     grid: dict[str, Any] | None = None
+    unused = set(spec.settings)
     for cell in expand(spec.axes, spec.restrict):
         choices = tuple(cell.group_choices())
         if choices not in composed:
-            composed[choices] = composer.compose([*choices, *spec.settings])
+            composed[choices], applied = _compose_cell(cell, choices, spec.settings, composer)
+            unused -= set(applied)
         tree = composed[choices]
         if cell.kind == "transfer":
             (source,) = cell.needs
@@ -139,6 +145,7 @@ def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
             config = run_config(tree, cell.cell_node())
         except ConfigError as err:
             raise GridError(f"cell {cell.id}: {err}") from None
+        _check_toy_pairing(cell, config)
         this_grid = {"launcher": tree["grid"]["launcher"], "cluster": tree["grid"]["cluster"]}
         if grid is None:
             grid = this_grid
@@ -148,8 +155,66 @@ def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
             PlannedCell(cell, config, fingerprint(config), _resources(tree), _estimate_hours(tree, config),
                         _fits(cell.id, config, tree["grid"]["gpu"]))
         )
+    if unused:
+        raise GridError(_unused_message(min(unused), [pc.config for pc in cells], composer))
     assert grid is not None, "expand() yields at least one cell for non-empty axes"
     return Plan(spec=spec, cells=cells, launcher=grid["launcher"], cluster=grid["cluster"])
+
+
+def _compose_cell(
+    cell: Cell, choices: tuple[str, ...], settings: list[str], composer: Composer
+) -> tuple[dict[str, Any], list[str]]:
+    """The cell's composed tree and the sweep settings applied to it. A setting of one
+    option's own key (`workflow.n_voters=5`, `task.sandbox=none`) applies to the cells of the
+    options that have it and is left out of the others (make_plan refuses one that no cell
+    has); any other setting applies to every cell, and one that cannot fails naming the cell."""
+    try:
+        return composer.compose([*choices, *settings]), list(settings)
+    except GridError as err:
+        failed = err
+    scoped = {line: _option_key(composer, line) for line in settings}
+    common = [line for line, key in scoped.items() if key is None]
+    try:
+        tree = composer.compose([*choices, *common])
+        kept = [line for line, key in scoped.items()
+                if key is None or key[1] in _option_fields(key[0], tree[key[0]])]
+        if kept == settings:
+            raise failed
+        return composer.compose([*choices, *kept]), kept
+    except (GridError, ConfigError) as err:
+        raise GridError(f"cell {cell.id}: {err}") from None
+
+
+def _option_key(composer: Composer, line: str) -> tuple[str, str] | None:
+    """(node, key) of a setting of an option node's own key (workflow.n_voters), else None."""
+    node, _, rest = composer.parse(line).key_or_group.partition(".")
+    key = rest.split(".")[0]
+    return (node, key) if node in OPTION_NODES and key and key not in ("name", "plugin") else None
+
+
+def _option_fields(node: str, option: dict[str, Any]) -> set[str]:
+    return {f.name for f in dataclasses.fields(registry.params_class(node, option))}
+
+
+def _unused_message(line: str, configs: list[RunConfig], composer: Composer) -> str:
+    node, key = _option_key(composer, line) or ("", "")
+    options = {getattr(config, node).name: getattr(config, node) for config in configs}
+    keys = sorted({f.name for option in options.values() for f in dataclasses.fields(option)} - {"name", "plugin"})
+    close = difflib.get_close_matches(key, keys, n=1)
+    hint = f"did you mean '{node}.{close[0]}'?" if close else f"keys of its {node}s: {', '.join(keys) or 'none'}"
+    return (f"no cell of the sweep has '{node}.{key}' ({hint}); a setting of one {node}'s own key applies to the "
+            f"cells of the {node}s that have it ({', '.join(sorted(options))} planned)")
+
+
+def _check_toy_pairing(cell: Cell, config: RunConfig) -> None:
+    """The toy world's model runs the toy tasks only, and a toy task is no test for Qwen3."""
+    if (cell.scale == TOY_SCALE) == registry.task(config.task.name, config.task.plugin).toy:
+        return
+    toy_tasks = [name for name in registry.task_names() if registry.task(name).toy]
+    fix = f"task={'|'.join(toy_tasks)}" if cell.scale == TOY_SCALE else f"scale={TOY_SCALE}"
+    raise GridError(f"scale={cell.scale} with task={cell.task}: the toy world pairs scale={TOY_SCALE} with its own "
+                    f"tasks ({', '.join(toy_tasks)}) only (the toy model knows nothing else, and they are no test "
+                    f"for Qwen3): set {fix}")
 
 
 def _fits(cell_id: str, config: RunConfig, gpu: dict[str, Any]) -> float | None:

@@ -11,7 +11,10 @@ warm-started on transcripts built from these very prompts (gridrun/toy/transcrip
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
+from gridrun import registry
+from gridrun.registry import TaskParams, register_task
 from gridrun.tasks.base import Messages, Problem, RolePrompts, user_message
 from gridrun.tasks.math import BoxedAnswerTask
 
@@ -69,3 +72,20 @@ class ArithTask(BoxedAnswerTask):
         self.train, self.val = make_problems(seed, n_train, n_val)
         self.format_penalty = format_penalty
         self.prompts = ArithPrompts()
+
+
+@dataclass
+class ArithParams(TaskParams):
+    name: str = "arith"
+    # Sizes of the seeded synthetic splits (every cell sees the same validation split; 200 is
+    # what the toy world's sweeps have always used).
+    n_train: int = 5000
+    n_val: int = 200
+    # Reward for a response with no parseable \\boxed{} answer.
+    format_penalty: float = -0.1
+
+
+TASK = register_task(registry.Task(
+    name="arith", params=ArithParams, prompts=ArithPrompts,
+    build=lambda p: ArithTask(n_train=p.n_train, n_val=p.n_val, format_penalty=p.format_penalty), toy=True,
+))

@@ -1,12 +1,14 @@
 """What every task provides: problems, role prompts and a scorer.
 
-A task is one module in `gridrun/tasks/` plus one YAML in `conf/task/`. It imports neither
-half of gridrun: the trainer and the CLI (`gridrun reward`) both use it.
+A task is one module (here, or a plugin module of your own) plus one YAML in `conf/task/`:
+the module declares its params and registers itself (gridrun/registry.py). It imports
+neither half of gridrun: the trainer and the CLI (`gridrun reward`) both use it.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,33 +43,30 @@ class Score:
         return self.flag == "correct"
 
 
-class RolePrompts(ABC):
-    """Prompt builders for every role of every workflow, for one task.
+class RolePrompts:
+    """One task's prompt builders, keyed by role name: `prompts["evaluator"](question, solution)`.
 
-    Each returns the chat messages for one call; the chat template is applied by the
-    rollout side, so these stay plain text.
+    A subclass writes one method per role (or turn, as Eval-Opt's `revision`) it knows, named
+    after it; builders for roles it does not know (a new workflow's) are added by name with
+    `add` (the registry does it from `gridrun.registry.add_prompts`). Each returns the chat
+    messages of one call; the chat template is applied by the rollout side, so these stay
+    plain text. A workflow asking for a role nobody wrote a prompt for is refused at plan
+    time (gridrun/runconfig.py), so a lookup here never misses in a planned cell.
     """
 
-    @abstractmethod
-    def generator(self, question: str) -> Messages: ...
+    def __init__(self) -> None:
+        self._added: dict[str, Callable[..., Messages]] = {}
 
-    @abstractmethod
-    def revision(self, question: str, previous: str, critique: str) -> Messages: ...
+    def add(self, builders: Mapping[str, Callable[..., Messages]]) -> None:
+        self._added.update(builders)
 
-    @abstractmethod
-    def evaluator(self, question: str, solution: str) -> Messages: ...
-
-    @abstractmethod
-    def aggregator(self, question: str, candidates: list[str]) -> Messages: ...
-
-    @abstractmethod
-    def orchestrator(self, question: str, n_strategies: int) -> Messages: ...
-
-    @abstractmethod
-    def worker(self, question: str, strategy: str) -> Messages: ...
-
-    @abstractmethod
-    def synthesizer(self, question: str, solutions: list[str]) -> Messages: ...
+    def __getitem__(self, role: str) -> Callable[..., Messages]:
+        if role in self._added:
+            return self._added[role]
+        builder = None if role.startswith("_") or role == "add" else getattr(self, role, None)
+        if not callable(builder):
+            raise KeyError(f"{type(self).__name__} has no prompt for role '{role}'")
+        return builder
 
 
 class Task(ABC):

@@ -28,13 +28,16 @@ for programs that time out, and other languages.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from gridrun import registry
+from gridrun.registry import TaskParams, register_task
 from gridrun.tasks.answers import last_python_block
 from gridrun.tasks.base import Messages, Problem, RolePrompts, Score, Task, user_message
 from gridrun.tasks.code_reward import FLAG_NAMES, CodeLimits, CodeScore, score_code, score_code_batch
-from gridrun.tasks.prepared import read_split
+from gridrun.tasks.prepared import read_split, require_data
 from gridrun.tasks.sandbox import SandboxConfig, SandboxUnavailable, require
 
 MODES = ("pass_rate", "all_pass")
@@ -176,3 +179,29 @@ class CodeTask(Task):
         for (i, response, _), result in zip(ran, results):
             scores[i] = self._score(response, result)
         return scores
+
+
+@dataclass
+class CodeParams(TaskParams):
+    name: str = "code"
+    # Local prepared data (`gridrun data prepare code` writes data/code).
+    data_path: str | None = None
+    # pass_rate: the fraction of tests passed (the paper's text); all_pass: 1 only if all pass
+    # (its released code).
+    code_reward_mode: Literal["pass_rate", "all_pass"] = "pass_rate"
+    # Wall-clock limit of one test in the sandbox, seconds.
+    code_test_timeout_s: float = 6.0
+    # bwrap: model-written programs run only in a working bubblewrap sandbox (the cell refuses
+    # to start without one). none: run them WITHOUT isolation (they can read, write, kill and
+    # connect to whatever the cell's user can), logged loudly; for trusted code or debugging.
+    sandbox: Literal["bwrap", "none"] = "bwrap"
+
+    def __post_init__(self) -> None:
+        require_data(self)
+
+
+TASK = register_task(registry.Task(
+    name="code", params=CodeParams, prompts=CodePrompts,
+    build=lambda p: CodeTask(p.data_path, mode=p.code_reward_mode, test_timeout_s=p.code_test_timeout_s,
+                             sandbox=p.sandbox),
+))

@@ -8,12 +8,14 @@ departures from exactly these shapes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+from gridrun import registry
+from gridrun.registry import TaskParams, register_task
 from gridrun.tasks.answers import last_boxed
 from gridrun.tasks.base import Messages, Problem, RolePrompts, Score, Task, user_message
-from gridrun.tasks.math_reward import score_math
-from gridrun.tasks.prepared import read_split
+from gridrun.tasks.prepared import read_split, require_data
 
 
 class MathPrompts(RolePrompts):
@@ -79,6 +81,10 @@ class BoxedAnswerTask(Task):
     def score(self, response: str | None, problem: Problem) -> Score:
         if response is None:
             return Score(self.format_penalty, None, "no_answer")
+        # Here, not at import: the grid imports this module to check task nodes at plan time,
+        # and math-verify with sympy costs a quarter second to load.
+        from gridrun.tasks.math_reward import score_math
+
         result = score_math(response, problem.answer, format_penalty=self.format_penalty)
         return Score(result.reward, result.parsed, result.flag)
 
@@ -91,3 +97,21 @@ class MathTask(BoxedAnswerTask):
         self.val = read_split(data_path, "val", "math")
         self.format_penalty = format_penalty
         self.prompts = MathPrompts()
+
+
+@dataclass
+class MathParams(TaskParams):
+    name: str = "math"
+    # Local prepared data (`gridrun data prepare math` writes data/math).
+    data_path: str | None = None
+    # Reward for a response whose final \\boxed{} does not parse (1 correct, 0 wrong otherwise).
+    format_penalty: float = -0.1
+
+    def __post_init__(self) -> None:
+        require_data(self)
+
+
+TASK = register_task(registry.Task(
+    name="math", params=MathParams, prompts=MathPrompts,
+    build=lambda p: MathTask(p.data_path, format_penalty=p.format_penalty),
+))

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+from gridrun.registry import ConfigError
 from gridrun.tasks.base import Problem
 
 
@@ -45,3 +47,10 @@ def read_split(data_path: str | Path, split: str, task: str) -> list[Problem]:
                     f"re-run `gridrun data prepare {task}`"
                 ) from err
     return problems
+
+
+def require_data(params: Any) -> None:
+    """Tasks reading prepared data refuse a config without its path, naming the command."""
+    if not getattr(params, "data_path", None):
+        raise ConfigError(f"task '{params.name}' needs task.data_path: run `gridrun data prepare {params.name}` "
+                          "and point task.data_path at its output")

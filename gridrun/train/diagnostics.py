@@ -1,9 +1,10 @@
 """Trajectory-side drift signatures, computed on validation episodes (pure functions).
 
 These are the paper's per-role signatures of `gradient_amplification` and
-`sp_role_capture`: length percentiles and truncation per role, `\\boxed{}` retention,
-hedging-phrase rate, inter-slot 3-gram Jaccard of parallel slots, the aggregator's terse
-rate, the evaluator's code-fence rate and the orchestrator's unique openers.
+`sp_role_capture` that any workflow's roles have: length percentiles and truncation per
+role, `\\boxed{}` retention, hedging-phrase rate, inter-slot 3-gram Jaccard of parallel
+slots. A workflow's own signatures (the aggregator's terse rate, the evaluator's code-fence
+rate, the orchestrator's unique openers) live in its module (gridrun/workflows/).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 import re
 from collections import defaultdict
 
-from gridrun.tasks.answers import last_boxed, python_blocks
+from gridrun.tasks.answers import last_boxed
 from gridrun.train.episode import Episode, Turn
 
 HEDGES = (
@@ -27,9 +28,6 @@ HEDGES = (
     "this is wrong",
 )
 _HEDGE = re.compile(r"\b(" + "|".join(re.escape(h) for h in HEDGES) + r")\b", re.IGNORECASE)
-# A python block this long is code, not a quoted expression.
-CODE_BLOCK_LINES = 3
-TERSE_TOKENS = 30
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -57,10 +55,6 @@ def has_box(turn: Turn) -> bool:
     return last_boxed(turn.text) is not None
 
 
-def has_code_block(turn: Turn) -> bool:
-    return any(len(block.splitlines()) >= CODE_BLOCK_LINES for block in python_blocks(turn.text))
-
-
 def role_signatures(episodes: list[Episode], parallel_role: str | None) -> dict[str, float]:
     """Flat `role/<role>/<signature>` metrics over a set of episodes."""
     turns: dict[str, list[Turn]] = defaultdict(list)
@@ -77,16 +71,6 @@ def role_signatures(episodes: list[Episode], parallel_role: str | None) -> dict[
         out[prefix + "trunc_rate"] = sum(t.finish_reason == "length" for t in group) / len(group)
         out[prefix + "box_rate"] = sum(has_box(t) for t in group) / len(group)
         out[prefix + "hedge_rate"] = sum(bool(_HEDGE.search(t.text)) for t in group) / len(group)
-    if "aggregator" in turns:
-        group = turns["aggregator"]
-        terse = [len(t.completion_ids) <= TERSE_TOKENS and t.parsed is not None for t in group]
-        out["role/aggregator/terse_rate"] = sum(terse) / len(group)
-    if "evaluator" in turns:
-        group = turns["evaluator"]
-        out["role/evaluator/code_fence_rate"] = sum(has_code_block(t) for t in group) / len(group)
-    if "orchestrator" in turns:
-        openers = {" ".join(t.text.split()[:3]).lower() for t in turns["orchestrator"]}
-        out["role/orchestrator/unique_openers"] = float(len(openers))
     if parallel_role and parallel_role in turns:
         scores = []
         for episode in episodes:

@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
+from gridrun.registry import Workflow
 from gridrun.runconfig import ConfigError, RunConfig, load_config
 from gridrun.rundir import RunDir
 from gridrun.train import checkpoint
-from gridrun.train.workflows import Workflow, get_workflow
 
 SHARED = "shared"
 TRANSFER = "transfer"
@@ -70,11 +70,11 @@ def routing_for(config: RunConfig, workflow: Workflow) -> Routing:
 
 
 def lora_config(config: RunConfig) -> LoraConfig:
-    spec = config.policy
+    spec = config.lora
     return LoraConfig(
-        r=spec.lora_rank,
-        lora_alpha=spec.lora_alpha,
-        lora_dropout=spec.lora_dropout,
+        r=spec.rank,
+        lora_alpha=spec.alpha,
+        lora_dropout=spec.dropout,
         target_modules=spec.target_modules,
         bias="none",
         task_type="CAUSAL_LM",
@@ -114,7 +114,7 @@ def transfer_adapter_dir(config: RunConfig, run_dir: Path | None = None) -> Path
     except ConfigError as err:
         raise TransferSourceError(f"transfer source {path.name}: {err}") from None
     role = config.policy.transfer_role
-    source_routing = routing_for(source_config, get_workflow(source_config.workflow.name))
+    source_routing = routing_for(source_config, source_config.workflow_entry())
     adapter = source_routing.role_adapter.get(role)
     if adapter is None:
         raise TransferSourceError(

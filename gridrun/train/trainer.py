@@ -15,7 +15,6 @@ checkpoint, and records `preempted`.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -32,6 +31,7 @@ import torch
 
 from gridrun import cellstate
 from gridrun.mechanisms import MECHANISMS, MechanismWatch, alert_flags
+from gridrun.registry import Workflow
 from gridrun.runconfig import GRPOSpec, ModelSpec, RunConfig, load_config
 from gridrun.rundir import RunDir, atomic_write_text, first_peak, val_accuracy
 from gridrun.tasks import make_task
@@ -50,7 +50,6 @@ from gridrun.train.sampler import ProblemSampler
 from gridrun.train.scoring import BackgroundScorer
 from gridrun.train.update import TrainSeq, UpdateSettings, update
 from gridrun.train.validate import validation_metrics
-from gridrun.train.workflows import Workflow, get_workflow
 
 log = logging.getLogger("gridrun")
 VAL_SEED = 1234
@@ -119,8 +118,8 @@ class Trainer:
         seed = config.cell.seed
         random.seed(seed)
         torch.manual_seed(seed)
-        self.task = make_task(**dataclasses.asdict(config.task))
-        self.workflow = get_workflow(config.workflow.name)
+        self.task = make_task(config.task)
+        self.workflow = config.workflow_entry()
         # On a GPU node each rank trains on its own device; CPU runs stay where they are.
         base, self.tokenizer = load_base(config.model, model_files, self.dist.device)
         self.routing = routing_for(config, self.workflow)
@@ -187,7 +186,7 @@ class Trainer:
 
     def rollout(self, problems: list[Problem], samples: int, temperature: float) -> list[Episode]:
         episodes = [Episode(problem=p, sample=k) for p in problems for k in range(samples)]
-        sampling = SamplingParams(temperature, self.config.lengths.max_response_tokens, self.config.engine.top_p)
+        sampling = SamplingParams(temperature, self.config.lengths.max_response_tokens, self.config.sampling.top_p)
         batcher = StageBatcher(self.engine, self.encoder, self.routing.adapter, sampling)
         spec = self.config.workflow
 
@@ -207,7 +206,7 @@ class Trainer:
         cfg = self.config
         started = time.time()
         problems = self.dist.shard(self.sampler.take(cfg.train.batch_problems))
-        episodes = self.rollout(problems, cfg.grpo.n, cfg.engine.temperature)
+        episodes = self.rollout(problems, cfg.grpo.n, cfg.sampling.temperature)
         rolled = time.time()
         if cfg.shuffles_rewards:
             shuffle_rewards(episodes, cfg.cell.seed, step, self.dist)
@@ -287,11 +286,11 @@ class Trainer:
         # cell's step 0 agree exactly), and validating does not perturb training.
         with torch.random.fork_rng(devices=[self.dist.device] if self.dist.device.type == "cuda" else []):
             torch.manual_seed(VAL_SEED)
-            episodes = self.rollout(self.dist.shard(problems), 1, cfg.engine.val_temperature)
+            episodes = self.rollout(self.dist.shard(problems), 1, cfg.sampling.val_temperature)
         episodes, _ = self.dist.gather(episodes)
         if not self.dist.is_main:
             return
-        metrics = validation_metrics(episodes, self.task, self.workflow, self.workflow.slots(cfg.workflow))
+        metrics = validation_metrics(episodes, self.task, self.workflow, cfg.workflow)
         row = {"step": step, "split": "val", **metrics, "time/val_s": time.time() - started}
         self.log_row(row)
         self.summarise(step, metrics)

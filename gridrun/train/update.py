@@ -78,7 +78,7 @@ class UpdateSettings:
             grpo=config.grpo,
             minibatch_size=config.train.ppo_mini_batch * config.grpo.n,
             micro_token_budget=config.train.micro_token_budget,
-            temperature=config.engine.temperature,
+            temperature=config.sampling.temperature,
             grad_clip=config.optim.grad_clip,
             pad_id=pad_id,
         )

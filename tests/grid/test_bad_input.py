@@ -21,6 +21,10 @@ from tests.grid.conftest import Gridrun, tree
         (["plan", "conf=smoke", "engine=vlm"], "unknown engine 'vlm' (did you mean 'vllm'?)"),
         # A typo'd key.
         (["plan", "conf=smoke", "train.totl_steps=3"], "unknown config key 'train.totl_steps' (did you mean 'train.total_steps'?)"),
+        # A workflow's own key is set on the cells of the workflows that have it; one that none has is a typo.
+        (["plan", "conf=smoke", "workflow.n_voter=5"], ("no cell of the sweep has 'workflow.n_voter' (did you mean "
+         "'workflow.n_voters'?); a setting of one workflow's own key applies to the cells of the workflows that have "
+         "it (eval_opt, orch_workers, single, voting planned)")),
         (["plan", "conf=smoke", "trian.total_steps=3"], "(did you mean 'train.total_steps'?)"),
         # A wrong type, caught by the trainer's schema before anything is written.
         (["plan", "conf=smoke", "train.total_steps=ten"], "train.total_steps: expected an integer"),

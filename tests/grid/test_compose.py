@@ -51,7 +51,7 @@ def test_composition_equals_hydra_compose(
     expected = OmegaConf.to_container(reference, resolve=True)
     assert composer.compose(overrides) == expected
     # ... and composing others in between leaves no trace in the caches.
-    composer.compose(["scale=toy", "+grpo.kl_beta.evaluator=0.5", "policy.lora_rank=2", "~train.val_samples"])
+    composer.compose(["scale=toy", "+grpo.kl_beta.evaluator=0.5", "lora.rank=2", "~train.val_samples"])
     assert composer.compose(overrides) == expected
 
 

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gridrun import registry
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.compose import Composer
-from gridrun.grid.plan import make_plan
+from gridrun.grid.plan import fingerprint, make_plan
 from gridrun.grid.spec import load_spec
-from gridrun.runconfig import RunConfig, config_from_dict, load_config
+from gridrun.runconfig import RunConfig, config_from_dict, dump_config, load_config
 from tests.grid.conftest import Gridrun, tree
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -130,7 +131,7 @@ def test_config_yaml_is_the_trainers_schema_fully_resolved(gridrun: Gridrun, res
     assert config.model.name_or_path == "Qwen/Qwen3-1.7B" and config.model.dtype == "bfloat16"
     assert (config.lengths.max_prompt_tokens, config.lengths.max_response_tokens) == (20480, 5120)
     assert config.train.micro_token_budget == 40960  # 1.7B on H100
-    assert config.policy.name == "isolated" and config.policy.lora_rank == 64 and config.policy.lora_alpha == 32
+    assert config.policy.name == "isolated" and config.lora.rank == 64 and config.lora.alpha == 32
     assert (config.grpo.n, config.grpo.clip_low, config.grpo.clip_high) == (8, 0.2, 0.28)
     assert (config.optim.lr, config.optim.warmup_steps, config.train.total_steps) == (2e-5, 15, 500)
     assert config.task.data_path == str(REPO_ROOT / "data" / "math")
@@ -172,26 +173,50 @@ def test_micro_batch_budget_per_scale_and_gpu_class(composer: Composer, scale: s
     assert composer.compose(overrides)["train"]["micro_token_budget"] == budget
 
 
-def _leaves(tree_: dict, prefix: str = "") -> set[str]:
-    out = set()
-    for key, value in tree_.items():
-        if isinstance(value, dict) and value:
-            out |= _leaves(value, f"{prefix}{key}.")
-        else:
-            out.add(f"{prefix}{key}")
-    return out
+@pytest.mark.parametrize("group", ["workflow", "task", "engine"])
+def test_each_option_file_sets_only_its_options_keys_at_their_defaults(group: str) -> None:
+    # An option file holds its own option's settings and nothing else (no "unused by" keys);
+    # each value is its params class's default, so conf/ repeats the one source of defaults
+    # and never contradicts it. The keys are there so that `workflow.n_voters=5` is an
+    # override Hydra accepts without `+`. Interpolated paths (data_path) are conf's own.
+    for path in sorted((REPO_ROOT / "conf" / group).glob("*.yaml")):
+        node = yaml.safe_load(path.read_text())
+        params = registry.params_class(group, node)
+        fields = {f.name: f for f in dataclasses.fields(params)}
+        for key, value in node.items():
+            assert key in fields, f"{path.name}: {key} is not a setting of {group} {node['name']}"
+            if key != "name" and not (isinstance(value, str) and "${" in value):
+                assert value == fields[key].default, f"{path.name}: {key}={value!r}, its default is {fields[key].default!r}"
 
 
-def test_conf_sets_every_schema_key(composer: Composer) -> None:
-    # A key the conf forgot would silently take the trainer's default. The schema of a toy
-    # cell holds the toy recipe (model.toy.*); a real model's has no model.toy.
-    for scale, task in (("toy", "arith"), ("1.7b", "math"), ("4b", "code")):
-        composed_tree = composer.compose([f"scale={scale}", f"task={task}", "workflow=voting"])
-        model = {"name_or_path": "toy", "toy": {}} if scale == "toy" else {"name_or_path": "Qwen/Qwen3-1.7B"}
-        schema = _leaves(config_from_dict({"cell": {"id": "x", "kind": "base"}, "model": model}).to_dict())
-        composed = _leaves(composed_tree)
-        assert schema <= composed, schema - composed
-        assert ("model.toy.seed" in composed) == (scale == "toy")
+def test_the_fingerprint_hashes_every_setting_with_its_default_filled_in(composer: Composer) -> None:
+    # A cell whose conf leaves n_voters out fingerprints like one that writes the default (3)
+    # and unlike one that writes 5: the hash is of the fully resolved config, so a changed
+    # dataclass default changes every fingerprint that relies on it.
+    composed = run_part(composer.compose(["workflow=voting", "task=arith", "scale=toy"]))
+    cell = {"id": "voting-sp-toy-arith-s0", "kind": "train", "seed": 0}
+    with_default, without, other = (
+        config_from_dict({**composed, "cell": cell, "workflow": workflow})
+        for workflow in ({"name": "voting", "n_voters": 3}, {"name": "voting"}, {"name": "voting", "n_voters": 5})
+    )
+    assert "n_voters" in yaml.safe_load(dump_config(without))["workflow"]
+    assert fingerprint(without) == fingerprint(with_default) != fingerprint(other)
+
+
+def test_a_setting_of_one_workflows_own_key_reaches_that_workflows_cells_only(composer: Composer) -> None:
+    # smoke plans all three workflows and single: n_voters exists on voting only, rounds on
+    # eval_opt only (4 instead of workflow_task/'s 2); every other cell is as without them.
+    plain = {pc.id: pc for pc in make_plan(load_spec("smoke", [], composer), composer).cells}
+    plan = make_plan(load_spec("smoke", ["workflow.n_voters=5", "workflow.rounds=4"], composer), composer)
+    changed = {pc.id for pc in plan.cells if pc.fingerprint != plain[pc.id].fingerprint}
+    assert changed == {"voting-ip-toy-arith-s0", "voting-sp-toy-arith-s0", "base-voting-toy-arith",
+                       "eval_opt-ip-toy-arith-s0", "eval_opt-sp-toy-arith-s0", "base-eval_opt-toy-arith"}
+    by_id = {pc.id: pc.config for pc in plan.cells}
+    assert (by_id["voting-ip-toy-arith-s0"].workflow.n_voters, by_id["eval_opt-sp-toy-arith-s0"].workflow.rounds) == (5, 4)
+
+
+def run_part(tree_: dict) -> dict:
+    return {key: value for key, value in tree_.items() if key != "grid"}
 
 
 def test_settings_reach_every_cell_and_change_the_fingerprint(composer: Composer) -> None:

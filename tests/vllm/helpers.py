@@ -15,7 +15,6 @@ from gridrun.tasks.arith import ArithTask
 from gridrun.train.model import load_base
 from gridrun.train.policy import Routing, attach_adapters, routing_for
 from gridrun.train.rollout import ChatEncoder
-from gridrun.train.workflows import get_workflow
 from tests.conftest import TOY_CELL, merge
 
 
@@ -30,7 +29,7 @@ def vllm_config(**overrides: Any) -> RunConfig:
 def trainer_model(config: RunConfig) -> tuple[Any, Any, Routing]:
     """What the Trainer builds: base model, tokenizer, routing, adapters attached."""
     base, tokenizer = load_base(config.model, model_files(config.model))
-    routing = routing_for(config, get_workflow(config.workflow.name))
+    routing = routing_for(config, config.workflow_entry())
     return attach_adapters(base, config, routing), tokenizer, routing
 
 

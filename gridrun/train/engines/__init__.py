@@ -1,22 +1,33 @@
 """Rollout engines: `hf` (transformers generate; CPU, tests) and `vllm` (GPU clusters).
 
-`make_engine` picks one by `engine.name`; each engine module is imported only when chosen
-(vLLM is an optional extra)."""
+`make_engine` calls the factory the engine's registry entry names (gridrun/engines.py for the
+built-ins, declared torch-free so the grid can check their settings); each engine module is
+imported only when chosen (vLLM is an optional extra)."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
+from gridrun import registry
 from gridrun.runconfig import RunConfig
 from gridrun.train.rollout import RolloutEngine
 
 
 def make_engine(config: RunConfig, model: Any, tokenizer: Any, adapters: tuple[str, ...]) -> RolloutEngine:
     """The rollout engine of `config.engine`, serving `model` with its trainable `adapters`."""
-    if config.engine.name == "hf":
-        from gridrun.train.engines.hf import HFEngine
+    entry = registry.engine(config.engine.name, config.engine.plugin)
+    module, _, function = entry.factory.partition(":")
+    return getattr(importlib.import_module(module), function)(config, model, tokenizer, adapters)
 
-        return HFEngine(model, tokenizer, max_batch_size=config.engine.max_batch_size)
+
+def hf_engine(config: RunConfig, model: Any, tokenizer: Any, adapters: tuple[str, ...]) -> RolloutEngine:
+    from gridrun.train.engines.hf import HFEngine
+
+    return HFEngine(model, tokenizer, max_batch_size=config.engine.max_batch_size)
+
+
+def vllm_engine(config: RunConfig, model: Any, tokenizer: Any, adapters: tuple[str, ...]) -> RolloutEngine:
     try:
         from gridrun.train.engines.vllm import VLLMEngine
     except ImportError as err:

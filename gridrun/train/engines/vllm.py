@@ -89,7 +89,7 @@ def max_lora_rank(rank: int) -> int:
     for allowed in VLLM_LORA_RANKS:
         if allowed >= rank:
             return allowed
-    raise ValueError(f"LoRA rank {rank} is above vLLM's largest ({VLLM_LORA_RANKS[-1]}): lower policy.lora_rank")
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest ({VLLM_LORA_RANKS[-1]}): lower lora.rank")
 
 
 def agreement_failures(metrics: Mapping[str, Any], limit: float) -> dict[str, float]:

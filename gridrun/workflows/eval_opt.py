@@ -1,0 +1,82 @@
+"""`eval_opt`: a generator answers, an evaluator judges; revise until accepted or out of rounds.
+
+`workflow.rounds` means what the released code's `max_iterations` means: at most that many
+generator turns, each judged by the evaluator (3 on math, 2 on code). An always-rejecting
+evaluator therefore gives rounds + rounds turns, and every answer the workflow could commit to
+has been judged. The evaluator's verdict is its last `\\boxed{Correct}` /
+`\\boxed{Incorrect}`; a malformed verdict is not an acceptance. The workflow commits to the
+latest generator answer.
+
+Its validation metrics: the evaluator's verdict rate and accuracy, and its code-fence rate
+(a drift signature: an evaluator that starts writing programs instead of judging).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gridrun.registry import ConfigError, Workflow, WorkflowParams, register_workflow
+from gridrun.tasks.answers import parse_verdict, python_blocks
+
+# A python block this long is code, not a quoted expression.
+CODE_BLOCK_LINES = 3
+
+
+@dataclass
+class EvalOptParams(WorkflowParams):
+    name: str = "eval_opt"
+    # At most this many generator turns, each judged by the evaluator (the released code's
+    # max_iterations: 3 on math, 2 on code; conf/workflow_task/ sets it per task).
+    rounds: int = 3
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ConfigError("workflow.rounds must be >= 1 for eval_opt (generator turns, each judged)")
+
+
+async def run(llm: Any, episode: Any, task: Any, params: EvalOptParams) -> None:
+    question, prompts = episode.problem.question, task.prompts
+    answer = await llm.chat("generator", prompts["generator"](question))
+    answer.parsed = task.extract_answer(answer.text)
+    verdicts: list[bool | None] = []
+    for round_ in range(params.rounds):
+        review = await llm.chat("evaluator", prompts["evaluator"](question, answer.text), round=round_)
+        review.parsed = parse_verdict(review.text)
+        verdicts.append(review.parsed)
+        if review.parsed is True or round_ + 1 == params.rounds:
+            break
+        answer = await llm.chat(
+            "generator", prompts["revision"](question, answer.text, review.text), round=round_ + 1
+        )
+        answer.parsed = task.extract_answer(answer.text)
+    episode.final_response = answer.text
+    episode.info.update(verdicts=verdicts, revisions=answer.round)
+
+
+def has_code_block(turn: Any) -> bool:
+    return any(len(block.splitlines()) >= CODE_BLOCK_LINES for block in python_blocks(turn.text))
+
+
+def metrics(episodes: list[Any], correct: Callable[[Any], bool], params: EvalOptParams) -> dict[str, float]:
+    out: dict[str, float] = {}
+    judged = []
+    for e in episodes:
+        answers = e.role_turns("generator")
+        for review in e.role_turns("evaluator"):
+            # The evaluator of round r judged the generator answer of round r.
+            judged.append((review.parsed, correct(answers[review.round])))
+    if judged:
+        out["role/evaluator/verdict_rate"] = sum(v is not None for v, _ in judged) / len(judged)
+        out["role/evaluator/verdict_acc"] = sum(v is not None and v == ok for v, ok in judged) / len(judged)
+    reviews = [t for e in episodes for t in e.role_turns("evaluator")]
+    if reviews:
+        out["role/evaluator/code_fence_rate"] = sum(has_code_block(t) for t in reviews) / len(reviews)
+    return out
+
+
+WORKFLOW = register_workflow(Workflow(
+    name="eval_opt", roles=("generator", "evaluator"), params=EvalOptParams, run=run,
+    prompts=("generator", "evaluator", "revision"), answer_roles=("generator",), metrics=metrics,
+))

@@ -1,0 +1,60 @@
+"""`orch_workers`: an orchestrator plans n strategies, n workers follow one each, a
+synthesizer compares their solutions and commits to a final answer.
+
+Strategies are the orchestrator's numbered lines. When it gives fewer than n, the workers
+left over get "any method" so the episode still runs; the shortfall is recorded.
+
+Its validation metrics: the orchestrator's plan rate (plans with n distinct strategies) and
+its unique openers (a drift signature: distinct first three words over its plans).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gridrun.registry import Workflow, WorkflowParams, register_workflow
+from gridrun.tasks.answers import parse_strategies
+
+FALLBACK_STRATEGY = "any method"
+
+
+@dataclass
+class OrchWorkersParams(WorkflowParams):
+    name: str = "orch_workers"
+    # Parallel worker slots (they share one adapter under IP).
+    n_workers: int = 3
+
+
+async def run(llm: Any, episode: Any, task: Any, params: OrchWorkersParams) -> None:
+    question, prompts, n = episode.problem.question, task.prompts, params.n_workers
+    plan = await llm.chat("orchestrator", prompts["orchestrator"](question, n))
+    plan.parsed = parse_strategies(plan.text, n)
+    strategies = plan.parsed + [FALLBACK_STRATEGY] * (n - len(plan.parsed))
+    solutions = await llm.parallel(
+        *(llm.chat("worker", prompts["worker"](question, strategies[k]), slot=k) for k in range(n))
+    )
+    for turn in solutions:
+        turn.parsed = task.extract_answer(turn.text)
+    final = await llm.chat("synthesizer", prompts["synthesizer"](question, [s.text for s in solutions]))
+    final.parsed = task.extract_answer(final.text)
+    episode.final_response = final.text
+    episode.info.update(
+        strategies=plan.parsed, missing_strategies=n - len(plan.parsed), worker_answers=[s.parsed for s in solutions]
+    )
+
+
+def metrics(episodes: list[Any], correct: Callable[[Any], bool], params: OrchWorkersParams) -> dict[str, float]:
+    plans = [e.role_turns("orchestrator")[0] for e in episodes]
+    openers = {" ".join(t.text.split()[:3]).lower() for t in plans}
+    return {
+        "role/orchestrator/plan_rate": sum(len(set(p.parsed)) == params.n_workers for p in plans) / len(episodes),
+        "role/orchestrator/unique_openers": float(len(openers)),
+    }
+
+
+WORKFLOW = register_workflow(Workflow(
+    name="orch_workers", roles=("orchestrator", "worker", "synthesizer"), params=OrchWorkersParams, run=run,
+    parallel_role="worker", slots_field="n_workers", answer_roles=("worker", "synthesizer"), metrics=metrics,
+))

@@ -1,0 +1,24 @@
+"""`single`: one generator answers; the single-agent RL control and the SA-RL baseline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gridrun.registry import Workflow, WorkflowParams, register_workflow
+
+
+@dataclass
+class SingleParams(WorkflowParams):
+    name: str = "single"
+
+
+async def run(llm: Any, episode: Any, task: Any, params: SingleParams) -> None:
+    turn = await llm.chat("generator", task.prompts["generator"](episode.problem.question))
+    turn.parsed = task.extract_answer(turn.text)
+    episode.final_response = turn.text
+
+
+WORKFLOW = register_workflow(
+    Workflow(name="single", roles=("generator",), params=SingleParams, run=run, answer_roles=("generator",))
+)

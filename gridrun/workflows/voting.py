@@ -1,0 +1,62 @@
+"""`voting`: n generators answer independently, an aggregator selects one by number.
+
+The aggregator's `\\boxed{k}` (1-based) picks candidate k; the workflow commits to that
+candidate's response. A selection naming no candidate commits to nothing (format penalty).
+
+Its validation metrics: the aggregator's selection rate, its selection accuracy on problems
+some candidate solved, and its terse rate (a drift signature: a parseable pick in at most
+TERSE_TOKENS tokens, the shape it starts in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gridrun.registry import Workflow, WorkflowParams, register_workflow
+from gridrun.tasks.answers import parse_selection
+
+TERSE_TOKENS = 30
+
+
+@dataclass
+class VotingParams(WorkflowParams):
+    name: str = "voting"
+    # Parallel generator slots (they share one adapter under IP).
+    n_voters: int = 3
+
+
+async def run(llm: Any, episode: Any, task: Any, params: VotingParams) -> None:
+    question, prompts = episode.problem.question, task.prompts
+    candidates = await llm.parallel(
+        *(llm.chat("generator", prompts["generator"](question), slot=k) for k in range(params.n_voters))
+    )
+    for turn in candidates:
+        turn.parsed = task.extract_answer(turn.text)
+    pick = await llm.chat("aggregator", prompts["aggregator"](question, [c.text for c in candidates]))
+    pick.parsed = parse_selection(pick.text, len(candidates))
+    episode.final_response = None if pick.parsed is None else candidates[pick.parsed].text
+    episode.info.update(selected=pick.parsed, candidate_answers=[c.parsed for c in candidates])
+
+
+def metrics(episodes: list[Any], correct: Callable[[Any], bool], params: VotingParams) -> dict[str, float]:
+    n = len(episodes)
+    picks = [e.role_turns("aggregator")[0] for e in episodes]
+    out = {
+        "role/aggregator/select_rate": sum(p.parsed is not None for p in picks) / n,
+        "role/aggregator/terse_rate": sum(len(p.completion_ids) <= TERSE_TOKENS and p.parsed is not None
+                                          for p in picks) / n,
+    }
+    solvable = [(e, p.parsed) for e, p in zip(episodes, picks) if any(correct(t) for t in e.role_turns("generator"))]
+    if solvable:
+        out["role/aggregator/select_acc"] = sum(
+            p is not None and correct(e.role_turns("generator")[p]) for e, p in solvable
+        ) / len(solvable)
+    return out
+
+
+WORKFLOW = register_workflow(Workflow(
+    name="voting", roles=("generator", "aggregator"), params=VotingParams, run=run, parallel_role="generator",
+    slots_field="n_voters", distinct_slots=True, answer_roles=("generator",), metrics=metrics,
+))
