@@ -173,6 +173,27 @@ def test_micro_batch_budget_per_scale_and_gpu_class(composer: Composer, scale: s
     assert composer.compose(overrides)["train"]["micro_token_budget"] == budget
 
 
+def test_the_run_nodes_of_config_yaml_and_the_default_preset_repeat_the_schemas_defaults() -> None:
+    # conf/config.yaml writes every run setting so that the command line overrides it without
+    # `+`; its values (and the default grpo preset's, released) are the schema's defaults, so
+    # the two never disagree (an interpolated value, e.g. a table row, is conf's own).
+    defaults = config_from_dict({"cell": {"id": "x", "kind": "base"}}).to_dict()
+    differ = []
+
+    def walk(node: dict, schema: dict, path: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value, schema[key], f"{path}{key}.")
+            elif not (isinstance(value, str) and "${" in value) and value != schema[key]:
+                differ.append(f"{path}{key}: {value!r} != {schema[key]!r}")
+
+    config = yaml.safe_load((REPO_ROOT / "conf" / "config.yaml").read_text())
+    walk({k: v for k, v in config.items() if k not in ("defaults", "grid", "cell")}, defaults, "")
+    released = yaml.safe_load((REPO_ROOT / "conf" / "grpo" / "released.yaml").read_text())
+    walk({"grpo": released}, defaults, "")
+    assert differ == []
+
+
 @pytest.mark.parametrize("group", ["workflow", "task", "engine"])
 def test_each_option_file_sets_only_its_options_keys_at_their_defaults(group: str) -> None:
     # An option file holds its own option's settings and nothing else (no "unused by" keys);
