@@ -103,9 +103,11 @@ class LoraSpec:
     """The LoRA adapters every trained role gets, under Shared- and Isolated-Policy alike (a
     transfer cell's adapter brings its own)."""
 
-    # The paper's rank 64 and alpha 32 (scale = alpha / rank), no dropout.
+    # The paper's rank (the toy world's 1M-parameter model uses 16: conf/scale/toy.yaml).
     rank: int = 64
+    # The update is scaled by alpha / rank (the paper's 32).
     alpha: int = 32
+    # Dropout on each adapter's input (the paper's none).
     dropout: float = 0.0
     # Every linear module of the base model (peft leaves lm_head out).
     target_modules: str = "all-linear"
@@ -127,7 +129,10 @@ class SamplingSpec:
 
 @dataclass
 class GRPOSpec:
-    # Rollouts (episodes) per problem.
+    """GRPO as in the paper: no KL, group-relative advantages, asymmetric clipping. The keys on
+    which the paper's code and text differ are set by the conf/grpo/ preset (released here)."""
+
+    # Rollouts (episodes) per problem: the group size.
     n: int = 8
     # Which reading of the paper this cell trains under (conf/grpo/): "released" (its code)
     # or "as_written" (its text); the keys below are what the preset sets.
@@ -136,10 +141,13 @@ class GRPOSpec:
     # (problem, trajectory name) (released). "problem": one row per episode, grouped by
     # problem, its advantage copied to every turn (as_written).
     group_key: Literal["problem_trajectory", "problem"] = "problem_trajectory"
-    # Divide by the group's std (GRPO) or only centre (Dr. GRPO style).
+    # Advantage = (r - mean) / (std + adv_eps) within a group (GRPO); false keeps only the
+    # centring (Dr. GRPO style).
     norm_by_std: bool = True
     adv_eps: float = 1e-6
+    # PPO ratio clip below 1 (1 - 0.2).
     clip_low: float = 0.2
+    # PPO ratio clip above 1 (1 + 0.28), the DAPO-style higher clip.
     clip_high: float = 0.28
     # Dual-clip: a negative-advantage token's loss is capped at -clip_ratio_c * A (None: off).
     clip_ratio_c: float | None = 3.0
@@ -152,47 +160,69 @@ class GRPOSpec:
     minibatch_order: Literal["balanced", "shuffled"] = "balanced"
     # A short last mini-batch: "scaled" by rows / mini-batch size (verl), or weighed "full".
     partial_minibatch: Literal["scaled", "full"] = "scaled"
+    # Loss aggregation: mean over each sequence's tokens, then over sequences.
     loss_agg: Literal["seq-mean-token-mean", "token-mean"] = "seq-mean-token-mean"
+    # Passes over a step's rollouts.
     ppo_epochs: int = 1
     # PPO's "old" log-probs: recomputed by the trainer before the update (verl's default),
     # or the rollout engine's own (saves a forward; trusts the engine's numerics).
     old_logprobs: Literal["recompute", "rollout"] = "recompute"
-    # Per-role KL-to-base coefficient (k3 estimator); empty = no KL, as in the paper.
+    # Per-role KL-to-base coefficients (k3 estimator), e.g. {generator: 0.01}; keys must be
+    # roles of the workflow; empty = no KL, as in the paper.
     kl_beta: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
 class OptimSpec:
+    """AdamW on the LoRA adapters (the base model is frozen)."""
+
+    # Peak learning rate.
     lr: float = 2e-5
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
+    # Decoupled weight decay.
     weight_decay: float = 0.01
+    # Linear warmup steps before the decay.
     warmup_steps: int = 15
+    # LR schedule over train.total_steps (past its end it holds its floor).
     schedule: Literal["cosine", "constant"] = "cosine"
+    # Floor of the cosine schedule, as a fraction of lr.
     min_lr_ratio: float = 0.0
+    # Gradient-norm clip per adapter and optimizer step.
     grad_clip: float = 1.0
-    # "per_step": the schedule advances once per training step, identically under SP and IP.
-    # "per_update": once per adapter update (upstream verl's per-update_actor stepping), so
-    # k adapters under IP advance it k times per training step.
+    # When the schedule advances. "per_step" (both presets): once per training step,
+    # identical under SP and IP, the paper's intent and a controlled comparison.
+    # "per_update": once per adapter update, as upstream verl 0.6.1 steps its scheduler once
+    # per update_actor call; a released trainer that calls it once per agent under IP would
+    # then advance k times per step (2 for Eval-Opt and Voting, 3 for Orch-Workers). Not
+    # known without the fork's exact branch: whether it did, and whether it ran a constant LR
+    # after warmup (its config sets only the deprecated warmup_style).
     lr_advance: Literal["per_step", "per_update"] = "per_step"
 
 
 @dataclass
 class TrainSpec:
+    """The training loop."""
+
+    # Training steps per cell.
     total_steps: int = 500
     # Problems per training step (each rolled out grpo.n times).
     batch_problems: int = 64
     # Problems per PPO mini-batch: an adapter's sequences split into chunks of
-    # ppo_mini_batch * n, one optimizer step each.
+    # ppo_mini_batch * n, one optimizer step each (64 x n = one per adapter and step).
     ppo_mini_batch: int = 64
-    # Token budget of one micro-batch (prompt + response tokens, padded).
+    # Per-GPU token budget of one micro-batch (prompt + response tokens, padded); conf sets
+    # it from the (scale, gpu) row of conf/tables.yaml.
     micro_token_budget: int = 40960
     # Recompute each decoder layer's activations in the backward pass instead of keeping
     # them (verl's default): activation memory of a micro-batch drops ~layers-fold.
     gradient_checkpointing: bool = True
+    # Validate every this many steps (step 0 is the base model).
     val_every: int = 10
+    # Checkpoint every this many steps (resume takes the newest complete one).
     save_every: int = 5
+    # Complete checkpoints kept on disk (older ones are deleted).
     keep_checkpoints: int = 2
     # Limit validation to the first N problems (None: the whole split).
     val_problems: int | None = None
@@ -202,6 +232,8 @@ class TrainSpec:
 
 @dataclass
 class LoggingSpec:
+    """Experiment tracking: wandb runs offline inside the cell dir (`wandb sync` later)."""
+
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"
     wandb_project: str = "gridrun"
 
@@ -393,6 +425,19 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     if missing:
         raise ConfigError(f"missing config key '{prefix}{missing[0]}'")
     return cls(**kwargs)
+
+
+def run_defaults() -> dict[str, Any]:
+    """The schema's defaults of every run node that does not depend on a chosen option: what
+    conf/ composes on top of (gridrun/grid/compose.py), so that conf/ sets only what differs.
+    Left out: the cell node (the grid's), the model's identity (scale/ names it) and the
+    workflow, task and engine nodes, whose keys depend on the option each names."""
+    defaults = RunConfig(cell=CellSpec(id="", kind="base")).to_dict()
+    for node in ("cell", "workflow", "task", "engine"):
+        del defaults[node]
+    for key in ("name_or_path", "toy"):
+        defaults["model"].pop(key, None)
+    return defaults
 
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:

@@ -44,7 +44,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.errors import GridError, closest
-from gridrun.runconfig import ToySpec
+from gridrun.runconfig import ToySpec, run_defaults
 
 CONF_DIR = REPO_ROOT / "conf"
 PRIMARY = "config"
@@ -55,8 +55,11 @@ TABLES = (
     ("scale_gpu", ("scale", "grid.scale"), ("gpu", "grid.gpu.name")),
 )
 
-# The toy world's recipe has its values in one place, the run schema: conf/scale/toy.yaml
-# places this structured config at model.toy (Hydra's own structured-config source).
+# The run schema's defaults open conf/config.yaml's defaults list (`run_schema`): conf/ sets
+# only what differs from them, and any run key is set on the command line without `+`. The
+# toy world's recipe likewise: conf/scale/toy.yaml places ToySpec at model.toy. Both come
+# through Hydra's own structured-config source, so hydra.compose sees them too.
+ConfigStore.instance().store(name="run_schema", node=run_defaults())
 ConfigStore.instance().store(group="toy_recipe", name="schema", node=ToySpec)
 
 

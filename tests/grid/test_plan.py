@@ -174,9 +174,9 @@ def test_micro_batch_budget_per_scale_and_gpu_class(composer: Composer, scale: s
 
 
 def test_the_run_nodes_of_config_yaml_and_the_default_preset_repeat_the_schemas_defaults() -> None:
-    # conf/config.yaml writes every run setting so that the command line overrides it without
-    # `+`; its values (and the default grpo preset's, released) are the schema's defaults, so
-    # the two never disagree (an interpolated value, e.g. a table row, is conf's own).
+    # The schema's defaults open the composition (`run_schema`): a run value conf/config.yaml
+    # writes, or the default grpo preset (released), must be that default, so the two never
+    # disagree (an interpolated value, e.g. a table row, is conf's own).
     defaults = config_from_dict({"cell": {"id": "x", "kind": "base"}}).to_dict()
     differ = []
 
