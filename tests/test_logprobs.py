@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gridrun.train import logprobs
+from gridrun.train.padding import pad_rows
 
 
 def test_chunks_change_neither_values_nor_gradients(toy_model) -> None:
@@ -50,3 +52,76 @@ def test_logprobs_are_those_of_the_tempered_softmax(toy_model) -> None:
     alone, none = logprobs.completion_logprobs(model, input_ids, attention, targets, 0.7, with_entropy=False)
     assert none is None
     torch.testing.assert_close(alone, logp, rtol=0, atol=0)
+
+
+def test_shared_prompts_give_the_full_rows_logprobs_and_gradients(toy_model) -> None:
+    # 5 rows on 2 distinct prompts (9 and 14 tokens), completions of 5, 1, 7, 3 and 6 tokens
+    # (the 1-token one is predicted by its prompt's last position alone).
+    model, tokenizer = toy_model
+    gen = torch.Generator().manual_seed(0)
+
+    def tokens(n: int) -> list[int]:
+        return torch.randint(5, len(tokenizer), (n,), generator=gen).tolist()
+
+    a, b = tokens(9), tokens(14)
+    prompts = [a, a, b, a, b]
+    completions = [tokens(n) for n in (5, 1, 3, 7, 6)]
+    targets, mask = pad_rows(completions, 0, "left")
+    input_ids, attention = pad_rows([p + c for p, c in zip(prompts, completions)], 0, "left")
+    # The gradient must reach a key projection (through the shared prompt's cache) and the
+    # tied embedding (through the prompt's tokens and the output layer).
+    weights = [model.model.layers[0].self_attn.k_proj.weight, model.get_output_embeddings().weight]
+    seen: list[int] = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda module, args, out: seen.append(args[0].numel()))
+
+    def run(shared: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        for w in weights:
+            w.requires_grad_(True)
+            w.grad = None
+        if shared:
+            logp, entropy = logprobs.shared_prompt_logprobs(model, prompts, completions, 0, 0.7)
+        else:
+            logp, entropy = logprobs.completion_logprobs(model, input_ids, attention, targets, 0.7)
+        # Position-dependent weights so that no gradient can cancel by symmetry.
+        (logp * mask * torch.linspace(0.5, 1.5, logp.shape[1])).sum().backward()
+        grads = [w.grad.clone() for w in weights]
+        for w in weights:
+            w.requires_grad_(False)
+        assert entropy is not None
+        return logp.detach(), entropy, grads
+
+    try:
+        full, shared = run(False), run(True)
+    finally:
+        hook.remove()
+    # Tokens through the backbone: in full 5 rows x 20 (the longest row, 14 + 6) = 100;
+    # shared, 2 prompts x 14 (padded), then 5 rows x 6 (every completion token but the last,
+    # padded to the longest: 7 - 1) = 58.
+    assert seen == [100, 28, 30]
+    on = mask.bool()
+    torch.testing.assert_close(shared[0][on], full[0][on], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(shared[1][on], full[1][on], rtol=1e-5, atol=1e-5)
+    # Padding holds exact zeros (the full rows hold the log-probs of pad positions there).
+    assert torch.count_nonzero(shared[0][~on]) == 0 and torch.count_nonzero(shared[1][~on]) == 0
+    for full_grad, shared_grad in zip(full[2], shared[2]):
+        assert full_grad.abs().max() > 0
+        torch.testing.assert_close(shared_grad, full_grad, rtol=1e-4, atol=1e-5)
+
+
+def test_gradient_checkpointing_keeps_the_full_rows(toy_world) -> None:
+    # transformers drops the cache under gradient checkpointing in training mode: there the
+    # shared path has no prompt to score completions on, so the update takes the full rows.
+    from gridrun.runconfig import ModelSpec
+    from gridrun.train.model import load_base
+
+    model, _ = load_base(ModelSpec())
+    prompts, completions = [[11, 12, 13, 14]] * 2, [[21, 22, 23], [24, 25]]
+    model.eval()
+    assert logprobs.can_share_prompts(model)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    assert not logprobs.can_share_prompts(model)
+    with torch.no_grad(), pytest.raises(ValueError, match="can_share_prompts"):
+        logprobs.shared_prompt_logprobs(model, prompts, completions, 0, 0.7)
+    model.eval()  # checkpointing acts only in training mode
+    assert logprobs.can_share_prompts(model)

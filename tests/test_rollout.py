@@ -133,6 +133,46 @@ def test_hf_greedy_batch_equals_one_at_a_time(toy_model) -> None:
     assert [b.token_ids for b in batched] == [a.token_ids for a in alone]
 
 
+def test_hf_shared_prefill_draws_the_same_tokens_as_the_full_prefill(toy_model) -> None:
+    """A repeated prompt's prefill runs once and its cache is copied to its rows; generate
+    then runs only the prompts' last column. Sampling draws from torch's RNG in the same
+    order over the same rows, and the logits differ from the full prefill's only by float
+    rounding (other matrix shapes), so the same seed draws the same tokens unless a uniform
+    draw falls within ~1e-6 of a boundary of the cumulative distribution."""
+    from gridrun.train.engines.hf import HFEngine
+
+    model, tokenizer = toy_model
+    gen = torch.Generator().manual_seed(0)
+    a, b, c = (torch.randint(5, len(tokenizer), (n,), generator=gen).tolist() for n in (9, 14, 5))
+    # 12 rows on 3 prompts, interleaved: rows need not be grouped by prompt.
+    requests = [GenRequest(p, None) for p in (a, b, a, c, b, a, c, a, b, c, b, c)]
+    sampling = SamplingParams(temperature=0.7, max_new_tokens=8)
+    seen: list[int] = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda module, args, out: seen.append(args[0].numel()))
+    runs: dict[bool, list[list[Completion]]] = {}
+    first_tokens: dict[bool, list[int]] = {}
+    try:
+        for shared in (False, True):
+            engine = HFEngine(model, tokenizer, share_prefill=shared)
+            seen.clear()
+            runs[shared] = []
+            for seed in range(3):
+                torch.manual_seed(seed)
+                runs[shared].append(engine.generate(requests, sampling))
+            first_tokens[shared] = seen[:2]
+    finally:
+        hook.remove()
+    # Full prefill: 12 rows x 14 columns (the longest prompt) = 168 tokens, then 1 per row.
+    # Shared: 3 prompts x 13 columns (all but the last) = 39, then the last column of 12 rows.
+    assert first_tokens == {False: [168, 12], True: [39, 12]}
+    for full, shared in zip(runs[False], runs[True]):
+        assert [o.token_ids for o in shared] == [o.token_ids for o in full]
+        for one, other in zip(shared, full):
+            torch.testing.assert_close(torch.tensor(one.logprobs), torch.tensor(other.logprobs), rtol=0, atol=1e-5)
+    # Rows of one prompt drew different continuations: the copies are independent samples.
+    assert len({tuple(runs[True][0][i].token_ids) for i in (0, 2, 5, 7)}) > 1
+
+
 def test_hf_merged_adapter_samples_the_trained_policy_and_leaves_the_base_untouched(toy_world) -> None:
     """With float32 weights the engine serves an adapter merged into copies of the base
     weights: the update must find the very same base tensors afterwards, and the rollout

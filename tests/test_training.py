@@ -394,10 +394,13 @@ def test_first_mini_batch_skips_the_old_log_prob_pass_without_changing_the_updat
         passed: list[int] = []
         real = update_module.fill_reference_logprobs
 
-        def spy(model, old_seqs, *args, real=real, passed=passed, skip=skip, seqs=seqs):
-            extra = [] if skip else [s for s in seqs if all(s is not o for o in old_seqs)]
-            passed.append(len(old_seqs) + len(extra))
-            return real(model, old_seqs + extra, *args)
+        def spy(model, old_batches, *args, real=real, passed=passed, skip=skip, seqs=seqs):
+            old = [s for batch in old_batches for s in batch]
+            # Recomputing: each adapter's first mini-batch (the rows left out) goes through too.
+            extra = [] if skip else [[s for s in seqs if s.adapter == adapter and all(s is not o for o in old)]
+                                     for adapter in ("orchestrator", "worker", "synthesizer")]
+            passed.append(len(old) + sum(map(len, extra)))
+            return real(model, old_batches + extra, *args)
 
         monkeypatch.setattr(update_module, "fill_reference_logprobs", spy)
         metrics = run_update(trainer, seqs)

@@ -117,17 +117,16 @@ class _RoleStats:
 
 @dataclass
 class _Micro:
-    input_ids: torch.Tensor  # (batch, width) left-padded prompt + completion
-    attention: torch.Tensor  # (batch, width)
+    seqs: list[TrainSeq]
+    pad_id: int
     targets: torch.Tensor  # (batch, T) completion tokens, right-aligned
     mask: torch.Tensor  # (batch, T) 1 on completion tokens
 
 
 def _pack(seqs: list[TrainSeq], pad_id: int) -> _Micro:
-    """Left-pad so every completion ends at the right edge; T = longest completion."""
-    input_ids, attention = pad_rows([s.prompt_ids + s.completion_ids for s in seqs], pad_id, "left")
+    """Completions right-aligned; T = longest completion."""
     targets, mask = pad_rows([s.completion_ids for s in seqs], pad_id, "left")
-    return _Micro(input_ids, attention, targets, mask.float())
+    return _Micro(seqs, pad_id, targets, mask.float())
 
 
 def _aligned(values: list[list[float]], t_max: int) -> torch.Tensor:
@@ -139,8 +138,16 @@ def completion_logprobs(
     model: Any, micro: _Micro, temperature: float, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (batch, T) of a micro-batch's completion tokens under softmax(logits / T),
-    and optionally the per-token entropy (batch, T) (gridrun/train/logprobs.py)."""
-    return logprobs.completion_logprobs(model, micro.input_ids, micro.attention, micro.targets, temperature, with_entropy)
+    and optionally the per-token entropy (batch, T) (gridrun/train/logprobs.py). Rows that
+    repeat a prompt (a problem's n samples) share its forward; every pass of a run takes
+    the same path, whether or not its rows repeat one."""
+    prompts = [s.prompt_ids for s in micro.seqs]
+    completions = [s.completion_ids for s in micro.seqs]
+    if logprobs.can_share_prompts(model):
+        return logprobs.shared_prompt_logprobs(model, prompts, completions, micro.pad_id, temperature, with_entropy)
+    # Left-padded so every completion ends at the right edge, as the targets.
+    input_ids, attention = pad_rows([p + c for p, c in zip(prompts, completions)], micro.pad_id, "left")
+    return logprobs.completion_logprobs(model, input_ids, attention, micro.targets, temperature, with_entropy)
 
 
 def micro_batches(seqs: list[TrainSeq], token_budget: int) -> Iterator[list[TrainSeq]]:
@@ -164,27 +171,31 @@ def micro_batches(seqs: list[TrainSeq], token_budget: int) -> Iterator[list[Trai
 
 @torch.no_grad()
 def fill_reference_logprobs(
-    model: Any, seqs: list[TrainSeq], ref_seqs: list[TrainSeq], settings: UpdateSettings
+    model: Any, batches: list[list[TrainSeq]], ref_seqs: list[TrainSeq], settings: UpdateSettings
 ) -> None:
-    """Old log-probs and entropies of `seqs` (each adapter before the update) and the base
-    model's log-probs of `ref_seqs` (the roles with a KL term)."""
+    """Old log-probs and entropies of the rows of `batches` (each one adapter's rows of one
+    mini-batch, before the update) and the base model's log-probs of `ref_seqs` (the roles
+    with a KL term). Each mini-batch is cut into the micro-batches the update will cut it
+    into, so a row's old log-probs come from the same computation as the update's first
+    forward of it: on unchanged weights, equal to the bit (float rounding depends on which
+    rows share a micro-batch)."""
     temperature, budget, pad_id = settings.temperature, settings.micro_token_budget, settings.pad_id
-    by_adapter: dict[str, list[TrainSeq]] = defaultdict(list)
-    for s in seqs:
-        by_adapter[s.adapter].append(s)
-    for adapter, group in by_adapter.items():
-        if settings.grpo.old_logprobs == "recompute":
-            activate(model, adapter)
-            for chunk in micro_batches(group, budget):
-                micro = _pack(chunk, pad_id)
-                logp, entropy = completion_logprobs(model, micro, temperature, with_entropy=True)
-                assert entropy is not None
-                for row, s in enumerate(chunk):
-                    s.old_logp = logp[row, logp.shape[1] - len(s.completion_ids) :].tolist()
-                    s.old_entropy = float((entropy[row] * micro.mask[row].to(entropy.device)).sum())
-        else:
-            for s in group:
+    active = None
+    for batch in batches:
+        if settings.grpo.old_logprobs != "recompute":
+            for s in batch:
                 s.old_logp = s.rollout_logp
+            continue
+        for chunk in micro_batches(batch, budget):
+            if chunk[0].adapter != active:
+                active = chunk[0].adapter
+                activate(model, active)
+            micro = _pack(chunk, pad_id)
+            logp, entropy = completion_logprobs(model, micro, temperature, with_entropy=True)
+            assert entropy is not None
+            for row, s in enumerate(chunk):
+                s.old_logp = logp[row, logp.shape[1] - len(s.completion_ids) :].tolist()
+                s.old_entropy = float((entropy[row] * micro.mask[row].to(entropy.device)).sum())
     if ref_seqs:
         with model.disable_adapter():
             for chunk in micro_batches(ref_seqs, budget):
@@ -234,9 +245,11 @@ def update(
     )
     for key in on_policy.intersection(trained):
         trained[key].old_logp = trained[key].old_entropy = None
+    # Every row is in one mini-batch of the first epoch (later epochs repeat the rows).
+    first_epoch = [dist.stride(batch) for cuts in plan.values() for batch in cuts[: len(cuts) // gcfg.ppo_epochs]]
     fill_reference_logprobs(
         model,
-        [s for key, s in trained.items() if key not in on_policy],
+        [rows for batch in first_epoch if (rows := [s for s in batch if id(s) not in on_policy])],
         [s for s in trained.values() if s.role in kl_roles],
         settings,
     )

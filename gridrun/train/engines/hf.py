@@ -20,6 +20,11 @@ The merged copies double the wrapped weights' memory while a rollout runs, so by
 only models whose wrapped weights fit `MERGE_COPY_LIMIT_BYTES` are merged (the toy's are
 4 MB; a float32 Qwen3-0.6B's 1.8 GB are not).
 
+A prompt that repeats in a batch (a problem's n samples, the voters of one question) is
+prefilled once: its cache of every column but the last is copied to its rows and generate
+runs the last column for all of them (`_shared_prefill`). The same seed draws the same
+tokens as a full prefill; the logits differ only by float rounding (tests/test_rollout.py).
+
 Left out: per-request seeds (sampling draws from torch's global RNG, which checkpoints
 save); paged KV memory (each sub-batch's cache is sized to its longest prompt plus the
 response limit): clusters use `engine=vllm`.
@@ -35,6 +40,7 @@ import torch
 from peft.tuners.lora import LoraLayer
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
+from gridrun.train.logprobs import prompt_owners
 from gridrun.train.padding import pad_rows
 from gridrun.train.rollout import Completion, GenRequest, RolloutEngine, SamplingParams
 
@@ -95,10 +101,11 @@ def _merged(model: Any, adapter: str) -> Iterator[None]:
 
 
 class HFEngine(RolloutEngine):
-    def __init__(self, model: Any, tokenizer: Any, max_batch_size: int = 512, merge_lora: bool | None = None) -> None:
+    def __init__(self, model: Any, tokenizer: Any, max_batch_size: int = 512, merge_lora: bool | None = None,
+                 share_prefill: bool = True) -> None:
         """merge_lora: serve each adapter merged into copies of the base weights (None:
         when every LoRA-wrapped weight is float32 and they fit MERGE_COPY_LIMIT_BYTES;
-        see the module docstring)."""
+        see the module docstring). share_prefill: compute a repeated prompt's prefill once."""
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -109,6 +116,7 @@ class HFEngine(RolloutEngine):
         fits = sum(w.numel() * w.element_size() for w in wrapped) <= MERGE_COPY_LIMIT_BYTES
         auto = fits and all(w.dtype == torch.float32 for w in wrapped)
         self.merge_lora = auto if merge_lora is None else merge_lora
+        self.share_prefill = share_prefill
 
     @contextlib.contextmanager
     def _serving(self, adapter: str | None) -> Iterator[None]:
@@ -145,6 +153,26 @@ class HFEngine(RolloutEngine):
             self.model.train(was_training)
         return [r for r in results if r is not None]
 
+    def _shared_prefill(self, prompts: list[list[int]], input_ids: torch.Tensor, attention: torch.Tensor) -> dict[str, Any]:
+        """generate's `past_key_values` when prompts repeat (a problem's n samples): each
+        distinct prompt's cache of every column but the last, computed once and copied to
+        its rows; generate then runs only the last column before it samples. Empty (plain
+        generate) when no prompt repeats or sharing is off."""
+        distinct, owners = prompt_owners(prompts)
+        if not self.share_prefill or len(distinct) == len(prompts) or input_ids.shape[1] < 2:
+            return {}
+        first_row = {owner: row for row, owner in reversed(list(enumerate(owners)))}
+        rows = torch.tensor([first_row[i] for i in range(len(distinct))], device=self.device)
+        mask = attention[rows, :-1]
+        # Positions as generate derives them from the mask (pads get 1; they are masked out).
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        causal_lm = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        cache = causal_lm.model(
+            input_ids=input_ids[rows, :-1], attention_mask=mask, position_ids=positions, use_cache=True
+        ).past_key_values
+        cache.reorder_cache(torch.tensor(owners, device=self.device))
+        return {"past_key_values": cache}
+
     @torch.inference_mode()
     def _generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Completion]:
         input_ids, attention = pad_rows(prompts, self.pad_id, "left")
@@ -159,11 +187,13 @@ class HFEngine(RolloutEngine):
             **sampler,
         )
         recorder = _SampledLogprobs(1.0 if greedy else sampling.temperature)
+        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         sequences = self.model.generate(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention.to(self.device),
+            input_ids=input_ids,
+            attention_mask=attention,
             generation_config=config,
             logits_processor=LogitsProcessorList([recorder]),
+            **self._shared_prefill(prompts, input_ids, attention),
         )
         generated = sequences[:, input_ids.shape[1] :]
         logprobs = recorder.finish(generated)
