@@ -230,3 +230,17 @@ def test_score_is_frozen() -> None:
     result = score_math("\\boxed{1}", "1")
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.reward = 0.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("box", "answer"), [
+    ("84", "85"), ("085", "85"), ("-5", "5"), ("-5", "-5"), ("+7", "7"), ("0", "-0"), (" 12 ", "12"),
+    ("123456789012345678901234567890", "123456789012345678901234567891"), ("1000", "1e3"), ("1,000", "1000"),
+])
+def test_integer_answers_score_as_math_verify_scores_them(box: str, answer: str) -> None:
+    # Two integer literals are compared by value without sympy; the verdict must be
+    # math-verify's own on the same pair (the last two are not both integers: math-verify's).
+    from math_verify import parse, verify
+
+    ours = score_math(f"\\boxed{{{box}}}", answer)
+    theirs = verify(parse(f"${answer}$"), parse(f"\\boxed{{{box}}}"))
+    assert ours.reward == (1.0 if theirs else 0.0), (box, answer, theirs)

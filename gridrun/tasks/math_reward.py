@@ -89,6 +89,10 @@ _LATEX = [LatexExtractionConfig(boxed_match_priority=0)]
 _EXPR = [ExprExtractionConfig()]
 
 _PERCENT = re.compile(r"\s*\\?%\s*$")
+# A plain integer literal, short enough for int(): two of them compare by value without sympy
+# (a wrong integer answer is most of the toy world's and DAPO-Math's scoring, 2 ms each in
+# math-verify); tests/test_math_reward.py checks the verdicts agree with math-verify's.
+_INTEGER = re.compile(r"\s*[+-]?\d{1,50}\s*")
 _UNEVALUATED = (sympy.Sum, sympy.Product, sympy.Integral, sympy.Limit, sympy.Derivative)
 _BIG_FUNCS = (
     sympy.factorial,
@@ -230,6 +234,9 @@ def score_math(response: str, answer: str, format_penalty: float = -0.1) -> Math
         return MathScore(format_penalty, None, "unparseable")
     if _same_text(content, answer):  # verbatim: skip sympy entirely
         return MathScore(1.0, content, "correct")
+    if _INTEGER.fullmatch(content) and _INTEGER.fullmatch(answer):
+        ok = int(content) == int(answer)
+        return MathScore(1.0 if ok else 0.0, content, "correct" if ok else "wrong")
 
     gold = _parse_reference(answer)
     pred = _parse_latex(content)
