@@ -1,7 +1,7 @@
-"""Benchmark collect: wall time of `gridrun collect` over a synthetic 1032-cell sweep whose
+"""Benchmark collect: wall time of `gridrun collect` over a synthetic 1176-cell sweep whose
 1008 training cells logged 500 steps each.
 
-Plans full_matrix with 'seed=range(0,24)' (24 seeds x (36 train + 6 sa_rl) + 24 base = 1032)
+Plans full_matrix with 'seed=range(0,24)' (24 seeds x 48 seeded cells, transfer cells included, + 24 base = 1176)
 into a temporary results dir, then writes every cell's state.json (done, one hour) and a
 metrics.jsonl shaped like the trainer's: per training step the globals, `adapter/<a>/...`
 and 14 `role/<role>/...` metrics per role of the cell's workflow; a validation row every 10

@@ -1,6 +1,6 @@
-"""Benchmark status: wall time of `gridrun status --json` over a planned grid of 1032 cells.
+"""Benchmark status: wall time of `gridrun status --json` over a planned grid of 1176 cells.
 
-Plans full_matrix with 'seed=range(0,24)' (24 seeds x (36 train + 6 sa_rl) + 24 base = 1032)
+Plans full_matrix with 'seed=range(0,24)' (24 seeds x 48 seeded cells, transfer cells included, + 24 base = 1176)
 into a temporary results dir, marks a quarter of them running or done with validation
 fields (so rows carry what a live sweep shows), then times the whole command in a fresh
 process. Budget: under 0.5 s.
