@@ -50,7 +50,7 @@ def main() -> None:
         policy=PolicySpec(name="isolated"),
         lora=LoraSpec(rank=8, alpha=16),
     )
-    workflow, task = config.workflow_entry(), ArithTask()
+    workflow, task = config.workflow_entry(), ArithTask(n_val=400)  # the split its recorded timings used
     base, tokenizer = load_base(config.model, model_files(config.model))
     routing = routing_for(config, workflow)
     model = attach_adapters(base, config, routing)

@@ -64,16 +64,6 @@ def make_problems(seed: int, n_train: int, n_val: int) -> tuple[list[Problem], l
     return train, val
 
 
-class ArithTask(BoxedAnswerTask):
-    name = "arith"
-
-    def __init__(self, seed: int = 0, n_train: int = 5000, n_val: int = 400, format_penalty: float = -0.1):
-        # The split seed is fixed per task, not per cell, so all cells share one val set.
-        self.train, self.val = make_problems(seed, n_train, n_val)
-        self.format_penalty = format_penalty
-        self.prompts = ArithPrompts()
-
-
 @dataclass
 class ArithParams(TaskParams):
     name: str = "arith"
@@ -83,6 +73,18 @@ class ArithParams(TaskParams):
     n_val: int = 200
     # Reward for a response with no parseable \\boxed{} answer.
     format_penalty: float = -0.1
+
+
+class ArithTask(BoxedAnswerTask):
+    name = "arith"
+
+    # The defaults are ArithParams': one source, whether a cell or a script builds the task.
+    def __init__(self, seed: int = 0, n_train: int = ArithParams.n_train, n_val: int = ArithParams.n_val,
+                 format_penalty: float = ArithParams.format_penalty):
+        # The split seed is fixed per task, not per cell, so all cells share one val set.
+        self.train, self.val = make_problems(seed, n_train, n_val)
+        self.format_penalty = format_penalty
+        self.prompts = ArithPrompts()
 
 
 TASK = register_task(registry.Task(
