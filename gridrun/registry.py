@@ -198,7 +198,8 @@ def _load_builtins() -> None:
 
 def load_plugin(plugin: str) -> None:
     """Import the module that registers an option: a dotted module name, or an absolute path
-    to a .py file (loaded once per process)."""
+    to a .py file (loaded once per process). A module that fails to import is a one-line
+    ConfigError naming the plugin, and leaves nothing half-loaded in sys.modules."""
     if plugin in _loaded_plugins:
         return
     if plugin.endswith(".py"):
@@ -212,14 +213,27 @@ def load_plugin(plugin: str) -> None:
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as err:
+            del sys.modules[name]
+            raise ConfigError(_failed(plugin, err)) from None
     else:
         try:
             importlib.import_module(plugin)
         except ModuleNotFoundError as err:
+            if err.name is None or not (plugin == err.name or plugin.startswith(f"{err.name}.")):
+                raise ConfigError(_failed(plugin, err)) from None  # a module the plugin imports is missing
             raise ConfigError(f"plugin '{plugin}' cannot be imported ({err}): put it on PYTHONPATH or give "
                               "an absolute path to its .py file") from None
+        except Exception as err:
+            raise ConfigError(_failed(plugin, err)) from None
     _loaded_plugins.add(plugin)
+
+
+def _failed(plugin: str, err: Exception) -> str:
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"plugin '{plugin}' failed while importing ({type(err).__name__}: {first}): fix that module"
 
 
 def _lookup(registry: _Registry, name: str, plugin: str | None = None) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,16 @@ def test_plugins_that_cannot_load_name_the_fix(tmp_path: Path) -> None:
         registry.workflow("debate", "no_such_module_xyz")
     with pytest.raises(ConfigError, match="does not exist: fix the path"):
         registry.workflow("debate", str(tmp_path / "missing.py"))
+    # A module that exists but fails while importing: one line naming it, nothing half-loaded.
+    (tmp_path / "broken.py").write_text("def broken(:\n")
+    (tmp_path / "needs_more.py").write_text("import no_such_dependency_xyz\n")
+    before = set(sys.modules)
+    with pytest.raises(ConfigError, match=r"^plugin '.*broken.py' failed while importing \(SyntaxError: .*\): fix that module$"):
+        registry.workflow("debate", str(tmp_path / "broken.py"))
+    with pytest.raises(ConfigError, match=r"^plugin '.*needs_more.py' failed while importing \(ModuleNotFoundError: "
+                                          r"No module named 'no_such_dependency_xyz'\): fix that module$"):
+        registry.workflow("debate", str(tmp_path / "needs_more.py"))
+    assert set(sys.modules) == before
 
 
 def test_built_in_slots_and_prompts_come_from_each_workflows_entry() -> None:
