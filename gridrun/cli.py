@@ -77,14 +77,24 @@ def _cmd_data(args: argparse.Namespace) -> int:
 
 def _cmd_toy(args: argparse.Namespace) -> int:
     from gridrun.runconfig import ToySpec
-    from gridrun.toy.build import ensure_toy_world
+    from gridrun.toy.build import SHIPPED, ToyWorldError, ensure_toy_world, file_hashes, rebuild, shipped_world
 
     spec = ToySpec() if args.seed is None else ToySpec(seed=args.seed)
-    path = ensure_toy_world(spec)
+    try:
+        path = rebuild(spec) if args.rebuild else ensure_toy_world(spec)
+        shipped = shipped_world(spec)
+    except ToyWorldError as err:
+        raise UserError(str(err)) from None
     info = json.loads((path / "build.json").read_text())
-    print(f"toy world (seed {spec.seed}): {path}")
+    where = "shipped with gridrun" if path == SHIPPED else "rebuilt" if args.rebuild else "cached"
+    print(f"toy world (seed {spec.seed}, {where}): {path}")
     print(f"warm start: {info['steps']} steps, greedy single accuracy {100 * info['accuracy']:.1f}% "
           f"on held-out problems, built in {info['seconds']:.0f} s")
+    if args.rebuild and shipped is not None:
+        same = file_hashes(path) == file_hashes(shipped)
+        print("the rebuild is byte-identical to the shipped world" if same else
+              "the rebuild differs from the shipped world in its bytes (another CPU's float32 kernels sum in "
+              "another order); cells keep using the shipped world")
     return 0
 
 
@@ -144,8 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     toy = sub.add_parser("toy", help="the toy world (scale=toy): build it ahead of time, or find it in the cache")
     toy_sub = toy.add_subparsers(dest="action", required=True, metavar="ACTION")
-    toy_build = toy_sub.add_parser("build", help="build (once, cached by recipe hash) and print where it is")
+    toy_build = toy_sub.add_parser(
+        "build", help="find the toy world (the default one ships with gridrun; others are built once and cached)"
+    )
     toy_build.add_argument("--seed", type=int, help="the toy world's seed (model.toy.seed; default: the recipe's)")
+    toy_build.add_argument("--rebuild", action="store_true",
+                           help="build it afresh from its recipe into the cache and compare it with the shipped world")
     toy.set_defaults(func=_cmd_toy)
 
     plot = sub.add_parser(

@@ -229,7 +229,9 @@ def test_hf_merges_only_float32_weights_that_fit_the_copy_limit(toy_world, monke
     from gridrun.runconfig import ModelSpec, ToySpec
     from gridrun.train.engines import hf
     from gridrun.train.model import load_base
+    from gridrun.train.precision import ALLOW_EMULATED
 
+    monkeypatch.setenv(ALLOW_EMULATED, "1")  # a bf16 model is only inspected here, on any CPU
     base, tokenizer = load_base(ModelSpec(name_or_path="toy", dtype="bfloat16", toy=ToySpec()), str(toy_world))
     model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"), adapter_name="gen")
     assert not hf.HFEngine(model, tokenizer).merge_lora

@@ -29,6 +29,55 @@ def test_build_is_deterministic_per_seed_and_keyed_by_recipe(tmp_path: Path, mon
     assert build.ensure_toy_world(spec) == dirs[1]
 
 
+def test_the_default_world_is_the_shipped_one_on_every_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default recipe resolves to the committed world, checked against its build record,
+    with nothing built: an empty cache stays empty."""
+    from gridrun.toy import build
+
+    monkeypatch.setenv("GRIDRUN_CACHE", str(tmp_path / "cache"))
+    record = json.loads((build.SHIPPED / "build.json").read_text())
+    assert record["recipe_hash"] == build.recipe_hash(ToySpec())
+    assert build.file_hashes(build.SHIPPED) == record["files"]
+    assert {"model.safetensors", "tokenizer.json", "config.json"} <= set(record["files"])
+    assert build.ensure_toy_world(ToySpec()) == build.SHIPPED
+    assert not (tmp_path / "cache").exists()
+    # The build stopped at the first evaluation reaching the recipe's target.
+    assert record["accuracy"] >= ToySpec().target_accuracy > max(acc for _, acc in record["curve"][:-1])
+
+
+def test_a_damaged_shipped_world_is_refused_naming_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from gridrun.toy import build
+
+    copy = tmp_path / "world"
+    shutil.copytree(build.SHIPPED, copy)
+    monkeypatch.setattr(build, "SHIPPED", copy)
+    weights = bytearray((copy / "model.safetensors").read_bytes())
+    weights[-1] ^= 1
+    (copy / "model.safetensors").write_bytes(bytes(weights))
+    with pytest.raises(build.ToyWorldError, match=r"model.safetensors differs .*`git checkout -- gridrun/toy/world`"):
+        build.ensure_toy_world(ToySpec())
+
+
+@pytest.mark.slow
+def test_a_rebuild_of_the_shipped_recipe_reaches_its_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gridrun toy build --rebuild` from the recipe alone: the skill appears (the build stops
+    at the target accuracy, well before its step cap). Bytes equal the shipped world only on
+    a CPU whose float32 kernels sum in the same order, so they are reported, not asserted."""
+    from gridrun.toy import build
+
+    monkeypatch.setenv("GRIDRUN_CACHE", str(tmp_path))
+    spec = ToySpec()
+    rebuilt = build.rebuild(spec)
+    info = json.loads((rebuilt / "build.json").read_text())
+    assert info["recipe_hash"] == json.loads((build.SHIPPED / "build.json").read_text())["recipe_hash"]
+    assert info["accuracy"] >= spec.target_accuracy and info["steps"] < spec.max_warm_steps
+    assert build.ensure_toy_world(spec) == build.SHIPPED  # cells keep the shipped world
+    same = build.file_hashes(rebuilt) == build.file_hashes(build.SHIPPED)
+    print(f"rebuild: {info['steps']} steps, {info['accuracy']:.3f}, byte-identical to the shipped world: {same}")
+
+
 def test_a_failed_build_rank_fails_the_build_and_leaves_no_process(tmp_path: Path) -> None:
     import multiprocessing
 
@@ -42,18 +91,18 @@ def test_a_failed_build_rank_fails_the_build_and_leaves_no_process(tmp_path: Pat
     assert not multiprocessing.active_children()
 
 
-def test_toy_build_command_reports_the_cached_world(toy_world: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_toy_build_command_reports_the_shipped_world(toy_world: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from gridrun.cli import main
 
     assert main(["toy", "build"]) == 0
     out = capsys.readouterr().out
     built = json.loads((toy_world / "build.json").read_text())
-    assert str(toy_world) in out
+    assert f"shipped with gridrun): {toy_world}" in out
     assert f"{built['steps']} steps" in out
 
 
 def test_the_run_entry_resolves_the_toy_model_to_its_directory(toy_world: Path) -> None:
-    # config.yaml says `toy`; the trainer is handed the cached world's directory. A real model
+    # config.yaml says `toy`; the trainer is handed the shipped world's directory. A real model
     # is its own hub id, and init=random reads only the default toy world's tokenizer.
     assert model_files(ModelSpec(name_or_path="toy", toy=ToySpec())) == str(toy_world)
     assert model_files(ModelSpec(name_or_path="Qwen/Qwen3-1.7B")) == "Qwen/Qwen3-1.7B"

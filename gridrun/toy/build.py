@@ -15,6 +15,12 @@ The warm start runs as WARM_RANKS data-parallel processes (spawned, gloo on loca
 computes the gradient of its share of every batch, the shares are summed, and every rank
 takes the same optimizer step. The rank count is part of the recipe, not read from the
 machine, because it fixes the gradient's summation order and hence the weights.
+
+The default world ships inside the package (`gridrun/toy/world/`, a few MB): every machine
+loads the same bytes in milliseconds, whatever its CPU. A rebuild is deterministic on one
+machine, but float32 kernels sum in another order on another instruction set (AVX2 against
+AVX-512), so a rebuild elsewhere is a sibling world of the same recipe, not the same bytes:
+`gridrun toy build --rebuild` makes one and says whether it matches.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from gridrun.train.padding import pad_rows
 log = logging.getLogger("gridrun")
 
 # Bump when anything below changes what gets built: it is part of the cache key.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 VOCAB_SIZE = 384
 MODEL = {
@@ -60,12 +66,11 @@ MODEL = {
     "tie_word_embeddings": True,
     "rope_theta": 10000.0,
 }
-# "autocast": the forward's matmul dtype (weights, optimizer and the saved model stay float32);
-# bfloat16 makes a step ~10% cheaper on CPUs with AVX512-BF16 and learned as fast per step.
-WARM = {
-    "batch": 64, "lr": 3e-3, "betas": (0.9, 0.98), "weight_decay": 0.01, "warmup": 50, "clip": 1.0,
-    "autocast": "bfloat16",
-}
+# Float32 throughout, no autocast: bfloat16 saved ~10% on CPUs with AVX512-BF16 but ran 17x
+# slower on CPUs without it (emulated), and its kernels differ between the two, so the
+# "same" recipe built another world on each (version 2: 300 steps and 40.5% on one machine,
+# 375 steps and 36.0% on another).
+WARM = {"batch": 64, "lr": 3e-3, "betas": (0.9, 0.98), "weight_decay": 0.01, "warmup": 50, "clip": 1.0}
 # A batch is sorted by length and cut into this many micro-batches: transcripts range from
 # ~40 tokens (generator) to ~180 (synthesizer), so padding to the batch maximum would waste
 # most of the compute.
@@ -82,6 +87,15 @@ CHAT_TEMPLATE = (
     "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
     "{%- endif %}"
 )
+
+
+# The default recipe's world, built once and committed; build.json records its recipe hash
+# and the sha256 of every file.
+SHIPPED = Path(__file__).parent / "world"
+
+
+class ToyWorldError(RuntimeError):
+    pass
 
 
 def cache_root() -> Path:
@@ -108,8 +122,37 @@ def recipe_hash(spec: ToySpec) -> str:
     return hashlib.sha256(json.dumps(recipe(spec), sort_keys=True).encode()).hexdigest()[:16]
 
 
+def file_hashes(world: Path) -> dict[str, str]:
+    """sha256 of every file of a built world but its build record."""
+    return {
+        f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(world.iterdir()) if f.is_file() and f.name != "build.json"
+    }
+
+
+def shipped_world(spec: ToySpec) -> Path | None:
+    """The shipped world if `spec` is its recipe (its files checked against the record), else None."""
+    record = SHIPPED / "build.json"
+    if not record.exists():
+        return None
+    info = json.loads(record.read_text())
+    if info.get("recipe_hash") != recipe_hash(spec):
+        return None
+    found = file_hashes(SHIPPED)
+    if found != info["files"]:
+        bad = sorted(set(found.items()) ^ set(info["files"].items()))
+        raise ToyWorldError(
+            f"the shipped toy world in {SHIPPED} is damaged ({bad[0][0]} differs from build.json): "
+            "restore it with `git checkout -- gridrun/toy/world` or reinstall gridrun"
+        )
+    return SHIPPED
+
+
 def ensure_toy_world(spec: ToySpec) -> Path:
-    """The cached toy world for this recipe, building it first if needed."""
+    """The toy world for this recipe: the shipped one, else the cached build, built first if needed."""
+    shipped = shipped_world(spec)
+    if shipped is not None:
+        return shipped
     root = cache_root() / "toy"
     target = root / recipe_hash(spec)
     if (target / "build.json").exists():
@@ -128,6 +171,15 @@ def ensure_toy_world(spec: ToySpec) -> Path:
             shutil.rmtree(target, ignore_errors=True)
             os.replace(staging, target)
     return target
+
+
+def rebuild(spec: ToySpec) -> Path:
+    """Build `spec`'s world afresh into the cache (beside, never over, the world cells use)."""
+    out = cache_root() / "toy" / f"{recipe_hash(spec)}.rebuilt"
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    build(spec, out)
+    return out
 
 
 def _chat(tokenizer: PreTrainedTokenizerFast, messages: transcripts.Messages) -> str:
@@ -284,8 +336,7 @@ def _build(spec: ToySpec, out: Path, started: float, dist: Dist) -> None:
             if _micro_batch_owner(index, dist.world) != dist.rank:
                 continue
             input_ids, attention, labels = _batch(micro_batch, tokenizer.pad_token_id)
-            with torch.autocast("cpu", dtype=getattr(torch, WARM["autocast"])):
-                logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()
+            logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
             # Token-mean over the whole batch, whatever the micro-batch split.
             loss = torch.nn.functional.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum"
@@ -317,5 +368,8 @@ def _build(spec: ToySpec, out: Path, started: float, dist: Dist) -> None:
     model.generation_config.do_sample = False
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    info = {"recipe": recipe(spec), "ranks": dist.world, "steps": step, "accuracy": accuracy, "curve": curve, "seconds": time.time() - started}
+    info = {
+        "recipe": recipe(spec), "recipe_hash": recipe_hash(spec), "ranks": dist.world, "steps": step,
+        "accuracy": accuracy, "curve": curve, "seconds": time.time() - started, "files": file_hashes(out),
+    }
     (out / "build.json").write_text(json.dumps(info, indent=1))

@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gridrun.runconfig import ModelSpec
+from gridrun.train.precision import EmulatedDtype, check_cpu_dtype
 
 
 class ModelLoadError(RuntimeError):
@@ -27,6 +28,11 @@ def load_base(spec: ModelSpec, files: str, device: torch.device | None = None) -
     `files`: what `from_pretrained` loads (a directory or hub id). Under `init=random` only
     its tokenizer is read, mapped into the vocabulary of `spec.name_or_path`'s architecture."""
     device = device or torch.device("cpu")
+    if device.type == "cpu":
+        try:
+            check_cpu_dtype(spec.dtype)
+        except EmulatedDtype as err:
+            raise ModelLoadError(str(err)) from None
     dtype = getattr(torch, spec.dtype)
     if spec.init == "random":
         from gridrun.arch import UnknownArchitecture

@@ -4,7 +4,7 @@ The smoke sweep runs every cell through the local launcher; a cell killed with -
 recorded as failed (or read as lost when its launcher died too) and `gridrun resubmit
 --failed` resumes it from its newest complete checkpoint; Ctrl-C cancels cleanly. Runs
 are shrunk (a few steps, tiny batches) so that each cell takes seconds once the toy world
-is built (the first run builds it, a few minutes, cached under $GRIDRUN_CACHE).
+loads (the shipped one: nothing is built).
 """
 
 from __future__ import annotations

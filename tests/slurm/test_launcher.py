@@ -2,7 +2,7 @@
 
     eval "$(slurm/testcluster/up.sh)" && .venv/bin/pytest -q -m slurm tests/slurm
 
-What is checked, on the toy world (jobs share the session's toy-world cache via GRIDRUN_CACHE):
+What is checked, on the toy world (the jobs load the shipped one; their GRIDRUN_CACHE is empty):
 - the smoke sweep (11 cells, 2 small steps each) is submitted as one job array and
   `gridrun sweep` returns at once; every cell ends done; `gridrun status` shows the job ids
   and the scheduler's word for them; `gridrun collect` builds Table 1;
@@ -85,8 +85,9 @@ class Gridrun:
 @pytest.fixture(scope="module")
 def gridrun(toy_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Gridrun:
     results = tmp_path_factory.mktemp("slurm") / "results"
-    # toy_world = <cache>/toy/<hash>: the jobs read the world the session built.
-    env = {**os.environ, "GRIDRUN_RESULTS": str(results), "GRIDRUN_CACHE": str(toy_world.parents[1])}
+    # The jobs load the shipped toy world (toy_world); an empty cache shows they build nothing.
+    cache = tmp_path_factory.mktemp("cache")
+    env = {**os.environ, "GRIDRUN_RESULTS": str(results), "GRIDRUN_CACHE": str(cache)}
     return Gridrun(results, env)
 
 
