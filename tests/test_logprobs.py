@@ -32,7 +32,9 @@ def test_chunks_change_neither_values_nor_gradients(toy_model) -> None:
     # 27 positions: one pass (27 <= 64) against chunks of 4 (7 chunks, checkpointed).
     whole, chunked = run(64), run(4)
     torch.testing.assert_close(whole[0], chunked[0], rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(whole[1], chunked[1], rtol=1e-6, atol=1e-6)
+    # Entropy = logsumexp(z) - sum p z cancels terms of the logits' size, so its rounding is the
+    # logits' float32 eps (~1e-6 x |z|), not its own: 4e-6 apart on the shipped world's logits.
+    torch.testing.assert_close(whole[1], chunked[1], rtol=1e-6, atol=1e-5)
     # The head's gradient sums over positions in another order: float32 rounding only.
     torch.testing.assert_close(whole[2], chunked[2], rtol=1e-4, atol=1e-5)
 

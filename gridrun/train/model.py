@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gridrun.runconfig import ModelSpec
+from gridrun.train.attention import use_grouped_attention
 from gridrun.train.precision import EmulatedDtype, check_cpu_dtype
 
 
@@ -55,5 +56,7 @@ def load_base(spec: ModelSpec, files: str, device: torch.device | None = None) -
         model.to(device)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if device.type == "cpu":
+        use_grouped_attention(model)
     model.requires_grad_(False)
     return model, tokenizer
