@@ -260,8 +260,8 @@ class Trainer:
 
     def lr(self, step: int, update_index: int, updates_per_step: int) -> float:
         opt = self.config.optim
-        position = grpo.schedule_position(step, update_index, updates_per_step, opt.lr_advance)
-        return grpo.lr_at(position, opt.lr, opt.warmup_steps, self.total_steps, opt.schedule, opt.min_lr_ratio)
+        advances = grpo.schedule_advances(step, update_index, updates_per_step, opt.lr_advance)
+        return grpo.lr_at(advances, opt.lr, opt.warmup_steps, self.total_steps, opt.schedule, opt.min_lr_ratio)
 
     def record_skipped(self, skipped: int) -> None:
         """Count non-finite updates; the count and its alert go to state.json at once."""
