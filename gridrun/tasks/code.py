@@ -27,6 +27,7 @@ for programs that time out, and other languages.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,7 +161,7 @@ class CodeTask(Task):
                  sandbox: str = "bwrap", question: str = "lcb_instruction") -> None:
         if mode not in MODES:
             raise ValueError(f"code reward mode {mode!r} is not one of {list(MODES)}: set task.code_reward_mode")
-        limits = limits or limits_of(CodeParams(data_path=str(data_path)))  # CodeParams' defaults: one source
+        limits = limits or limits_of()
         try:
             self.sandbox = SandboxConfig(isolation=sandbox)  # type: ignore[arg-type]
         except ValueError as err:
@@ -234,8 +235,13 @@ class CodeParams(TaskParams):
             raise ConfigError(f"task.code_budget_per_test_s must be >= 0 seconds, got {self.code_budget_per_test_s}")
 
 
-def limits_of(params: CodeParams) -> CodeLimits:
-    """The reward's time limits set by a code task's params (a bad value is a ValueError naming it)."""
+def limits_of(params: CodeParams | None = None) -> CodeLimits:
+    """The reward's time limits a code task's params set; without params, CodeParams' defaults
+    (the released code's), for scoring outside a cell."""
+    if params is None:
+        defaults = {f.name: f.default for f in dataclasses.fields(CodeParams)}
+        return CodeLimits(timeout_s=defaults["code_test_timeout_s"], budget_per_test_s=defaults["code_budget_per_test_s"],
+                          budget_cap_s=defaults["code_budget_cap_s"])
     return CodeLimits(timeout_s=params.code_test_timeout_s, budget_per_test_s=params.code_budget_per_test_s,
                       budget_cap_s=params.code_budget_cap_s)
 
