@@ -8,9 +8,10 @@ import pytest
 import yaml
 
 from gridrun.grid import REPO_ROOT
+from gridrun.tasks.answers import released_box
 from gridrun.tasks.base import Problem
 from gridrun.tasks.math import score_boxed
-from gridrun.tasks.math_grader import grade, released_box, score_released
+from gridrun.tasks.math_grader import grade, score_released
 
 
 def test_no_box_scores_zero_released_and_the_penalty_as_written() -> None:

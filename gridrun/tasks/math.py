@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 from gridrun import registry
 from gridrun.registry import TaskParams, register_task
-from gridrun.tasks.answers import last_boxed
+from gridrun.tasks.answers import last_boxed, released_box
 from gridrun.tasks.base import Messages, Problem, RolePrompts, Score, Task, user_message
 from gridrun.tasks.prepared import read_split, require_data
 
@@ -86,7 +86,8 @@ class BoxedAnswerTask(Task):
     grader: Grader = "released"
 
     def extract_answer(self, response: str) -> str | None:
-        return last_boxed(response)
+        # The box the grader scores, so a turn's parsed answer is what its reward read.
+        return released_box(response) if self.grader == "released" else last_boxed(response)
 
     def score(self, response: str | None, problem: Problem) -> Score:
         if response is None:

@@ -5,10 +5,10 @@ Its verdicts differ from math-verify's in ways that move rewards (an unreduced f
 wrong, "0.333333" is not 1/3, a response without a box scores 0.0, not a penalty), so this
 module implements its rules rather than approximating them with math-verify:
 
-  * The answer is the content of the last `\\boxed{...}`: the last "\\boxed" of the response,
-    its braces matched by plain counting (no escapes), and only the exact form `\\boxed{`.
-    None (no box, a bare `\\boxed 5`, unbalanced braces, `\\fbox`) scores `format_penalty`
-    (0.0 in the released code), flag "no_box".
+  * The answer is the content of the last `\\boxed{...}` as `answers.released_box` reads it:
+    the last "\\boxed" of the response, its braces matched by plain counting, and only the
+    exact form `\\boxed{`. None (no box, a bare `\\boxed 5`, unbalanced braces, `\\fbox`)
+    scores `format_penalty` (0.0 in the released code), flag "no_box".
   * Correct when either check passes against the reference:
     1. mathd: both sides normalised Hendrycks-MATH style (`_mathd`: a leading `\\text{}`
        unwrapped, `\\!`, `\\left`, `\\right`, degrees, `\\$`, `\\%`, spaces and a right-hand
@@ -44,11 +44,11 @@ import re
 import sympy
 from sympy.parsing import sympy_parser
 
+from gridrun.tasks.answers import released_box
 from gridrun.tasks.math_reward import MathScore
 
-__all__ = ["grade", "released_box", "score_released"]
+__all__ = ["grade", "score_released"]
 
-_BOX = "\\boxed{"
 # A unit word with its plural and power ("meters^2"), removed from PRM-normalised answers.
 _UNITS = ("degree", "cm", "centimeter", "meter", "mile", "second", "minute", "hour", "day", "week",
           "month", "year", "foot", "feet", "inch", "yard")
@@ -64,23 +64,6 @@ _TUPLE_BRACKETS = "()[]"
 # LaTeX symbols and the plain text they become (pylatexenc's unicode, then the grader's words).
 _SYMBOLS = {"\\pi": "pi", "\\infty": "inf", "\\cup": "U", "\\cdot": "*", "\\times": "*"}
 _SPACING = ("\\,", "\\;", "\\:", "\\!", "\\ ", "\\quad", "\\qquad")
-
-
-def released_box(response: str) -> str | None:
-    """The content of the last `\\boxed{...}` as the released grader reads it, else None."""
-    start = response.rfind("\\boxed")
-    if start < 0:
-        return None
-    depth = 0
-    for i in range(start, len(response)):
-        if response[i] == "{":
-            depth += 1
-        elif response[i] == "}":
-            depth -= 1
-            if depth == 0:
-                whole = response[start : i + 1]
-                return whole[len(_BOX) : -1] if whole.startswith(_BOX) else None
-    return None
 
 
 # ------------------------------------------------------------------------------- mathd check
@@ -279,4 +262,4 @@ def score_released(response: str, answer: str, format_penalty: float = 0.0) -> M
     if given is None:
         return MathScore(format_penalty, None, "no_box")
     ok = grade(given, answer)
-    return MathScore(1.0 if ok else 0.0, given.strip(), "correct" if ok else "wrong")
+    return MathScore(1.0 if ok else 0.0, given, "correct" if ok else "wrong")
