@@ -28,11 +28,12 @@ def preset_names(conf_dir: Path = CONF_DIR) -> list[str]:
     return sorted(p.stem for p in (conf_dir / "preset").glob("*.yaml"))
 
 
-def _dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as dotted key -> leaf value (an empty mapping is a leaf)."""
     flat: dict[str, Any] = {}
     for key, value in tree.items():
         if isinstance(value, dict) and value:
-            flat.update(_dotted(value, f"{prefix}{key}."))
+            flat.update(dotted(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat
@@ -41,7 +42,7 @@ def _dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def preset_settings(preset: str, task: str, conf_dir: Path = CONF_DIR) -> dict[str, Any]:
     """Dotted key -> value that `preset` sets for a cell of `task` (its name aside)."""
     root = yaml.safe_load((conf_dir / "preset" / f"{preset}.yaml").read_text()) or {}
-    settings = {k: v for k, v in _dotted(root).items() if k != "preset"}
+    settings = {k: v for k, v in dotted(root).items() if k != "preset"}
     task_file = conf_dir / "preset" / "task" / f"{preset}_{task}.yaml"
     if task_file.is_file():
         settings.update({f"task.{k}": v for k, v in (yaml.safe_load(task_file.read_text()) or {}).items()})
@@ -52,7 +53,7 @@ def _schema_default(key: str, task: str, plugin: str | None) -> Any:
     if key.startswith("task."):
         params = registry.params_class("task", {"name": task, "plugin": plugin})
         return {f.name: f.default for f in dataclasses.fields(params)}[key.removeprefix("task.")]
-    return _dotted(run_defaults())[key]
+    return dotted(run_defaults())[key]
 
 
 def departures(config: dict[str, Any], conf_dir: Path = CONF_DIR) -> list[tuple[str, Any, Any]]:
@@ -60,7 +61,7 @@ def departures(config: dict[str, Any], conf_dir: Path = CONF_DIR) -> list[tuple[
     task, plugin = config["task"]["name"], config["task"].get("plugin")
     own = preset_settings(config["preset"], task, conf_dir)
     items = sorted({key for name in preset_names(conf_dir) for key in preset_settings(name, task, conf_dir)})
-    values = _dotted(config)
+    values = dotted(config)
     found = []
     for key in items:
         expected = own[key] if key in own else _schema_default(key, task, plugin)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gridrun.grid.compose import Composer
-from gridrun.grid.presets import departures, preset_names
+from gridrun.grid.presets import departures, dotted, preset_names, preset_settings
 from gridrun.runconfig import load_config
 from tests.grid.conftest import Gridrun
 
@@ -75,6 +75,11 @@ def test_each_preset_composes_for_every_task_and_departs_from_nothing(composer: 
     assert set(trees) == {"released", "as_written"}
     for tree in trees.values():
         assert departures(tree) == []
+    # The two presets' cells differ exactly in the preset's name and the items as_written
+    # sets: a preset switch changes nothing else of a cell (so of its fingerprint).
+    flat = {p: dotted({k: v for k, v in tree.items() if k != "grid"}) for p, tree in trees.items()}
+    changed = {k for k in flat["released"] if flat["released"][k] != flat["as_written"].get(k)}
+    assert changed == {"preset"} | set(preset_settings("as_written", task))
     as_written_seen_as_released = departures({**trees["as_written"], "preset": "released"})
     keys = {key for key, _, _ in as_written_seen_as_released}
     assert {"grpo.group_key", "optim.schedule", "optim.lr_advance", "protocol.orch_workers"} <= keys
