@@ -13,8 +13,11 @@ evaluator writes a short critique without code and ends with `\\boxed{Correct}` 
 `\\boxed{Incorrect}`, the aggregator answers `\\boxed{k}`, the orchestrator numbered strategies,
 and generator, workers and synthesizer one fenced python block.
 
-Function-call problems: the statement alone may not say which function the tests call, so
-the problem's question gets one sentence naming it (`interface_note`) when the task is loaded.
+What the model sees of a problem (`question`): under `lcb_instruction` (the released code's
+way, in our wording) the statement inside a LiveCodeBench-style instruction saying what the
+program does with its input and which function the tests call; under `bare` the statement,
+and for a function-call problem one sentence naming its function (`interface_note`), since
+the statement alone may not say which one the tests call.
 
 Model-written programs run only in a working sandbox: the task refuses to load without one
 (``SandboxUnavailable``, one line naming the fix) unless ``sandbox="none"`` (config

@@ -1,7 +1,10 @@
 """`task=math`: DAPO-Math-17k (processed, English), scored by the last `\\boxed{}`.
 
-Data comes from `gridrun data prepare math` (see gridrun/tasks/prepared.py); the reward is
-the same math-verify check as `task=arith`. Prompts are written for Qwen3 with thinking
+Data comes from `gridrun data prepare math` (see gridrun/tasks/prepared.py); the model sees
+each problem as DAPO-Math distributes it, its "Answer:" instruction included, as the released
+code trained (`question: dapo_prompt`), or the problem alone (`bare`). The reward, shared with
+`task=arith`, checks the last box with the released code's grader (gridrun/tasks/math_grader.py)
+or math-verify (gridrun/tasks/math_reward.py), per `grader`. Prompts are written for Qwen3 with thinking
 disabled: each role is told its output shape, because the drift signatures measure
 departures from exactly these shapes.
 """

@@ -229,8 +229,10 @@ class Trainer:
             for turn, adv in zip(episode.turns, episode_advantages)
             if (adapter := self.routing.adapter(turn.role)) in trainable
         ]
-        lr = self.lr(step, 0, 1)
         lrs = {name: self.lr(step, i, len(self.routing.trainable)) for i, name in enumerate(self.routing.trainable)}
+        # The row's `lr` is the first adapter's (each adapter's is adapter/<a>/lr): under
+        # per_update stepping the adapters of one IP step run at different LRs.
+        lr = lrs[self.routing.trainable[0]]
         self.engine.sleep()
         update_metrics = update(
             self.model, self.routing, self.optimizers, seqs, UpdateSettings.of(cfg, self.pad_id), lrs, self.update_rng,
