@@ -26,10 +26,11 @@ module implements its rules rather than approximating them with math-verify:
 
 Left out, or approximate:
   * LaTeX to plain text: the released grader uses pylatexenc's `latex2text`, which gridrun does
-    not depend on; `_latex_text` converts the constructs final answers use (`\\frac{a}{b}` ->
-    `a/b`, as pylatexenc writes it (no parentheses), `\\sqrt{x}` -> `sqrt(x)`, `\\pi`, `\\infty`,
-    `\\cdot`, `\\times`, `\\text{}`, spacing macros; other macros are dropped) and may differ
-    from pylatexenc on anything rarer.
+    not depend on; `_latex_text` converts the constructs final answers use as pylatexenc's
+    default macro table does (`\\frac{a}{b}` and `\\frac12` -> `a/b`, no parentheses, so
+    `\\frac{a+1}{2}` reads a+1/2 there too; `\\sqrt{x}` -> `sqrt(x)`; `\\pi`, `\\infty`,
+    `\\cdot`, `\\times`, `\\cup` to the grader's words; `\\text{}`, spacing macros; any other
+    macro dropped) and may differ from pylatexenc on anything rarer.
   * No time limit on sympy (the released grader ran without one in 0.2.1): the guards above
     are its only protection, as there.
   * rLLM's handling of `<think>` delimiters and of several reference answers: gridrun's
@@ -133,6 +134,12 @@ def _mathd(answer: str) -> str:
 
 
 # ------------------------------------------------------------------------------- sympy check
+def _fraction_text(m: re.Match[str]) -> str:
+    numerator = m[1] if m[1] is not None else m[2]
+    denominator = m[3] if m[3] is not None else m[4]
+    return f"{numerator}/{denominator}"
+
+
 def _latex_text(expr: str) -> str:
     """LaTeX to plain text for sympy (an approximation of pylatexenc's latex2text: see the
     module docstring): `\\frac{a}{b}` -> `a/b`, `\\sqrt{x}` -> `sqrt(x)`, symbols to words."""
@@ -143,9 +150,10 @@ def _latex_text(expr: str) -> str:
     for macro, text in _SYMBOLS.items():
         s = re.sub(re.escape(macro) + r"(?![A-Za-z])", f" {text} " if text == "U" else text, s)
     group = r"\{([^{}]*)\}"
+    arg = r"(?:\{([^{}]*)\}|([^{}\s\\]))"  # a braced group or one character, as LaTeX reads \frac12
     for _ in range(8):  # innermost groups first, until nothing changes
         before = s
-        s = re.sub(r"\\frac\s*" + group + r"\s*" + group, r"\1/\2", s)
+        s = re.sub(r"\\frac\s*" + arg + r"\s*" + arg, _fraction_text, s)
         s = re.sub(r"\\sqrt\s*" + group, r"sqrt(\1)", s)
         s = re.sub(r"\\(?:text|mathrm|mathbf|textbf|operatorname)\s*" + group, r"\1", s)
         if s == before:
