@@ -81,3 +81,13 @@ def test_the_math_task_scores_with_its_grader() -> None:
     as_written = ArithTask(n_train=1, n_val=1, format_penalty=-0.1, grader="math_verify")
     assert (released.score("\\boxed{2/4}", problem).reward, as_written.score("\\boxed{2/4}", problem).reward) == (0.0, 1.0)
     assert (released.score("no box", problem).reward, as_written.score("no box", problem).reward) == (0.0, -0.1)
+
+
+def test_two_integers_are_compared_by_value_as_sympy_would() -> None:
+    # The fast path for two integer literals gives sympy's verdict on (a) - (b) == 0.
+    import sympy
+
+    from gridrun.tasks.math_grader import _sympy_equal
+
+    for a, b in (("57", "58"), ("58", "58"), ("-3", "3"), ("0", "-0"), ("007", "7"), ("10", "-10")):
+        assert _sympy_equal(a, b) is (sympy.simplify(sympy.sympify(f"({int(a)})-({int(b)})")) == 0), (a, b)
