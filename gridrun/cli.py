@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def _setup_logging() -> None:
@@ -34,18 +35,43 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise UserError(message) from None
 
 
+def _cell_task(cell: str, kind: str, flags: list[str]) -> Any:
+    """The task params of the cell at `cell` (for `gridrun reward ... --cell`), checked to be
+    scored by `gridrun reward <kind>` and not set twice by `flags` (those given by hand)."""
+    from gridrun.runconfig import load_config
+    from gridrun.rundir import RunDir
+
+    if flags:
+        raise UserError(f"--cell scores with the cell's own reward settings: drop {' and '.join(flags)}")
+    task = load_config(RunDir(Path(cell)).require().config_yaml).task
+    other = {"math": "code", "code": "math"}[kind]
+    if (kind == "math") != hasattr(task, "grader"):
+        raise UserError(f"the cell at {cell} trains task '{task.name}': score it with `gridrun reward {other} --cell`")
+    return task
+
+
 def _cmd_reward(args: argparse.Namespace) -> int:
     if args.task == "math":
-        from gridrun.tasks.math_reward import score_math_json
+        from gridrun.tasks.math import MathParams, score_boxed
 
-        result = score_math_json(args.response, args.answer)
+        given = [f for f, v in (("--grader", args.grader), ("--format-penalty", args.format_penalty)) if v is not None]
+        task = _cell_task(args.cell, "math", given) if args.cell else None
+        grader = task.grader if task else args.grader or MathParams.grader
+        penalty = task.format_penalty if task else (
+            MathParams.format_penalty if args.format_penalty is None else args.format_penalty)
+        score = score_boxed(args.response, args.answer, grader, penalty)
+        result: dict[str, Any] = {"reward": score.reward, "parsed": score.parsed}
     else:
+        from gridrun.tasks.code import CodeParams, limits_of
         from gridrun.tasks.code_reward import CodeInputError, score_program_json
         from gridrun.tasks.sandbox import SandboxConfig, SandboxUnavailable
 
-        sandbox = SandboxConfig(isolation="none" if args.no_sandbox else "bwrap")
+        task = _cell_task(args.cell, "code", ["--mode"] if args.mode else []) if args.cell else None
+        mode = task.code_reward_mode if task else args.mode or CodeParams.code_reward_mode
+        isolation = "none" if args.no_sandbox or (task and task.sandbox == "none") else "bwrap"
         try:
-            result = score_program_json(args.file, args.tests, args.mode, sandbox)
+            result = score_program_json(args.file, args.tests, mode, SandboxConfig(isolation=isolation),
+                                        limits_of(task))
         except CodeInputError as err:
             raise UserError(str(err)) from None
         except SandboxUnavailable as err:
@@ -127,13 +153,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     reward = sub.add_parser("reward", help="score one response")
     reward_sub = reward.add_subparsers(dest="task", required=True, metavar="TASK")
-    math = reward_sub.add_parser("math", help="last \\boxed{} against the answer, with math-verify")
+    cell_help = ("score with this cell's own reward settings (its run dir, results/<sweep>/cells/<id>); "
+                 "without it, the run schema's defaults (the released code's)")
+    math = reward_sub.add_parser("math", help="last \\boxed{} against the answer")
     math.add_argument("--response", required=True)
     math.add_argument("--answer", required=True)
+    math.add_argument("--cell", help=cell_help)
+    math.add_argument("--grader", choices=("released", "math_verify"), help="default: released")
+    math.add_argument("--format-penalty", type=float, help="the reward without a box; default: 0.0")
     code = reward_sub.add_parser("code", help="run a program against stdin/stdout or function-call tests")
     code.add_argument("--file", required=True, help="the program (PROG.py)")
     code.add_argument("--tests", required=True, help='JSON list of {"input": ..., "output": ...}')
-    code.add_argument("--mode", choices=("pass_rate", "all_pass"), default="pass_rate")
+    code.add_argument("--cell", help=cell_help)
+    code.add_argument("--mode", choices=("pass_rate", "all_pass"), help="default: all_pass")
     code.add_argument("--no-sandbox", action="store_true",
                       help="run the program WITHOUT isolation (trusted code only): it can read, write, "
                       "kill and connect to whatever you can; the result's flags say unsandboxed")

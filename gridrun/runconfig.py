@@ -129,14 +129,12 @@ class SamplingSpec:
 
 @dataclass
 class GRPOSpec:
-    """GRPO as in the paper: no KL, group-relative advantages, asymmetric clipping. The keys on
-    which the paper's code and text differ are set by the conf/grpo/ preset (released here)."""
+    """GRPO as in the paper: no KL, group-relative advantages, asymmetric clipping. Where the
+    paper's code and text differ the default is the code's (preset=released); conf/preset/
+    as_written.yaml sets the text's reading."""
 
     # Rollouts (episodes) per problem: the group size.
     n: int = 8
-    # Which reading of the paper this cell trains under (conf/grpo/): "released" (its code)
-    # or "as_written" (its text); the keys below are what the preset sets.
-    preset: Literal["released", "as_written"] = "released"
     # Advantage rows and groups. "problem_trajectory": one row per role turn, grouped by
     # (problem, trajectory name) (released). "problem": one row per episode, grouped by
     # problem, its advantage copied to every turn (as_written).
@@ -170,6 +168,29 @@ class GRPOSpec:
     # Per-role KL-to-base coefficients (k3 estimator), e.g. {generator: 0.01}; keys must be
     # roles of the workflow; empty = no KL, as in the paper.
     kl_beta: dict[str, float] = field(default_factory=dict)
+    # How a role's chi2 is reduced: "micro_batch" (verl: E[rho^2] - 1 per micro-batch, then
+    # averaged over micro-batches) or "pooled" (over every token of the step).
+    chi2_reduction: Literal["micro_batch", "pooled"] = "micro_batch"
+    # A group of one row: "raw" keeps its reward as its advantage (verl), "zero" gives it 0.
+    singleton_advantage: Literal["raw", "zero"] = "raw"
+
+
+@dataclass
+class ProtocolSpec:
+    """What each role sees and how its output is read, where the released code and the
+    paper's text differ (the workflows in gridrun/workflows/ read these)."""
+
+    # Eval-Opt: the evaluator and each revision see the "full" conversation so far (released),
+    # or only the "latest" answer (and its critique).
+    eval_opt_context: Literal["full", "latest"] = "full"
+    # Voting's aggregator: "released" takes the first \boxed{k}, else the first digit, else
+    # candidate 1; "last_box" takes the last box, and no box is the format penalty.
+    aggregator_parse: Literal["released", "last_box"] = "released"
+    # Which \boxed{} of an evaluator's reply is its verdict.
+    verdict_box: Literal["first", "last"] = "first"
+    # Orch-Workers: one worker per strategy the orchestrator gives, 1 to 3 ("parsed"), or
+    # always n_workers, padded with a generic strategy ("fixed").
+    orch_workers: Literal["parsed", "fixed"] = "parsed"
 
 
 @dataclass
@@ -183,22 +204,23 @@ class OptimSpec:
     eps: float = 1e-8
     # Decoupled weight decay.
     weight_decay: float = 0.01
-    # Linear warmup steps before the decay.
+    # Linear warmup over this many schedule advances, from LR 0 (verl's schedules: the first
+    # update runs at LR 0, the one after k advances at lr * k / warmup_steps).
     warmup_steps: int = 15
-    # LR schedule over train.total_steps (past its end it holds its floor).
-    schedule: Literal["cosine", "constant"] = "cosine"
+    # After the warmup: "constant" (verl's lr_scheduler_type default, which the released code
+    # ran: its config sets only the deprecated warmup_style) or "cosine" over
+    # train.total_steps (the paper's text; past its end it holds its floor).
+    schedule: Literal["cosine", "constant"] = "constant"
     # Floor of the cosine schedule, as a fraction of lr.
     min_lr_ratio: float = 0.0
     # Gradient-norm clip per adapter and optimizer step.
     grad_clip: float = 1.0
-    # When the schedule advances. "per_step" (both presets): once per training step,
-    # identical under SP and IP, the paper's intent and a controlled comparison.
-    # "per_update": once per adapter update, as upstream verl 0.6.1 steps its scheduler once
-    # per update_actor call; a released trainer that calls it once per agent under IP would
-    # then advance k times per step (2 for Eval-Opt and Voting, 3 for Orch-Workers). Not
-    # known without the fork's exact branch: whether it did, and whether it ran a constant LR
-    # after warmup (its config sets only the deprecated warmup_style).
-    lr_advance: Literal["per_step", "per_update"] = "per_step"
+    # When the schedule advances. "per_update" (released): once per adapter update, as verl
+    # steps its scheduler once per update_actor call and the released trainer calls it once
+    # per agent under IP (k advances per training step: 2 for Eval-Opt and Voting, 3 for
+    # Orch-Workers; one under SP). "per_step": once per training step, identical under SP
+    # and IP (the paper's text: a controlled comparison).
+    lr_advance: Literal["per_step", "per_update"] = "per_update"
 
 
 @dataclass
@@ -241,6 +263,11 @@ class LoggingSpec:
 @dataclass
 class RunConfig:
     cell: CellSpec
+    # Which reading of the paper the whole run follows (conf/preset/): "released", its
+    # released code, which produced its numbers (every default of this schema), or
+    # "as_written", its text. Any single key can still be set; `gridrun show` lists those
+    # that differ from the preset.
+    preset: Literal["released", "as_written"] = "released"
     # The toy world with its default recipe.
     model: ModelSpec = field(default_factory=lambda: ModelSpec(name_or_path="toy", toy=ToySpec()))
     # Each node: the params of the option it names (gridrun/registry.py), e.g. voting's
@@ -253,6 +280,7 @@ class RunConfig:
     engine: EngineParams = field(default_factory=lambda: _default_option("engine", "hf"))
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     grpo: GRPOSpec = field(default_factory=GRPOSpec)
+    protocol: ProtocolSpec = field(default_factory=ProtocolSpec)
     optim: OptimSpec = field(default_factory=OptimSpec)
     train: TrainSpec = field(default_factory=TrainSpec)
     logging: LoggingSpec = field(default_factory=LoggingSpec)

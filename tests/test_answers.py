@@ -34,17 +34,23 @@ def test_last_boxed(text: str, expected: str | None) -> None:
 
 
 @pytest.mark.parametrize(
-    "response, reward, parsed",
+    "grader, response, reward, parsed",
     [
         # The two shapes that used to split: a box parser skipping the unclosed last box read
         # "5" while the reward scored that last box unparseable (-0.1); and it ignored the bare
         # `\\boxed 7` the reward scored correct, so a correct turn counted as unanswered.
-        ("\\boxed{5} so \\boxed{6", -0.1, None),
-        ("the answer is \\boxed 7", 1.0, "7"),
+        ("math_verify", "\\boxed{5} so \\boxed{6", -0.1, None),
+        ("math_verify", "the answer is \\boxed 7", 1.0, "7"),
+        # The released grader reads neither as a box: no answer, 0.0 (its reward without one).
+        ("released", "\\boxed{5} so \\boxed{6", 0.0, None),
+        ("released", "the answer is \\boxed 7", 0.0, None),
+        ("released", "the answer is \\boxed{ 7 }", 1.0, "7"),
     ],
 )
-def test_a_turns_parsed_answer_is_the_box_its_reward_scored(response: str, reward: float, parsed: str | None) -> None:
-    task = ArithTask(n_train=1, n_val=1)
+def test_a_turns_parsed_answer_is_the_box_its_reward_scored(grader: str, response: str, reward: float,
+                                                            parsed: str | None) -> None:
+    penalty = -0.1 if grader == "math_verify" else 0.0
+    task = ArithTask(n_train=1, n_val=1, format_penalty=penalty, grader=grader)  # type: ignore[arg-type]
     problem = Problem(id="p", question="3 + 4", answer="7")
     score = task.score(response, problem)
     assert (score.reward, score.parsed) == (reward, parsed)

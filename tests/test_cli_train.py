@@ -19,7 +19,8 @@ def gridrun(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_reward_math_prints_json() -> None:
-    out = gridrun("reward", "math", "--response", "so \\boxed{84} then \\boxed{\\frac{170}{2}}", "--answer", "85")
+    out = gridrun("reward", "math", "--response", "so \\boxed{84} then \\boxed{\\frac{170}{2}}", "--answer", "85",
+                  "--grader", "math_verify")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"reward": 1.0, "parsed": "\\frac{170}{2}"}
 
@@ -47,3 +48,31 @@ def test_wandb_offline_keeps_one_run_across_resumes(tmp_path: Path) -> None:
     runs = sorted(p.name for p in (RunDir(cell).wandb_dir / "wandb").glob("offline-run-*"))
     ids = {name.rsplit("-", 1)[1] for name in runs}
     assert len(runs) == 2 and len(ids) == 1, runs
+
+
+def test_reward_math_scores_with_a_cells_own_grader(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # "\boxed{2/4}" against 1/2, and a response without a box: the released grader (the
+    # schema's default) says 0.0 and 0.0 (unreduced fractions are wrong, no box is 0);
+    # a cell under preset=as_written's settings (math-verify, -0.1) says 1.0 and -0.1.
+    from gridrun.cli import main
+
+    released = make_cell(tmp_path, "released")
+    as_written = make_cell(tmp_path, "as_written", task={"name": "arith", "grader": "math_verify", "format_penalty": -0.1})
+
+    def score(*args: str) -> dict:
+        assert main(["reward", "math", *args]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    for response, by_cell in (("\\boxed{2/4}", {released: 0.0, as_written: 1.0}), ("no box", {released: 0.0, as_written: -0.1})):
+        for cell, reward in by_cell.items():
+            assert score("--response", response, "--answer", "\\frac{1}{2}", "--cell", str(cell))["reward"] == reward
+    # Without a cell: the schema's defaults, i.e. the released grader; flags set either by hand.
+    assert score("--response", "\\boxed{2/4}", "--answer", "\\frac{1}{2}")["reward"] == 0.0
+    assert score("--response", "no box", "--answer", "1", "--grader", "math_verify", "--format-penalty", "-0.1") == {
+        "reward": -0.1, "parsed": None}
+    # --cell with a hand-set reward setting, or a cell of another task, is one line naming the fix.
+    assert main(["reward", "math", "--response", "x", "--answer", "1", "--cell", str(released), "--grader", "released"]) == 2
+    assert "drop --grader" in capsys.readouterr().err
+    code_cell = make_cell(tmp_path, "code", task={"name": "code", "data_path": str(tmp_path)})
+    assert main(["reward", "math", "--response", "x", "--answer", "1", "--cell", str(code_cell)]) == 2
+    assert "gridrun reward code --cell" in capsys.readouterr().err

@@ -165,6 +165,31 @@ def test_score_program_json(tmp_path: Path) -> None:
     assert out["reward"] == 0.0 and out["flags"]["wrong_answer"] == 1
 
 
+@needs_sandbox
+def test_reward_code_scores_with_a_cells_own_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a + b printed as a * b: right on "2 2" -> 4, wrong on "1 2" -> 3, so 1 of 2 tests pass.
+    # A released cell (all_pass, the default) scores 0.0; a cell with as_written's pass_rate 0.5.
+    from gridrun.cli import main
+    from tests.conftest import make_cell
+
+    prog = tmp_path / "prog.py"
+    prog.write_text("a, b = map(int, input().split())\nprint(a * b)\n")
+    tests = tmp_path / "tests.json"
+    tests.write_text(json.dumps(TWO_TESTS))
+    assert TWO_TESTS == [{"input": "1 2\n", "output": "3\n"}, {"input": "2 2\n", "output": "4\n"}]
+    released = make_cell(tmp_path, "released", task={"name": "code", "data_path": str(tmp_path)})
+    as_written = make_cell(tmp_path, "as_written", task={"name": "code", "data_path": str(tmp_path),
+                                                         "code_reward_mode": "pass_rate", "code_test_timeout_s": 6.0})
+    rewards = {}
+    for cell in (released, as_written):
+        assert main(["reward", "code", "--file", str(prog), "--tests", str(tests), "--cell", str(cell)]) == 0
+        rewards[cell.name] = json.loads(capsys.readouterr().out)["reward"]
+    assert rewards == {"released": 0.0, "as_written": 0.5}
+    assert main(["reward", "code", "--file", str(prog), "--tests", str(tests), "--cell", str(released),
+                 "--mode", "pass_rate"]) == 2
+    assert "drop --mode" in capsys.readouterr().err
+
+
 def test_no_torch_import() -> None:
     code = "import sys, gridrun.tasks.code_reward, gridrun.tasks.sandbox; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

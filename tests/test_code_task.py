@@ -14,7 +14,7 @@ from gridrun.tasks import code as code_module
 from gridrun.tasks import sandbox
 from gridrun.tasks.base import Problem
 from gridrun.tasks.code import CodePrompts, CodeTask, code_flag, interface_note
-from gridrun.tasks.code_reward import CodeScore
+from gridrun.tasks.code_reward import CodeLimits, CodeScore
 from gridrun.tasks.data import prepare
 from gridrun.tasks.sandbox import SandboxUnavailable
 from tests.conftest import make_cell
@@ -37,7 +37,8 @@ def data_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def task(data_path: Path) -> CodeTask:
-    return CodeTask(data_path, test_timeout_s=2.0)
+    # The paper's text's reward (pass rate) on bare statements: the tests below read fractions.
+    return CodeTask(data_path, mode="pass_rate", limits=CodeLimits(timeout_s=2.0), question="bare")
 
 
 def _problem(task: CodeTask, row: int) -> Problem:
@@ -116,10 +117,53 @@ def test_none_scores_zero_no_answer_and_skips_the_sandbox(task: CodeTask, monkey
 
 @needs_sandbox
 def test_all_pass_mode_gives_partial_programs_nothing(data_path: Path) -> None:
-    task = CodeTask(data_path, mode="all_pass", test_timeout_s=2.0)
+    task = CodeTask(data_path, mode="all_pass", limits=CodeLimits(timeout_s=2.0))
     partial = task.score(fenced("def add(a, b):\n    return abs(a) + b\n"), _problem(task, ADD))
     assert (partial.reward, partial.correct, partial.flag) == (0.0, False, "wrong_answer")
     assert task.score(fenced("def add(a, b):\n    return a + b\n"), _problem(task, ADD)).reward == 1.0
+
+
+@needs_sandbox
+def test_one_of_two_tests_passed_scores_0_released_and_half_as_written(data_path: Path) -> None:
+    # |a| + |b| passes "1 2" -> 3 and fails "-1 1" -> 0: 1 of 2 tests. Released (all_pass, the
+    # schema's default): 0.0; as_written (conf/preset/task/as_written_code.yaml: pass_rate): 0.5.
+    import yaml
+
+    from gridrun.grid import REPO_ROOT
+    from gridrun.tasks.code import TASK, CodeParams
+
+    problem = Problem(id="p", question="Print a + b.",
+                      tests=({"input": "1 2\n", "output": "3\n"}, {"input": "-1 1\n", "output": "0\n"}))
+    program = fenced("a, b = map(int, input().split())\nprint(abs(a) + abs(b))\n")
+    as_written = yaml.safe_load((REPO_ROOT / "conf" / "preset" / "task" / "as_written_code.yaml").read_text())
+    released_task = TASK.build(CodeParams(data_path=str(data_path)))
+    as_written_task = TASK.build(CodeParams(data_path=str(data_path), **as_written))
+    assert (released_task.mode, released_task.limits.timeout_s, released_task.limits.budget_cap_s) == ("all_pass", 3.0, 120.0)
+    assert (as_written_task.mode, as_written_task.limits.timeout_s, as_written_task.limits.budget_cap_s) == (
+        "pass_rate", 6.0, 600.0)
+    assert released_task.score(program, problem).reward == 0.0
+    assert as_written_task.score(program, problem).reward == 0.5
+    # Released stops at the first failure: |a| - |b| fails "1 2", so "-1 1" never runs.
+    from gridrun.tasks.code_reward import score_code
+
+    first_fails = fenced("a, b = map(int, input().split())\nprint(abs(a) - abs(b))\n")
+    result = score_code(first_fails, list(problem.tests), released_task.mode, limits=released_task.limits,
+                        sandbox=released_task.sandbox)
+    assert (result.reward, result.passed, result.flags.get("skipped")) == (0.0, 0, 1)
+
+
+def test_released_questions_are_wrapped_in_an_instruction(data_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # task.question=lcb_instruction (released): the statement inside a LiveCodeBench-style
+    # instruction that says what the program does with its input; bare: the statement alone.
+    monkeypatch.setattr(code_module, "require", lambda config: None)
+    released = CodeTask(data_path, sandbox="none")
+    bare = CodeTask(data_path, sandbox="none", question="bare")
+    stdin = {p.id: p for p in released.train_problems() + released.val_problems()}[f"code-{A_PLUS_B:06d}"]
+    plain = {p.id: p for p in bare.train_problems() + bare.val_problems()}[f"code-{A_PLUS_B:06d}"]
+    assert stdin.question.startswith("You are given a programming problem.") and plain.question in stdin.question
+    assert "standard input" in stdin.question and "```python" in stdin.question
+    call = {p.id: p for p in released.train_problems() + released.val_problems()}[f"code-{ADD:06d}"]
+    assert "Write a Python function `add`" in call.question and "standard input" not in call.question
 
 
 def test_constructor_rejects_unknown_mode(data_path: Path) -> None:
@@ -179,7 +223,7 @@ def test_opting_out_by_name_runs_without_bubblewrap(data_path: Path, tmp_path: P
     monkeypatch.setenv("PATH", str(tmp_path))
     sandbox._warned.clear()
     with caplog.at_level(logging.WARNING, logger="gridrun.tasks.sandbox"):
-        task = CodeTask(data_path, sandbox="none", test_timeout_s=2.0)
+        task = CodeTask(data_path, sandbox="none", limits=CodeLimits(timeout_s=2.0))
         add = _problem(task, ADD)
         assert task.score(fenced("def add(a, b):\n    return a + b\n"), add).reward == 1.0
     assert [r.getMessage().split(":")[0] for r in caplog.records] == ["UNTRUSTED CODE RUNS WITHOUT ISOLATION"]

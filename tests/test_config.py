@@ -101,7 +101,7 @@ def test_each_option_node_takes_only_its_options_keys() -> None:
         config_from_dict(minimal(workflow={"name": "voting", "rounds": 3}))
     with pytest.raises(ConfigError, match=r"^workflow voting has no key 'n_voter' \(did you mean 'n_voters'\?\)$"):
         config_from_dict(minimal(workflow={"name": "voting", "n_voter": 3}))
-    with pytest.raises(ConfigError, match=r"^task arith has no key 'sandbox' \(its keys: n_train, n_val, format_penalty\)$"):
+    with pytest.raises(ConfigError, match=r"^task arith has no key 'sandbox' \(its keys: n_train, n_val, grader, format_penalty\)$"):
         config_from_dict(minimal(task={"name": "arith", "sandbox": "none"}))
     with pytest.raises(ConfigError, match=r"^engine hf has no key 'gpu_memory_utilization' \(its keys: max_batch_size\)$"):
         config_from_dict(minimal(engine={"name": "hf", "gpu_memory_utilization": 0.9}))
@@ -112,7 +112,9 @@ def test_each_option_node_takes_only_its_options_keys() -> None:
 def test_options_keep_their_attribute_paths_and_defaults() -> None:
     config = config_from_dict(minimal(workflow={"name": "eval_opt", "rounds": 2}, task={"name": "code", "data_path": "/d"},
                                       engine={"name": "vllm"}))
-    assert (config.workflow.rounds, config.task.code_reward_mode, config.task.sandbox) == (2, "pass_rate", "bwrap")
+    # The code reward's defaults are the released code's: all tests must pass, 3 s each, <= 120 s.
+    assert (config.workflow.rounds, config.task.code_reward_mode, config.task.sandbox) == (2, "all_pass", "bwrap")
+    assert (config.task.code_test_timeout_s, config.task.code_budget_cap_s) == (3.0, 120.0)
     assert (config.engine.gpu_memory_utilization, config.parallel_slots) == (0.5, 1)
     # Sampling and LoRA are one block each, whichever engine and policy: the paper's values.
     assert (config.sampling.temperature, config.sampling.val_temperature) == (0.7, 0.7)

@@ -104,9 +104,13 @@ def test_math_split_by_hand() -> None:
     # 38 valid rows, all but row 3 wrapped in DAPO's "Answer:" instruction, which is removed.
     assert counts["wrapper_stripped"] == 37
     assert all("Answer:" not in p["question"] and p["question"] == p["question"].strip() for p in train + val)
+    # Each row keeps the prompt as distributed too (what the released preset shows the model).
     row0 = next(p for p in train if p["id"] == "math-000000")
-    assert row0 == {"id": "math-000000", "question": "Find the remainder when $3^{5}$ is divided by $7$.",
-                    "answer": "5", "tests": []}  # 3^5 = 243 = 34 x 7 + 5
+    bare = "Find the remainder when $3^{5}$ is divided by $7$."
+    assert row0 == {"id": "math-000000", "question": bare, "answer": "5", "tests": [],
+                    "prompt": (WRAP_PRE + bare + WRAP_SUF).strip()}  # 3^5 = 243 = 34 x 7 + 5
+    row3 = next(p for p in train + val if p["id"] == "math-000003")
+    assert row3["prompt"] == row3["question"]  # row 3 came without the wrapper
 
 
 def test_math_split_matches_datasets_train_test_split() -> None:
@@ -269,6 +273,28 @@ def test_cli_prepare_prints_the_data_path(tmp_path: Path, monkeypatch: pytest.Mo
     assert f"task.data_path={tmp_path / 'data' / 'code'}" in out  # default out: data/<task> under the cwd
     assert "7 train, 3 val" in out and "1 tests_not_json" in out
     assert len(CodeTask(tmp_path / "data" / "code").val_problems()) == 3
+
+
+def test_the_math_task_shows_the_dapo_prompt_or_the_bare_problem(tmp_path: Path) -> None:
+    # task.question=dapo_prompt (released) keeps DAPO's "Answer:" instruction around the
+    # problem, as the released code trained; bare (as_written) strips it.
+    from gridrun.tasks.math import MathTask
+
+    prepare("math", MATH_FIXTURE, tmp_path / "math")
+    released, as_written = (MathTask(tmp_path / "math", question=q) for q in ("dapo_prompt", "bare"))
+    first = {p.id: p for p in released.train_problems()}["math-000000"]
+    bare = {p.id: p for p in as_written.train_problems()}["math-000000"]
+    assert bare.question == "Find the remainder when $3^{5}$ is divided by $7$."
+    assert first.question == (WRAP_PRE + bare.question + WRAP_SUF).strip() and first.answer == bare.answer == "5"
+    # Data prepared before the prompt was kept: the released task names the fix.
+    old = tmp_path / "old"
+    old.mkdir()
+    for split in ("train", "val"):
+        rows = [{k: v for k, v in row.items() if k != "prompt"} for row in _lines(tmp_path / "math" / f"{split}.jsonl")]
+        (old / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert MathTask(old, question="bare").train_problems()
+    with pytest.raises(MissingData, match=r"no 'prompt' field .*re-run `gridrun data prepare math`"):
+        MathTask(old, question="dapo_prompt")
 
 
 if __name__ == "__main__":  # rewrite the math fixture from dapo_rows()

@@ -87,10 +87,13 @@ def test_k3_kl_is_zero_at_equality_and_positive_elsewhere() -> None:
     )
 
 
-def test_lr_schedule_warmup_then_cosine() -> None:
-    lr = [grpo.lr_at(s, 1.0, warmup=2, total=6, schedule="cosine") for s in range(1, 7)]
-    # Warmup 1/2, 2/2; then cosine over the 4 remaining steps: progress 1/4, 2/4, 3/4, 1.
-    assert lr == pytest.approx([0.5, 1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5, 0.5 * (1 + math.cos(3 * math.pi / 4)), 0.0])
+def test_lr_schedule_warmup_from_zero_then_cosine() -> None:
+    # verl's LambdaLR schedules: after 0 advances the LR is 0; warmup 2 gives 0, 1/2, then
+    # cosine over the 4 advances left to total 6: progress 0, 1/4, 2/4, 3/4, then the floor.
+    lr = [grpo.lr_at(a, 1.0, warmup=2, total=6, schedule="cosine") for a in range(7)]
+    assert lr == pytest.approx(
+        [0.0, 0.5, 1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5, 0.5 * (1 + math.cos(3 * math.pi / 4)), 0.0]
+    )
 
 
 def test_equal_non_integer_rewards_are_zero_variance() -> None:
@@ -175,11 +178,54 @@ def test_balanced_order_on_two_ranks_pairs_longest_with_shortest() -> None:
     assert grpo.workload(2) - grpo.workload(1) == 24579
 
 
-def test_schedule_position_per_step_and_per_update() -> None:
-    # Step 3 of a run with 2 adapters: per_step puts both at 3; per_update advances once per
-    # adapter update, so step 3's updates are the 5th and 6th.
-    assert [grpo.schedule_position(3, i, 2, "per_step") for i in range(2)] == [3, 3]
-    assert [grpo.schedule_position(3, i, 2, "per_update") for i in range(2)] == [5, 6]
-    assert grpo.schedule_position(1, 0, 1, "per_update") == 1
+def test_released_lr_per_adapter_for_the_first_20_steps_under_sp_and_ip() -> None:
+    # preset=released: verl's constant schedule with a 15-advance warmup from 0, advanced once
+    # per update_actor call, which the released trainer makes once per adapter. lr 1 so the
+    # values are fractions of the peak, worked out by hand:
+    #   SP (one adapter): step t runs after t - 1 advances: 0, 1/15, ..., 14/15 (step 15), then 1.
+    #   IP Voting (generator, aggregator): step t's generator after 2(t - 1) advances, its
+    #   aggregator after 2(t - 1) + 1: step 1 0 and 1/15, step 2 2/15 and 3/15, ..., step 8
+    #   14/15 and 1 (15 advances), 1 from step 9 on.
+    #   IP Orch-Workers (3 adapters): 3(t - 1) + i: step 5 is 12/15, 13/15, 14/15; step 6 on, 1.
+    def lr(step: int, index: int, adapters: int) -> float:
+        advances = grpo.schedule_advances(step, index, adapters, "per_update")
+        return grpo.lr_at(advances, 1.0, warmup=15, total=500, schedule="constant")
+
+    steps = range(1, 21)
+    sp = [min(t - 1, 15) / 15 for t in steps]
+    assert [lr(t, 0, 1) for t in steps] == pytest.approx(sp)
+    assert sp[:3] == [0.0, 1 / 15, 2 / 15] and sp[14:17] == [14 / 15, 1.0, 1.0]
+    generator = [0, 2, 4, 6, 8, 10, 12, 14] + [15] * 12
+    aggregator = [1, 3, 5, 7, 9, 11, 13, 15] + [15] * 12
+    assert [lr(t, 0, 2) for t in steps] == pytest.approx([g / 15 for g in generator])
+    assert [lr(t, 1, 2) for t in steps] == pytest.approx([a / 15 for a in aggregator])
+    orch = [[min(3 * (t - 1) + i, 15) / 15 for t in steps] for i in range(3)]
+    for i in range(3):
+        assert [lr(t, i, 3) for t in steps] == pytest.approx(orch[i])
+    assert [orch[i][4] for i in range(3)] == pytest.approx([12 / 15, 13 / 15, 14 / 15])
+    assert [orch[i][5] for i in range(3)] == [1.0, 1.0, 1.0]
+
+
+def test_as_written_lr_is_one_cosine_per_step_for_every_adapter() -> None:
+    # preset=as_written: cosine with 15 warmup advances, once per training step, the same for
+    # every adapter under SP and IP. Steps 1-16: (t - 1)/15; from step 17 (16 advances) the
+    # cosine over the 485 advances left to step 500: 0.5 (1 + cos(pi (t - 16) / 485)).
+    def lr(step: int, index: int, adapters: int) -> float:
+        advances = grpo.schedule_advances(step, index, adapters, "per_step")
+        return grpo.lr_at(advances, 1.0, warmup=15, total=500, schedule="cosine")
+
+    expected = [(t - 1) / 15 if t <= 16 else 0.5 * (1 + math.cos(math.pi * (t - 16) / 485)) for t in range(1, 21)]
+    for adapters in (1, 2, 3):
+        for index in range(adapters):
+            assert [lr(t, index, adapters) for t in range(1, 21)] == pytest.approx(expected)
+    assert expected[15] == 1.0 and expected[16] < 1.0
+
+
+def test_schedule_advances_per_step_and_per_update() -> None:
+    # Step 3 of a run with 2 adapters: per_step, 2 advances before it for both; per_update
+    # advances once per adapter update, so step 3's updates come after 4 and 5.
+    assert [grpo.schedule_advances(3, i, 2, "per_step") for i in range(2)] == [2, 2]
+    assert [grpo.schedule_advances(3, i, 2, "per_update") for i in range(2)] == [4, 5]
+    assert grpo.schedule_advances(1, 0, 1, "per_update") == 0
     with pytest.raises(ValueError, match="per_step or per_update"):
-        grpo.schedule_position(1, 0, 1, "per_epoch")
+        grpo.schedule_advances(1, 0, 1, "per_epoch")

@@ -19,7 +19,8 @@ def test_arith_gets_its_split_sizes_and_penalty() -> None:
 def test_arith_defaults_are_the_toy_worlds_split() -> None:
     # The params class is the only source of defaults: 5000 train, 200 validation problems
     # (what conf/task/arith.yaml always set; the dataclass once said 400).
-    assert (ArithParams().n_train, ArithParams().n_val, ArithParams().format_penalty) == (5000, 200, -0.1)
+    # No box scores 0.0 under the released grader (the schema's default; as_written sets -0.1).
+    assert (ArithParams().n_train, ArithParams().n_val, ArithParams().format_penalty) == (5000, 200, 0.0)
 
 
 def test_an_unknown_task_names_the_closest_one() -> None:

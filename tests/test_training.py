@@ -99,10 +99,12 @@ def test_voting_ip_generator_takes_three_times_the_optimizer_steps(tmp_path: Pat
 
 
 def test_lr_schedule_is_identical_under_shared_and_isolated(tmp_path: Path) -> None:
+    # optim.lr_advance=per_step (preset=as_written): one advance per training step for every
+    # adapter. Warmup 2 from 0, then cosine to step 3: 0, 5e-4 / 2, then 5e-4 (progress 0).
     rows = {}
     for policy in ("shared", "isolated"):
         cell = make_cell(tmp_path, policy, workflow={"name": "eval_opt", "rounds": 1},
-                         policy={"name": policy}, optim={"warmup_steps": 2},
+                         policy={"name": policy}, optim={"warmup_steps": 2, "schedule": "cosine", "lr_advance": "per_step"},
                          train={"total_steps": 3, "val_every": 3, "save_every": 3, "batch_problems": 2})
         assert run_cell(cell) == 0
         rows[policy] = [r for r in RunDir(cell).read_metrics() if r["split"] == "train"]
@@ -110,22 +112,25 @@ def test_lr_schedule_is_identical_under_shared_and_isolated(tmp_path: Path) -> N
         for row in train_rows:
             for key in (k for k in row if k.startswith("adapter/") and k.endswith("/lr")):
                 assert row[key] == row["lr"], (policy, key)
-    assert [r["lr"] for r in rows["shared"]] == [r["lr"] for r in rows["isolated"]] == pytest.approx(
-        [2.5e-4, 5e-4, 5e-4 * 0.5 * (1 + __import__("math").cos(__import__("math").pi))]
-    )
+    assert [r["lr"] for r in rows["shared"]] == [r["lr"] for r in rows["isolated"]] == pytest.approx([0.0, 2.5e-4, 5e-4])
 
 
 def test_lr_per_update_advances_once_per_adapter_update(tmp_path: Path) -> None:
-    # Voting under IP: 2 adapters. warmup 4, lr 5e-4: per_step gives both adapters step/4 of
-    # the peak; per_update puts step 2's updates at positions 3 and 4 of the schedule.
+    # The released stepping (the schema's default): Voting under IP has 2 adapters, each
+    # update_actor call advances the schedule. Warmup 4 from 0, lr 5e-4, constant after:
+    # step 2's generator update comes after 2 advances (2/4 of the peak), its aggregator's
+    # after 3 (3/4); per_step gives both 1 advance (1/4).
     cell = make_cell(tmp_path, workflow={"name": "voting"}, policy={"name": "isolated"},
-                     optim={"warmup_steps": 4, "lr_advance": "per_update"})
+                     optim={"warmup_steps": 4, "schedule": "constant"})
     trainer = trainer_for(cell)
+    assert trainer.config.optim.lr_advance == "per_update"
     assert trainer.routing.trainable == ("generator", "aggregator")
-    assert [trainer.lr(2, i, 2) for i in range(2)] == pytest.approx([5e-4 * 3 / 4, 5e-4])
+    assert [trainer.lr(1, i, 2) for i in range(2)] == pytest.approx([0.0, 5e-4 / 4])
+    assert [trainer.lr(2, i, 2) for i in range(2)] == pytest.approx([5e-4 * 2 / 4, 5e-4 * 3 / 4])
+    assert [trainer.lr(3, i, 2) for i in range(2)] == pytest.approx([5e-4, 5e-4])
     per_step = dataclasses.replace(trainer.config.optim, lr_advance="per_step")
     trainer.config = dataclasses.replace(trainer.config, optim=per_step)
-    assert [trainer.lr(2, i, 2) for i in range(2)] == pytest.approx([5e-4 / 2] * 2)
+    assert [trainer.lr(2, i, 2) for i in range(2)] == pytest.approx([5e-4 / 4] * 2)
 
 
 def one_minibatch_seqs(trainer: Trainer, roles: list[str]) -> list[TrainSeq]:

@@ -72,5 +72,25 @@ def show(run_dir: RunDir, console: Any) -> None:
         if state.get(key) is not None:
             info.add_row(key, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state[key])))
     console.print(info)
+    _show_preset(run_dir, console)
     if state.get("error"):
         console.print(f"[red]error:[/]\n{state['error']}")
+
+
+def _show_preset(run_dir: RunDir, console: Any) -> None:
+    """The cell's preset, and each of the preset's items this cell sets otherwise."""
+    import yaml
+
+    from gridrun.grid.presets import departures
+
+    try:
+        config = yaml.safe_load(run_dir.config_yaml.read_text())
+        differ = departures(config)
+    except (yaml.YAMLError, KeyError, TypeError, AttributeError, OSError):
+        return  # a damaged or older config.yaml: printed above as it is
+    if not differ:
+        console.print(f"preset: {config['preset']} (no item set otherwise)")
+        return
+    console.print(f"preset: {config['preset']}, except:")
+    for key, value, expected in differ:
+        console.print(f"  {key}: {value!r} (the preset's: {expected!r})")

@@ -6,8 +6,9 @@ fenced python blocks: the code reward runs the last one, the evaluator's code-fe
 counts them. Parsing is deliberately strict (the last box, balanced braces; complete
 fences) so drift away from a shape is measurable. Each shape has exactly one parser here,
 so a reward, a role's parsed answer and a diagnostic reading the same text read it the
-same way. (One exception: the math reward widens the box-length cap for a reference
-longer than MAX_BOX_CHARS / 2, which no MATH answer is.)
+same way. (Exceptions: the math reward widens the box-length cap for a reference longer
+than MAX_BOX_CHARS / 2, which no MATH answer is; and the released code's grader reads its
+own last box, `released_box`, which a boxed-answer task under that grader also parses with.)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ _BRACE_TOKEN = re.compile(r"\\.|[{}]", re.DOTALL)  # a backslash eats the next c
 # also bounds the brace scan and the parse.
 MAX_BOX_CHARS = 500
 _PYTHON_TAGS = {"", "python", "py", "python3"}
+_RELEASED_BOX = "\\boxed{"
 _NUMBERED = re.compile(r"^\s*(\d+)[.)]\s*(.+?)\s*$")
 
 
@@ -64,6 +66,26 @@ def last_boxed(text: str) -> str | None:
     """The last box's stripped contents; None when there is no box or it is empty, unclosed or
     too long (`last_box`). The math reward scores exactly this text."""
     return last_box(text)[1] or None
+
+
+def released_box(text: str) -> str | None:
+    """The last box as the released code's math grader reads it (task.grader=released): from
+    the last "\\boxed", braces matched by plain counting (escapes count too, no length cap),
+    and only the exact form `\\boxed{...}` (not `\\boxed 5`, not `\\fbox`); the content,
+    stripped, else None."""
+    start = text.rfind("\\boxed")
+    if start < 0:
+        return None
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                whole = text[start : i + 1]
+                return whole[len(_RELEASED_BOX) : -1].strip() if whole.startswith(_RELEASED_BOX) else None
+    return None
 
 
 def parse_verdict(text: str) -> bool | None:

@@ -2,7 +2,7 @@
 
 Problems are `a + b` with a, b in 10..99; the train and validation splits are disjoint and
 fixed by the seed, so every cell of a sweep sees the same validation set. Scoring is the
-math reward (last `\\boxed{}`, math-verify), exactly as `task=math`.
+task=math's reward (the last `\\boxed{}`, under the cell's grader).
 
 The prompts are terse on purpose: the toy model has a few hundred tokens of context and was
 warm-started on transcripts built from these very prompts (gridrun/toy/transcripts.py).
@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Literal
 
 from gridrun import registry
 from gridrun.registry import TaskParams, register_task
 from gridrun.tasks.base import Messages, Problem, RolePrompts, user_message
-from gridrun.tasks.math import BoxedAnswerTask
+from gridrun.tasks.math import BoxedAnswerTask, Grader
 
 LOW, HIGH = 10, 99
 
@@ -71,8 +72,10 @@ class ArithParams(TaskParams):
     # what the toy world's sweeps have always used).
     n_train: int = 5000
     n_val: int = 200
-    # Reward for a response with no parseable \\boxed{} answer.
-    format_penalty: float = -0.1
+    # The boxed-answer grader, as task=math's: released | math_verify.
+    grader: Literal["released", "math_verify"] = "released"
+    # Reward without a \\boxed{} (math_verify: also for a box it cannot parse).
+    format_penalty: float = 0.0
 
 
 class ArithTask(BoxedAnswerTask):
@@ -80,14 +83,16 @@ class ArithTask(BoxedAnswerTask):
 
     # The defaults are ArithParams': one source, whether a cell or a script builds the task.
     def __init__(self, seed: int = 0, n_train: int = ArithParams.n_train, n_val: int = ArithParams.n_val,
-                 format_penalty: float = ArithParams.format_penalty):
+                 format_penalty: float = ArithParams.format_penalty, grader: Grader = ArithParams.grader):
         # The split seed is fixed per task, not per cell, so all cells share one val set.
         self.train, self.val = make_problems(seed, n_train, n_val)
         self.format_penalty = format_penalty
+        self.grader = grader
         self.prompts = ArithPrompts()
 
 
 TASK = register_task(registry.Task(
     name="arith", params=ArithParams, prompts=ArithPrompts,
-    build=lambda p: ArithTask(n_train=p.n_train, n_val=p.n_val, format_penalty=p.format_penalty), toy=True,
+    build=lambda p: ArithTask(n_train=p.n_train, n_val=p.n_val, format_penalty=p.format_penalty,
+                              grader=p.grader), toy=True,
 ))

@@ -13,8 +13,11 @@ evaluator writes a short critique without code and ends with `\\boxed{Correct}` 
 `\\boxed{Incorrect}`, the aggregator answers `\\boxed{k}`, the orchestrator numbered strategies,
 and generator, workers and synthesizer one fenced python block.
 
-Function-call problems: the statement alone may not say which function the tests call, so
-the problem's question gets one sentence naming it (`interface_note`) when the task is loaded.
+What the model sees of a problem (`question`): under `lcb_instruction` (the released code's
+way, in our wording) the statement inside a LiveCodeBench-style instruction saying what the
+program does with its input and which function the tests call; under `bare` the statement,
+and for a function-call problem one sentence naming its function (`interface_note`), since
+the statement alone may not say which one the tests call.
 
 Model-written programs run only in a working sandbox: the task refuses to load without one
 (``SandboxUnavailable``, one line naming the fix) unless ``sandbox="none"`` (config
@@ -27,13 +30,14 @@ for programs that time out, and other languages.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from gridrun import registry
-from gridrun.registry import TaskParams, register_task
+from gridrun.registry import ConfigError, TaskParams, register_task
 from gridrun.tasks.answers import last_python_block
 from gridrun.tasks.base import Messages, Problem, RolePrompts, Score, Task, user_message
 from gridrun.tasks.code_reward import FLAG_NAMES, CodeLimits, CodeScore, score_code, score_code_batch
@@ -133,15 +137,34 @@ def _with_interface(problem: Problem) -> Problem:
                    tests=problem.tests)
 
 
+def lcb_instruction(question: str, tests: Sequence[dict[str, Any]]) -> str:
+    """The problem inside a LiveCodeBench-style instruction, as the released code presented
+    code problems (our wording): the statement, then what the program must do with its input."""
+    names = {t["fn_name"] for t in tests if t.get("fn_name")}
+    if len(names) == 1:
+        (name,) = names
+        form = (f"Write a Python function `{name}` (at top level, or as a method of `class Solution`) that solves "
+                "it; it is called with the arguments of each test and its return value is checked.")
+    else:
+        form = ("Write a Python program that solves it: read the input from standard input and print the "
+                "answer to standard output.")
+    return (f"You are given a programming problem. Solve it in Python 3.\n\n### Problem\n{question}\n\n"
+            f"### Format\n{form} Give your code in one fenced ```python block.")
+
+
+def _with_instruction(problem: Problem) -> Problem:
+    return Problem(id=problem.id, question=lcb_instruction(problem.question, problem.tests), answer=problem.answer,
+                   tests=problem.tests)
+
+
 class CodeTask(Task):
     name = "code"
 
-    def __init__(self, data_path: str | Path, mode: str = "pass_rate", test_timeout_s: float = 6.0,
-                 sandbox: str = "bwrap") -> None:
+    def __init__(self, data_path: str | Path, mode: str = "all_pass", limits: CodeLimits | None = None,
+                 sandbox: str = "bwrap", question: str = "lcb_instruction") -> None:
         if mode not in MODES:
             raise ValueError(f"code reward mode {mode!r} is not one of {list(MODES)}: set task.code_reward_mode")
-        if test_timeout_s <= 0:
-            raise ValueError(f"test_timeout_s must be positive, got {test_timeout_s}")
+        limits = limits or limits_of()
         try:
             self.sandbox = SandboxConfig(isolation=sandbox)  # type: ignore[arg-type]
         except ValueError as err:
@@ -150,10 +173,11 @@ class CodeTask(Task):
             require(self.sandbox)  # refuse now, before any training, not at the first reward
         except SandboxUnavailable as err:
             raise SandboxUnavailable(f"{err}; or set task.sandbox=none to run model-written code unisolated") from None
-        self.train = [_with_interface(p) for p in read_split(data_path, "train", "code")]
-        self.val = [_with_interface(p) for p in read_split(data_path, "val", "code")]
+        present = _with_instruction if question == "lcb_instruction" else _with_interface
+        self.train = [present(p) for p in read_split(data_path, "train", "code")]
+        self.val = [present(p) for p in read_split(data_path, "val", "code")]
         self.mode = mode
-        self.limits = CodeLimits(timeout_s=float(test_timeout_s))
+        self.limits = limits
         self.prompts = CodePrompts()
 
 
@@ -186,11 +210,20 @@ class CodeParams(TaskParams):
     name: str = "code"
     # Local prepared data (`gridrun data prepare code` writes data/code).
     data_path: str | None = None
-    # pass_rate: the fraction of tests passed (the paper's text); all_pass: 1 only if all pass
-    # (its released code).
-    code_reward_mode: Literal["pass_rate", "all_pass"] = "pass_rate"
-    # Wall-clock limit of one test in the sandbox, seconds.
-    code_test_timeout_s: float = 6.0
+    # all_pass: 1 only if every test passes, stopping at the first failure (the released
+    # code); pass_rate: the fraction of tests passed (the paper's text).
+    code_reward_mode: Literal["pass_rate", "all_pass"] = "all_pass"
+    # Wall-clock limit of one test in the sandbox, seconds (the released code's 3).
+    code_test_timeout_s: float = 3.0
+    # A program's tests share a budget of min(code_budget_cap_s, code_test_timeout_s +
+    # code_budget_per_test_s * tests), seconds; tests left when it is spent fail as "budget".
+    # Released: per-test timeouts only, and at most 120 s per problem.
+    code_budget_per_test_s: float = 3.0
+    code_budget_cap_s: float = 120.0
+    # What the model sees of a problem: "lcb_instruction", the statement inside a
+    # LiveCodeBench-style instruction (as the released code prepared it; gridrun's wording),
+    # or "bare", the statement alone (with one sentence naming the function the tests call).
+    question: Literal["lcb_instruction", "bare"] = "lcb_instruction"
     # bwrap: model-written programs run only in a working bubblewrap sandbox (the cell refuses
     # to start without one). none: run them WITHOUT isolation (they can read, write, kill and
     # connect to whatever the cell's user can), logged loudly; for trusted code or debugging.
@@ -198,10 +231,26 @@ class CodeParams(TaskParams):
 
     def __post_init__(self) -> None:
         require_data(self)
+        for key in ("code_test_timeout_s", "code_budget_cap_s"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"task.{key} must be > 0 seconds, got {getattr(self, key)}")
+        if self.code_budget_per_test_s < 0:
+            raise ConfigError(f"task.code_budget_per_test_s must be >= 0 seconds, got {self.code_budget_per_test_s}")
+
+
+def limits_of(params: CodeParams | None = None) -> CodeLimits:
+    """The reward's time limits a code task's params set; without params, CodeParams' defaults
+    (the released code's), for scoring outside a cell."""
+    if params is None:
+        defaults = {f.name: f.default for f in dataclasses.fields(CodeParams)}
+        return CodeLimits(timeout_s=defaults["code_test_timeout_s"], budget_per_test_s=defaults["code_budget_per_test_s"],
+                          budget_cap_s=defaults["code_budget_cap_s"])
+    return CodeLimits(timeout_s=params.code_test_timeout_s, budget_per_test_s=params.code_budget_per_test_s,
+                      budget_cap_s=params.code_budget_cap_s)
 
 
 TASK = register_task(registry.Task(
     name="code", params=CodeParams, prompts=CodePrompts,
-    build=lambda p: CodeTask(p.data_path, mode=p.code_reward_mode, test_timeout_s=p.code_test_timeout_s,
-                             sandbox=p.sandbox),
+    build=lambda p: CodeTask(p.data_path, mode=p.code_reward_mode, limits=limits_of(p), sandbox=p.sandbox,
+                             question=p.question),
 ))

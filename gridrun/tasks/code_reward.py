@@ -530,12 +530,12 @@ def read_tests(path: str) -> list[dict[str, Any]]:
 
 
 def score_program_json(program_path: str, tests_path: str, mode: Mode = "pass_rate",
-                       sandbox: SandboxConfig | None = None) -> dict[str, Any]:
+                       sandbox: SandboxConfig | None = None, limits: CodeLimits | None = None) -> dict[str, Any]:
     """Score a plain program file (not a model response) for ``gridrun reward code``.
 
     Returns ``{"reward", "passed", "total", "flags"}``; bad files raise ``CodeInputError``.
     """
     code = read_program(program_path)
     tests = read_tests(tests_path)
-    score = _score([code], [tests], _options(mode, None, sandbox), None)[0]
+    score = _score([code], [tests], _options(mode, limits, sandbox), None)[0]
     return {"reward": score.reward, "passed": score.passed, "total": score.total, "flags": score.flags}

@@ -9,8 +9,10 @@ What it does:
   answer is `solution`. `prompt` still carries DAPO's own instruction around the problem
   ("Solve the following math problem step by step. The last line of your response should be
   of the form Answer: $Answer ..." / "Remember to put your answer on its own line after
-  \"Answer:\"."); it contradicts our `\\boxed{}` prompts, so that exact wrapper is removed
-  (counted in meta.json as `wrapper_stripped`). Split: exactly what
+  \"Answer:\"."); it contradicts our `\\boxed{}` prompts, yet the released code trained on it.
+  Each row keeps both: `prompt`, as distributed (what `task.question=dapo_prompt`, the
+  released preset, shows the model), and `question`, that exact wrapper removed (counted in
+  meta.json as `wrapper_stripped`; `task.question=bare`, the as_written preset). Split: exactly what
   `datasets.Dataset.train_test_split(test_size=0.1, seed=42)` does (a numpy PCG64 permutation
   of the rows, the first ceil(10%) held out), which is how the paper's released code split it:
   1412 validation problems out of 14116. Invalid rows are dropped after the split, so every
@@ -33,6 +35,10 @@ What it does:
   file is replaced atomically, meta.json last.
 
 What it leaves out:
+- The released code's code-data filter: it kept only tests listed as passing in a
+  `runtime_results.json` it does not publish, so its exact test sets cannot be rebuilt here.
+  Its LiveCodeBench-style instruction around each problem is applied when a cell loads the
+  data (`task.question=lcb_instruction`, gridrun/tasks/code.py), not written here.
 - No re-verification of DeepCoder's tests against its reference solutions (DeepCoder's curators
   already kept only problems their solutions pass; running ~16k solutions here would take hours).
 - No cap on the number or size of tests per problem: the reward's per-program time cap bounds
@@ -57,7 +63,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 DEFAULT_SEED = 42
 
 # DAPO's own answer instruction around each problem (see the module docstring).
@@ -124,7 +130,7 @@ def _math_problem(row: dict[str, Any], index: int) -> tuple[dict[str, Any] | Non
     if not question:
         return None, "no_question"
     return {"id": f"math-{index:06d}", "question": question, "answer": str(answer).strip(),
-            "tests": [], "_wrapper_stripped": stripped}, None
+            "tests": [], "prompt": prompt.strip(), "_wrapper_stripped": stripped}, None
 
 
 # ---------------------------------------------------------------------------------------- code

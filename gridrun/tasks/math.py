@@ -1,7 +1,10 @@
 """`task=math`: DAPO-Math-17k (processed, English), scored by the last `\\boxed{}`.
 
-Data comes from `gridrun data prepare math` (see gridrun/tasks/prepared.py); the reward is
-the same math-verify check as `task=arith`. Prompts are written for Qwen3 with thinking
+Data comes from `gridrun data prepare math` (see gridrun/tasks/prepared.py); the model sees
+each problem as DAPO-Math distributes it, its "Answer:" instruction included, as the released
+code trained (`question: dapo_prompt`), or the problem alone (`bare`). The reward, shared with
+`task=arith`, checks the last box with the released code's grader (gridrun/tasks/math_grader.py)
+or math-verify (gridrun/tasks/math_reward.py), per `grader`. Prompts are written for Qwen3 with thinking
 disabled: each role is told its output shape, because the drift signatures measure
 departures from exactly these shapes.
 """
@@ -10,12 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from gridrun import registry
 from gridrun.registry import TaskParams, register_task
-from gridrun.tasks.answers import last_boxed
+from gridrun.tasks.answers import last_boxed, released_box
 from gridrun.tasks.base import Messages, Problem, RolePrompts, Score, Task, user_message
 from gridrun.tasks.prepared import read_split, require_data
+
+if TYPE_CHECKING:
+    from gridrun.tasks.math_reward import MathScore
 
 
 class MathPrompts(RolePrompts):
@@ -70,32 +77,51 @@ class MathPrompts(RolePrompts):
         )
 
 
+# How a boxed answer is checked against the reference: "released", the released code's grader
+# (gridrun/tasks/math_grader.py), or "math_verify" (gridrun/tasks/math_reward.py).
+Grader = Literal["released", "math_verify"]
+
+
 class BoxedAnswerTask(Task):
-    """Tasks whose answer is the last `\\boxed{}`, verified with math-verify (math, arith)."""
+    """Tasks whose answer is the last `\\boxed{}` (math, arith), checked by the chosen grader."""
 
     format_penalty: float
+    grader: Grader = "released"
 
     def extract_answer(self, response: str) -> str | None:
-        return last_boxed(response)
+        # The box the grader scores, so a turn's parsed answer is what its reward read.
+        return released_box(response) if self.grader == "released" else last_boxed(response)
 
     def score(self, response: str | None, problem: Problem) -> Score:
         if response is None:
             return Score(self.format_penalty, None, "no_answer")
-        # Here, not at import: the grid imports this module to check task nodes at plan time,
-        # and math-verify with sympy costs a quarter second to load.
-        from gridrun.tasks.math_reward import score_math
-
-        result = score_math(response, problem.answer, format_penalty=self.format_penalty)
+        result = score_boxed(response, problem.answer, self.grader, self.format_penalty)
         return Score(result.reward, result.parsed, result.flag)
+
+
+def score_boxed(response: str, answer: str, grader: Grader, format_penalty: float) -> MathScore:
+    """The last box of `response` against `answer` under `grader`; no box scores format_penalty."""
+    # Imported here, not at module import: the grid imports this module to check task nodes at
+    # plan time, and math-verify with sympy costs a quarter second to load.
+    if grader == "released":
+        from gridrun.tasks.math_grader import score_released
+
+        return score_released(response, answer, format_penalty=format_penalty)
+    from gridrun.tasks.math_reward import score_math
+
+    return score_math(response, answer, format_penalty=format_penalty)
 
 
 class MathTask(BoxedAnswerTask):
     name = "math"
 
-    def __init__(self, data_path: str | Path, format_penalty: float = -0.1) -> None:
-        self.train = read_split(data_path, "train", "math")
-        self.val = read_split(data_path, "val", "math")
+    def __init__(self, data_path: str | Path, format_penalty: float = 0.0, grader: Grader = "released",
+                 question: str = "dapo_prompt") -> None:
+        field = "prompt" if question == "dapo_prompt" else "question"
+        self.train = read_split(data_path, "train", "math", field)
+        self.val = read_split(data_path, "val", "math", field)
         self.format_penalty = format_penalty
+        self.grader = grader
         self.prompts = MathPrompts()
 
 
@@ -104,8 +130,16 @@ class MathParams(TaskParams):
     name: str = "math"
     # Local prepared data (`gridrun data prepare math` writes data/math).
     data_path: str | None = None
-    # Reward for a response whose final \\boxed{} does not parse (1 correct, 0 wrong otherwise).
-    format_penalty: float = -0.1
+    # released: the released code's grader (normalised string match, then sympy);
+    # math_verify: math-verify (the paper's text). Both read the last \\boxed{}.
+    grader: Literal["released", "math_verify"] = "released"
+    # Reward without a \\boxed{} (math_verify: also for a box it cannot parse); 1 correct,
+    # 0 wrong otherwise. The released code gives 0.0.
+    format_penalty: float = 0.0
+    # What the model sees of a problem: "dapo_prompt", DAPO-Math's prompt as distributed (its
+    # "Answer:" format instruction included, as the released code trained), or "bare", the
+    # problem alone.
+    question: Literal["dapo_prompt", "bare"] = "dapo_prompt"
 
     def __post_init__(self) -> None:
         require_data(self)
@@ -113,5 +147,5 @@ class MathParams(TaskParams):
 
 TASK = register_task(registry.Task(
     name="math", params=MathParams, prompts=MathPrompts,
-    build=lambda p: MathTask(p.data_path, format_penalty=p.format_penalty),
+    build=lambda p: MathTask(p.data_path, format_penalty=p.format_penalty, grader=p.grader, question=p.question),
 ))

@@ -2,7 +2,8 @@
 
 `gridrun data prepare math|code` writes it (from the hub or a local copy); training jobs
 read only this, so compute nodes without internet work. One JSON object per line:
-`{"id": str, "question": str, "answer": str, "tests": [...]}` (tests for code only).
+`{"id": str, "question": str, "answer": str, "tests": [...]}` (tests for code only; math rows
+also hold "prompt", the problem as DAPO-Math distributes it, its format instruction included).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ class MissingData(FileNotFoundError):
     pass
 
 
-def read_split(data_path: str | Path, split: str, task: str) -> list[Problem]:
+def read_split(data_path: str | Path, split: str, task: str, question: str = "question") -> list[Problem]:
+    """A prepared split's problems; `question` names the row field the model sees (math's
+    "prompt" holds the problem as its source distributed it, format instructions included)."""
     path = Path(data_path) / f"{split}.jsonl"
     if not path.is_file():
         raise MissingData(
@@ -36,12 +39,18 @@ def read_split(data_path: str | Path, split: str, task: str) -> list[Problem]:
                 problems.append(
                     Problem(
                         id=str(row["id"]),
-                        question=row["question"],
+                        question=row[question],
                         answer=str(row.get("answer", "")),
                         tests=tuple(row.get("tests", ())),
                     )
                 )
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
+            except KeyError as err:
+                if question != "question" and question not in row:
+                    raise MissingData(f"{path}:{line_no} has no '{question}' field (prepared by an older gridrun): "
+                                      f"re-run `gridrun data prepare {task}`") from err
+                raise MissingData(f"{path}:{line_no} is not a prepared problem (KeyError): "
+                                  f"re-run `gridrun data prepare {task}`") from err
+            except (json.JSONDecodeError, TypeError) as err:
                 raise MissingData(
                     f"{path}:{line_no} is not a prepared problem ({err.__class__.__name__}): "
                     f"re-run `gridrun data prepare {task}`"

@@ -233,7 +233,10 @@ def greedy_correct(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, 
     from gridrun.train.engines.hf import HFEngine
     from gridrun.train.rollout import GenRequest, SamplingParams
 
-    task = ArithTask()
+    # math-verify, as when the recipe was fixed: the warm start stops at the first evaluation
+    # reaching the target, so another grader could stop it elsewhere and make another world
+    # under the same recipe hash (the cache key).
+    task = ArithTask(grader="math_verify")
     engine = HFEngine(model, tokenizer)
     prompts = tokenizer([_chat(tokenizer, task.prompts.generator(p.question)) for p in problems], add_special_tokens=False)
     outs = engine.generate(

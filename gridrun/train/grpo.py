@@ -2,7 +2,7 @@
 aggregation, the order mini-batches are cut in, and the LR schedule.
 
 How this departs from the original GRPO (Shao et al. 2024), on purpose and as the paper ran
-(conf/grpo/ picks between its released code and its text; every switch is a parameter here):
+(conf/preset/ picks between its released code and its text; every switch is a parameter here):
 - No KL penalty by default; an optional per-role KL to the base model (k3 estimator) is
   added to the loss, not folded into the reward. verl clamps its log-ratio to +-20 and the
   estimate to [-10, 10] (`log_ratio_clamp`, `kl_clamp`).
@@ -206,28 +206,31 @@ def balanced_order(lengths: Sequence[int], world: int, minibatch_size: int) -> l
     return [i for start in range(0, longest, per_rank) for part in laid_out for i in part[start : start + per_rank]]
 
 
-def lr_at(step: int, base_lr: float, warmup: int, total: int, schedule: str, min_ratio: float = 0.0) -> float:
-    """Learning rate at schedule position `step` (1-based): linear warmup, then cosine to
-    min_ratio, held at the floor past `total`.
+def lr_at(advances: int, base_lr: float, warmup: int, total: int, schedule: str, min_ratio: float = 0.0) -> float:
+    """Learning rate of an update made after `advances` advances of the schedule, as verl's
+    LambdaLR schedules give it: a linear warmup from 0 over `warmup` advances (the first
+    update runs at LR 0), then constant, or cosine to min_ratio reached at `total` advances
+    and held there.
 
-    The trainer passes the training step (one value per step, identical under SP and IP) or,
-    with optim.lr_advance=per_update, the count of adapter updates so far (see
-    schedule_position)."""
-    if warmup > 0 and step <= warmup:
-        return base_lr * step / warmup
+    The trainer passes the training steps before this one (per_step: one value per step,
+    identical under SP and IP) or the adapter updates before this one (per_update; see
+    schedule_advances)."""
+    if advances < warmup:
+        return base_lr * advances / warmup
     if schedule == "constant":
         return base_lr
-    progress = (step - warmup) / max(1, total - warmup)
+    progress = (advances - warmup) / max(1, total - warmup)
     return base_lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))))
 
 
-def schedule_position(step: int, update_index: int, updates_per_step: int, advance: str) -> int:
-    """The LR schedule's position (1-based) for the `update_index`-th (0-based) adapter update
-    of training step `step`. per_step: `step` for every adapter. per_update: one advance per
-    adapter update, as upstream verl steps its scheduler once per update_actor call, so k
-    adapters under IP reach position k * step within step `step`."""
+def schedule_advances(step: int, update_index: int, updates_per_step: int, advance: str) -> int:
+    """How often the LR schedule has advanced before the `update_index`-th (0-based) adapter
+    update of training step `step` (1-based). per_step: step - 1 for every adapter. per_update:
+    every earlier adapter update, as verl steps its scheduler after each update_actor call and
+    the released trainer calls it once per agent: under IP with k adapters, adapter i of step
+    t runs after k * (t - 1) + i advances."""
     if advance == "per_step":
-        return step
+        return step - 1
     if advance == "per_update":
-        return (step - 1) * updates_per_step + update_index + 1
+        return (step - 1) * updates_per_step + update_index
     raise ValueError(f"unknown optim.lr_advance '{advance}': use per_step or per_update")

@@ -229,8 +229,10 @@ class Trainer:
             for turn, adv in zip(episode.turns, episode_advantages)
             if (adapter := self.routing.adapter(turn.role)) in trainable
         ]
-        lr = self.lr(step, 0, 1)
         lrs = {name: self.lr(step, i, len(self.routing.trainable)) for i, name in enumerate(self.routing.trainable)}
+        # The row's `lr` is the first adapter's (each adapter's is adapter/<a>/lr): under
+        # per_update stepping the adapters of one IP step run at different LRs.
+        lr = lrs[self.routing.trainable[0]]
         self.engine.sleep()
         update_metrics = update(
             self.model, self.routing, self.optimizers, seqs, UpdateSettings.of(cfg, self.pad_id), lrs, self.update_rng,
@@ -260,8 +262,8 @@ class Trainer:
 
     def lr(self, step: int, update_index: int, updates_per_step: int) -> float:
         opt = self.config.optim
-        position = grpo.schedule_position(step, update_index, updates_per_step, opt.lr_advance)
-        return grpo.lr_at(position, opt.lr, opt.warmup_steps, self.total_steps, opt.schedule, opt.min_lr_ratio)
+        advances = grpo.schedule_advances(step, update_index, updates_per_step, opt.lr_advance)
+        return grpo.lr_at(advances, opt.lr, opt.warmup_steps, self.total_steps, opt.schedule, opt.min_lr_ratio)
 
     def record_skipped(self, skipped: int) -> None:
         """Count non-finite updates; the count and its alert go to state.json at once."""

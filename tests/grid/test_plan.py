@@ -175,7 +175,7 @@ def test_micro_batch_budget_per_scale_and_gpu_class(composer: Composer, scale: s
 
 def test_the_run_nodes_of_config_yaml_and_the_default_preset_repeat_the_schemas_defaults() -> None:
     # The schema's defaults open the composition (`run_schema`): a run value conf/config.yaml
-    # writes, or the default grpo preset (released), must be that default, so the two never
+    # writes, or the default preset (released), must be that default, so the two never
     # disagree (an interpolated value, e.g. a table row, is conf's own).
     defaults = config_from_dict({"cell": {"id": "x", "kind": "base"}}).to_dict()
     differ = []
@@ -189,8 +189,9 @@ def test_the_run_nodes_of_config_yaml_and_the_default_preset_repeat_the_schemas_
 
     config = yaml.safe_load((REPO_ROOT / "conf" / "config.yaml").read_text())
     walk({k: v for k, v in config.items() if k not in ("defaults", "grid", "cell")}, defaults, "")
-    released = yaml.safe_load((REPO_ROOT / "conf" / "grpo" / "released.yaml").read_text())
-    walk({"grpo": released}, defaults, "")
+    released = yaml.safe_load((REPO_ROOT / "conf" / "preset" / "released.yaml").read_text())
+    assert released == {"preset": "released"}  # every released value is the schema's
+    walk(released, defaults, "")
     assert differ == []
 
 
