@@ -194,7 +194,7 @@ class Trainer:
         scorer = BackgroundScorer(self.task)
 
         async def program(llm: Any, episode: Episode) -> None:
-            await self.workflow.run(llm, episode, self.task, spec)
+            await self.workflow.run(llm, episode, self.task, spec, self.config.protocol)
             scorer.submit(episode)
 
         try:

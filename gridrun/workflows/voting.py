@@ -1,7 +1,10 @@
 """`voting`: n generators answer independently, an aggregator selects one by number.
 
 The aggregator's `\\boxed{k}` (1-based) picks candidate k; the workflow commits to that
-candidate's response. A selection naming no candidate commits to nothing (format penalty).
+candidate's response. How its text is read is `protocol.aggregator_parse`: as the released
+code (the first box, else a lone digit, else candidate 1: it always commits to a candidate),
+or by its last box alone, where a selection naming no candidate commits to nothing (format
+penalty).
 
 Its validation metrics: the aggregator's selection rate, its selection accuracy on problems
 some candidate solved, and its terse rate (a drift signature: a parseable pick in at most
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gridrun.registry import Workflow, WorkflowParams, register_workflow
+from gridrun.runconfig import ProtocolSpec
 from gridrun.tasks.answers import parse_selection
 
 TERSE_TOKENS = 30
@@ -27,7 +31,7 @@ class VotingParams(WorkflowParams):
     n_voters: int = 3
 
 
-async def run(llm: Any, episode: Any, task: Any, params: VotingParams) -> None:
+async def run(llm: Any, episode: Any, task: Any, params: VotingParams, protocol: ProtocolSpec) -> None:
     question, prompts = episode.problem.question, task.prompts
     candidates = await llm.parallel(
         *(llm.chat("generator", prompts["generator"](question), slot=k) for k in range(params.n_voters))
@@ -35,7 +39,7 @@ async def run(llm: Any, episode: Any, task: Any, params: VotingParams) -> None:
     for turn in candidates:
         turn.parsed = task.extract_answer(turn.text)
     pick = await llm.chat("aggregator", prompts["aggregator"](question, [c.text for c in candidates]))
-    pick.parsed = parse_selection(pick.text, len(candidates))
+    pick.parsed = parse_selection(pick.text, len(candidates), protocol.aggregator_parse)
     episode.final_response = None if pick.parsed is None else candidates[pick.parsed].text
     episode.info.update(selected=pick.parsed, candidate_answers=[c.parsed for c in candidates])
 
