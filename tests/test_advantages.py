@@ -4,6 +4,7 @@ hand-built episodes: the released code's turn-level groups vs the text's episode
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -73,6 +74,23 @@ def test_orch_workers_with_1_2_3_and_2_workers_form_one_worker_group_of_8_rows()
         assert row[0] == row[-1] == pytest.approx(sign * 0.5 / math.sqrt(1 / 3), rel=1e-6)
         assert row[1:-1] == pytest.approx([(r - 0.375) / std] * c, rel=1e-6)
     assert sum(v for row in advantages for v in row[1:-1]) == pytest.approx(0.0, abs=1e-5)
+
+
+def test_variable_worker_counts_reach_the_update_as_that_many_sequences() -> None:
+    # 1 + 2 + 3 + 2 workers: the worker adapter (IP) trains 8 sequences, 2 mini-batches of 4;
+    # the orchestrator's 4 sequences are one. The mini-batches count sequences, not slots.
+    from gridrun.train.update import TrainSeq, minibatch_plan
+
+    episodes = [
+        episode("p", k, float(k % 2), [turn("orchestrator")] + [turn("worker", s) for s in range(c)] + [turn("synthesizer")])
+        for k, c in enumerate([1, 2, 3, 2])
+    ]
+    advantages, _ = turn_advantages(episodes, get_workflow("orch_workers"), RELEASED)
+    seqs = [TrainSeq(t.role, t.role, [1], t.completion_ids, t.logprobs, adv, False)
+            for e, row in zip(episodes, advantages) for t, adv in zip(e.turns, row)]
+    plan = minibatch_plan(seqs, ("orchestrator", "worker", "synthesizer"), RELEASED, 4, 1, random.Random(0))
+    assert {adapter: [len(cut) for cut in cuts] for adapter, cuts in plan.items()} == {
+        "orchestrator": [4], "worker": [4, 4], "synthesizer": [4]}
 
 
 def test_grpo_n_1_groups_are_singletons_with_their_raw_reward_under_released() -> None:
