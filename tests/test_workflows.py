@@ -186,6 +186,23 @@ def test_orch_workers_fills_missing_strategies() -> None:
     assert TASK.score(ep.final_response, PROBLEM).correct
 
 
+def test_aggregator_shape_metrics_ignore_the_released_fallbacks() -> None:
+    # The released parse commits "candidate two" to candidate 1, but the shape the aggregator
+    # is asked for (a box naming a candidate) is missing: select and terse rates count 1 of 2,
+    # as under the last-box protocol; select_acc reads the picks committed to (2nd: right; 1st: wrong).
+    texts = ["first \\boxed{84}", "second \\boxed{85}", "third \\boxed{86}"]
+    episodes = []
+    for selection in ("\\boxed{2}", "candidate two"):
+        ep = episode()
+        run_scripted(get_workflow("voting"), TASK, VotingParams(), ep,
+                     lambda role, slot, r, m, sel=selection: texts[slot] if role == "generator" else sel, RELEASED)
+        episodes.append(ep)
+    assert [e.info["selected"] for e in episodes] == [1, 0]
+    metrics = get_workflow("voting").metrics(episodes, lambda turn: turn.parsed == "85", VotingParams())
+    assert metrics == {"role/aggregator/select_rate": 0.5, "role/aggregator/terse_rate": 0.5,
+                       "role/aggregator/select_acc": 0.5}
+
+
 @pytest.mark.parametrize(
     ("plan", "strategies"),
     [

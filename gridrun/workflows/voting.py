@@ -6,9 +6,11 @@ code (the first box, else a lone digit, else candidate 1: it always commits to a
 or by its last box alone, where a selection naming no candidate commits to nothing (format
 penalty).
 
-Its validation metrics: the aggregator's selection rate, its selection accuracy on problems
-some candidate solved, and its terse rate (a drift signature: a parseable pick in at most
-TERSE_TOKENS tokens, the shape it starts in).
+Its validation metrics: the aggregator's selection rate (its last box names a candidate: the
+shape it is asked for, whatever the protocol's fallbacks then pick), its selection accuracy
+on problems some candidate solved (the pick the workflow committed to), and its terse rate
+(a drift signature: that shape in at most TERSE_TOKENS tokens, the shape it starts in). Rate
+and terse rate read the shape alike under both protocols, so they stay comparable.
 """
 
 from __future__ import annotations
@@ -47,10 +49,11 @@ async def run(llm: Any, episode: Any, task: Any, params: VotingParams, protocol:
 def metrics(episodes: list[Any], correct: Callable[[Any], bool], params: VotingParams) -> dict[str, float]:
     n = len(episodes)
     picks = [e.role_turns("aggregator")[0] for e in episodes]
+    boxed = [parse_selection(p.text, len(e.role_turns("generator")), "last_box") is not None
+             for e, p in zip(episodes, picks)]
     out = {
-        "role/aggregator/select_rate": sum(p.parsed is not None for p in picks) / n,
-        "role/aggregator/terse_rate": sum(len(p.completion_ids) <= TERSE_TOKENS and p.parsed is not None
-                                          for p in picks) / n,
+        "role/aggregator/select_rate": sum(boxed) / n,
+        "role/aggregator/terse_rate": sum(len(p.completion_ids) <= TERSE_TOKENS and ok for p, ok in zip(picks, boxed)) / n,
     }
     solvable = [(e, p.parsed) for e, p in zip(episodes, picks) if any(correct(t) for t in e.role_turns("generator"))]
     if solvable:
