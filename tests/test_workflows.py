@@ -84,6 +84,25 @@ def test_eval_opt_released_context_is_every_earlier_turn() -> None:
     assert ep.info["verdicts"] == [False] * 3 and ep.final_response == texts[4]
 
 
+def test_verdict_rate_is_the_verdict_tag_under_both_protocols() -> None:
+    # Round 0's review ends on a number after its verdict: the last-box protocol reads no
+    # verdict (so it revises) but the tag is there and counts; round 1's has none. Rate: 1 of
+    # 1 review (released accepts at once), 1 of 2 (last box). Accuracy scores the verdicts
+    # acted on: released accepted a wrong 84 (0 of 1); last box read None twice (0 of 2).
+    def reply(role: str, slot: int, round_: int, messages: list) -> str:
+        if role == "generator":
+            return f"\\boxed{{{84 + round_}}}"
+        return "\\boxed{Correct}, it is \\boxed{84}" if round_ == 0 else "fine"
+
+    for protocol, judged in ((RELEASED, 1), (LATEST, 2)):
+        ep = episode()
+        run_scripted(get_workflow("eval_opt"), TASK, EvalOptParams(rounds=2), ep, reply, protocol)
+        metrics = get_workflow("eval_opt").metrics([ep], lambda turn: turn.parsed == "85", EvalOptParams())
+        assert len(ep.role_turns("evaluator")) == judged
+        assert metrics["role/evaluator/verdict_rate"] == 1 / judged
+        assert metrics["role/evaluator/verdict_acc"] == 0.0
+
+
 @pytest.mark.parametrize(("protocol", "verdicts", "turns"), [(RELEASED, [True], 2), (LATEST, [False, True], 4)])
 def test_eval_opt_verdict_from_the_first_or_last_box(protocol: ProtocolSpec, verdicts: list, turns: int) -> None:
     # The evaluator accepts, then changes its mind in the same turn: the released code reads

@@ -14,8 +14,10 @@ followed by the task's `evaluator_followup` / `revision_followup` instruction. "
 task's `evaluator` prompt on (question, latest answer), its `revision` prompt on the last
 answer and critique.
 
-Its validation metrics: the evaluator's verdict rate and accuracy, and its code-fence rate
-(a drift signature: an evaluator that starts writing programs instead of judging).
+Its validation metrics: the evaluator's verdict rate (its text holds a `\\boxed{Correct}` or
+`\\boxed{Incorrect}`, the paper's verdict-tag retention, read alike under both protocols), its
+verdict accuracy (the verdict the loop acted on), and its code-fence rate (a drift signature:
+an evaluator that starts writing programs instead of judging).
 """
 
 from __future__ import annotations
@@ -91,11 +93,10 @@ def metrics(episodes: list[Any], correct: Callable[[Any], bool], params: EvalOpt
         for review in e.role_turns("evaluator"):
             # The evaluator of round r judged the generator answer of round r.
             judged.append((review.parsed, correct(answers[review.round])))
-    if judged:
-        out["role/evaluator/verdict_rate"] = sum(v is not None for v, _ in judged) / len(judged)
-        out["role/evaluator/verdict_acc"] = sum(v is not None and v == ok for v, ok in judged) / len(judged)
     reviews = [t for e in episodes for t in e.role_turns("evaluator")]
     if reviews:
+        out["role/evaluator/verdict_rate"] = sum(parse_verdict(t.text, "first") is not None for t in reviews) / len(reviews)
+        out["role/evaluator/verdict_acc"] = sum(v is not None and v == ok for v, ok in judged) / len(judged)
         out["role/evaluator/code_fence_rate"] = sum(has_code_block(t) for t in reviews) / len(reviews)
     return out
 
