@@ -172,15 +172,14 @@ class GRPOSpec:
     kl_beta: dict[str, float] = field(default_factory=dict)
     # A group of one row (grpo.n = 1, or a trajectory name met once): "raw" gives it its raw
     # reward as advantage (released: verl's GRPO takes mean 0 and std 1 for it, so r / (1 +
-    # adv_eps)); "zero" gives it 0, as gridrun did before. The text is silent (so its preset
-    # keeps raw). Such groups are counted either way (adv/singleton_groups).
+    # adv_eps)); "zero" gives it 0, as gridrun did before. The text is silent. Such groups
+    # are counted either way (adv/singleton_groups).
     singleton_advantage: Literal["raw", "zero"] = "raw"
     # How the chi2 diagnostics (chi2, chi2_centered) and the perplexity of a step are reduced.
     # "micro_batch" (released: verl's rollout_corr metrics): each micro-batch's masked mean of
     # rho^2 - 1 and its mean over rows of exp(-mean log-prob), then the mean over the step's
     # micro-batches (gridrun's micro-batches hold one role each). "pooled": over every token
-    # (chi2) and every sequence (ppl) of the step, as gridrun did before. The text is silent
-    # (so its preset keeps micro_batch).
+    # (chi2) and every sequence (ppl) of the step, as gridrun did before. The text is silent.
     chi2_reduction: Literal["micro_batch", "pooled"] = "micro_batch"
 
 
@@ -246,8 +245,8 @@ class TrainSpec:
 class ProtocolSpec:
     """What each role of a workflow sees and how its output is read. The defaults are the
     released code's (rLLM 0.2.1's workflows); each other value is what gridrun did before
-    reading that code. Only the worker count is in the paper's text; where it is silent
-    (said per key) its reading keeps the released behaviour."""
+    reading that code. Only the worker count is in the paper's text; the keys where it is
+    silent say so."""
 
     # What Eval-Opt's evaluator and revisions see. "full" (released): the whole conversation
     # so far, the generator's first prompt then every earlier answer and critique as
