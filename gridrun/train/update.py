@@ -30,7 +30,8 @@ Semantics (the paper's stack, reproduced rather than smoothed; conf/grpo/ picks 
 Diagnostics per role and over all roles (`train/...`): chi2 = E[rho^2] - 1 of the token
 ratio rho = pi_theta / pi_rollout (as verl's rollout_corr/chi2_token), chi2_centered =
 mean (rho - 1)^2, ppl = mean over sequences of exp(-mean log-prob) (grpo.ratio_diagnostics:
-each per micro-batch, then averaged over micro-batches as verl, or pooled over the step, as
+each per micro-batch, then averaged over every rank's micro-batches as verl, so that with
+several ranks they depend on the rank count as verl's do, or pooled over the step, as
 grpo.chi2_reduction says), entropy of the
 pre-update policy (measured in the old-log-prob pass, or in the forward of an adapter's
 first mini-batch; with grpo.old_logprobs=rollout there is no pass, and the update's own
