@@ -48,6 +48,9 @@ def overrides(args: argparse.Namespace, scale: str, workflow: str, policy: str, 
         f"scale={scale}", f"workflow={workflow}", f"task={args.task}", f"policy={policy}", "engine=hf",
         "model.init=random", f"grid.data_root={data_root}", "logging.wandb_mode=disabled",
         f"train.batch_problems={args.problems}", f"train.ppo_mini_batch={args.problems}", f"grpo.n={args.n}",
+        # Always 3 workers: a memory check wants a step's most sequences, and a random model's
+        # plan parses to any count under the released protocol's one worker per strategy.
+        "protocol.orch_workers=fixed",
     ]
     if args.gpu:
         out.append(f"gpu={args.gpu}")

@@ -60,7 +60,7 @@ def main() -> None:
     problems = task.train_problems()[: args.problems]
 
     async def program(llm, episode):
-        await workflow.run(llm, episode, task, config.workflow)
+        await workflow.run(llm, episode, task, config.workflow, config.protocol)
 
     def timed(sequential: bool) -> tuple[float, float, int, list[Episode]]:
         episodes = [Episode(problem=p, sample=k) for p in problems for k in range(args.samples)]

@@ -168,29 +168,17 @@ class GRPOSpec:
     # Per-role KL-to-base coefficients (k3 estimator), e.g. {generator: 0.01}; keys must be
     # roles of the workflow; empty = no KL, as in the paper.
     kl_beta: dict[str, float] = field(default_factory=dict)
-    # How a role's chi2 is reduced: "micro_batch" (verl: E[rho^2] - 1 per micro-batch, then
-    # averaged over micro-batches) or "pooled" (over every token of the step).
-    chi2_reduction: Literal["micro_batch", "pooled"] = "micro_batch"
-    # A group of one row: "raw" keeps its reward as its advantage (verl), "zero" gives it 0.
+    # A group of one row (grpo.n = 1, or a trajectory name met once): "raw" gives it its raw
+    # reward as advantage (released: verl's GRPO takes mean 0 and std 1 for it, so r / (1 +
+    # adv_eps)); "zero" gives it 0, as gridrun did before. The text is silent. Such groups
+    # are counted either way (adv/singleton_groups).
     singleton_advantage: Literal["raw", "zero"] = "raw"
-
-
-@dataclass
-class ProtocolSpec:
-    """What each role sees and how its output is read, where the released code and the
-    paper's text differ (the workflows in gridrun/workflows/ read these)."""
-
-    # Eval-Opt: the evaluator and each revision see the "full" conversation so far (released),
-    # or only the "latest" answer (and its critique).
-    eval_opt_context: Literal["full", "latest"] = "full"
-    # Voting's aggregator: "released" takes the first \boxed{k}, else the first digit, else
-    # candidate 1; "last_box" takes the last box, and no box is the format penalty.
-    aggregator_parse: Literal["released", "last_box"] = "released"
-    # Which \boxed{} of an evaluator's reply is its verdict.
-    verdict_box: Literal["first", "last"] = "first"
-    # Orch-Workers: one worker per strategy the orchestrator gives, 1 to 3 ("parsed"), or
-    # always n_workers, padded with a generic strategy ("fixed").
-    orch_workers: Literal["parsed", "fixed"] = "parsed"
+    # How the chi2 diagnostics (chi2, chi2_centered) and the perplexity of a step are reduced.
+    # "micro_batch" (released: verl's rollout_corr metrics): each micro-batch's masked mean of
+    # rho^2 - 1 and its mean over rows of exp(-mean log-prob), then the mean over the step's
+    # micro-batches (gridrun's micro-batches hold one role each). "pooled": over every token
+    # (chi2) and every sequence (ppl) of the step, as gridrun did before. The text is silent.
+    chi2_reduction: Literal["micro_batch", "pooled"] = "micro_batch"
 
 
 @dataclass
@@ -253,6 +241,33 @@ class TrainSpec:
 
 
 @dataclass
+class ProtocolSpec:
+    """What each role of a workflow sees and how its output is read. The defaults are the
+    released code's (rLLM 0.2.1's workflows); each other value is what gridrun did before
+    reading that code. Only the worker count is in the paper's text; the keys where it is
+    silent say so."""
+
+    # What Eval-Opt's evaluator and revisions see. "full" (released): the whole conversation
+    # so far, the generator's first prompt then every earlier answer and critique as
+    # assistant turns, followed by the role's instruction. "latest": the evaluator sees
+    # (question, latest answer), a revision its last answer and critique. The text is silent.
+    eval_opt_context: Literal["full", "latest"] = "full"
+    # How Voting's aggregator's choice is read. "released": the first \boxed{N}, else the
+    # first lone digit 1-9 in the text, else candidate 1, so it always commits to a
+    # candidate. "last_box": the last box; no candidate named commits to nothing (format
+    # penalty). The text says only that the aggregator selects.
+    aggregator_parse: Literal["released", "last_box"] = "released"
+    # Which of the evaluator's boxes is its verdict: the "first" holding Correct or Incorrect
+    # (released) or the "last" box. The text is silent.
+    verdict_box: Literal["first", "last"] = "first"
+    # Orch-Workers' worker count. "parsed" (released): one worker per strategy the
+    # orchestrator gives (1 to workflow.n_workers; with no numbered line, its lines or its
+    # whole text stand in). "fixed": always workflow.n_workers, missing strategies padded
+    # with a generic one: the text's three workers and three worker rollouts per problem.
+    orch_workers: Literal["parsed", "fixed"] = "parsed"
+
+
+@dataclass
 class LoggingSpec:
     """Experiment tracking: wandb runs offline inside the cell dir (`wandb sync` later)."""
 
@@ -280,9 +295,9 @@ class RunConfig:
     engine: EngineParams = field(default_factory=lambda: _default_option("engine", "hf"))
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     grpo: GRPOSpec = field(default_factory=GRPOSpec)
-    protocol: ProtocolSpec = field(default_factory=ProtocolSpec)
     optim: OptimSpec = field(default_factory=OptimSpec)
     train: TrainSpec = field(default_factory=TrainSpec)
+    protocol: ProtocolSpec = field(default_factory=ProtocolSpec)
     logging: LoggingSpec = field(default_factory=LoggingSpec)
 
     def __post_init__(self) -> None:

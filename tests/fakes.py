@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gridrun.runconfig import ProtocolSpec
 from gridrun.tasks.base import Messages
 from gridrun.train.episode import Episode, Turn
 
@@ -31,7 +32,10 @@ class ScriptedLLM:
         return list(await asyncio.gather(*calls))
 
 
-def run_scripted(workflow: Any, task: Any, spec: Any, episode: Episode, reply: Reply) -> ScriptedLLM:
+def run_scripted(
+    workflow: Any, task: Any, spec: Any, episode: Episode, reply: Reply, protocol: ProtocolSpec | None = None
+) -> ScriptedLLM:
+    """Run the workflow on a scripted llm under `protocol` (the schema's defaults: released)."""
     llm = ScriptedLLM(episode, reply)
-    asyncio.run(workflow.run(llm, episode, task, spec))
+    asyncio.run(workflow.run(llm, episode, task, spec, protocol or ProtocolSpec()))
     return llm

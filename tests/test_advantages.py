@@ -4,6 +4,7 @@ hand-built episodes: the released code's turn-level groups vs the text's episode
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -50,6 +51,58 @@ def test_orch_workers_worker_advantages_are_1_0465_times_the_episode_ones() -> N
         assert orchestrator == pytest.approx(written_row[0]) and synthesizer == pytest.approx(written_row[4])
         assert workers == pytest.approx([written_row[1] * ratio] * 3, rel=1e-6)
     assert released[0][1] == pytest.approx(0.75 / math.sqrt(4.5 / 23), rel=1e-6)
+
+
+def test_orch_workers_with_1_2_3_and_2_workers_form_one_worker_group_of_8_rows() -> None:
+    # protocol.orch_workers=parsed: 1, 2, 3 and 2 workers in 4 episodes rewarded 1, 0, 0, 1.
+    # The worker group (trajectory name `worker`) holds 1 + 2 + 3 + 2 = 8 rows, rewards
+    # 1 0 0 0 0 0 1 1: mean 3/8, squared deviations 3 * 0.625^2 + 5 * 0.375^2 = 1.875, std
+    # sqrt(1.875 / 7) = 0.51755; a rewarded worker +0.625 / std = 1.20761, the others -0.72457.
+    # Orchestrator and synthesizer: 1 0 0 1, +-0.5 / sqrt(1/3) = +-0.86603.
+    counts, rewards = [1, 2, 3, 2], [1.0, 0.0, 0.0, 1.0]
+    episodes = [
+        episode("p", k, r, [turn("orchestrator")] + [turn("worker", s) for s in range(c)] + [turn("synthesizer")])
+        for k, (c, r) in enumerate(zip(counts, rewards))
+    ]
+    advantages, stats = turn_advantages(episodes, get_workflow("orch_workers"), RELEASED)
+    assert (stats.groups, stats.singleton, stats.zero_variance) == (3, 0, 0)
+    std = math.sqrt(1.875 / 7)
+    assert 0.625 / std == pytest.approx(1.20761, rel=1e-5)
+    for row, c, r in zip(advantages, counts, rewards):
+        sign = 1.0 if r else -1.0
+        assert len(row) == c + 2
+        assert row[0] == row[-1] == pytest.approx(sign * 0.5 / math.sqrt(1 / 3), rel=1e-6)
+        assert row[1:-1] == pytest.approx([(r - 0.375) / std] * c, rel=1e-6)
+    assert sum(v for row in advantages for v in row[1:-1]) == pytest.approx(0.0, abs=1e-5)
+
+
+def test_variable_worker_counts_reach_the_update_as_that_many_sequences() -> None:
+    # 1 + 2 + 3 + 2 workers: the worker adapter (IP) trains 8 sequences, 2 mini-batches of 4;
+    # the orchestrator's 4 sequences are one. The mini-batches count sequences, not slots.
+    from gridrun.train.update import TrainSeq, minibatch_plan
+
+    episodes = [
+        episode("p", k, float(k % 2), [turn("orchestrator")] + [turn("worker", s) for s in range(c)] + [turn("synthesizer")])
+        for k, c in enumerate([1, 2, 3, 2])
+    ]
+    advantages, _ = turn_advantages(episodes, get_workflow("orch_workers"), RELEASED)
+    seqs = [TrainSeq(t.role, t.role, [1], t.completion_ids, t.logprobs, adv, False)
+            for e, row in zip(episodes, advantages) for t, adv in zip(e.turns, row)]
+    plan = minibatch_plan(seqs, ("orchestrator", "worker", "synthesizer"), RELEASED, 4, 1, random.Random(0))
+    assert {adapter: [len(cut) for cut in cuts] for adapter, cuts in plan.items()} == {
+        "orchestrator": [4], "worker": [4, 4], "synthesizer": [4]}
+
+
+def test_grpo_n_1_groups_are_singletons_with_their_raw_reward_under_released() -> None:
+    # One episode per problem: every (problem, trajectory) group has one row, so each turn
+    # gets its episode's raw reward (adv_eps 0 here); singleton_advantage=zero gives 0.
+    episodes = [episode(p, 0, r, [turn("generator", s) for s in range(3)] + [turn("aggregator")])
+                for p, r in (("p", 1.0), ("q", -0.1))]
+    advantages, stats = turn_advantages(episodes, get_workflow("voting"), RELEASED)
+    assert advantages == [[1.0] * 4, pytest.approx([-0.1] * 4)]
+    assert (stats.groups, stats.singleton) == (8, 8)
+    zero = GRPOSpec(group_key="problem_trajectory", adv_eps=0.0, singleton_advantage="zero")
+    assert turn_advantages(episodes, get_workflow("voting"), zero)[0] == [[0.0] * 4] * 2
 
 
 def test_voting_voters_are_distinct_trajectories_so_both_presets_agree() -> None:

@@ -3,12 +3,14 @@ from __future__ import annotations
 import pytest
 
 from gridrun.tasks.answers import (
+    boxes,
     last_boxed,
     last_python_block,
     parse_selection,
     parse_strategies,
     parse_verdict,
     python_blocks,
+    unnumbered_strategies,
 )
 from gridrun.tasks.arith import ArithTask
 from gridrun.tasks.base import Problem
@@ -62,19 +64,71 @@ def test_a_turns_parsed_answer_is_the_box_its_reward_scored(grader: str, respons
     [("ok \\boxed{Correct}", True), ("\\boxed{Incorrect}", False), ("\\boxed{\\text{Correct}}", True), ("\\boxed{42}", None), ("fine", None)],
 )
 def test_parse_verdict(text: str, expected: bool | None) -> None:
-    assert parse_verdict(text) is expected
+    assert parse_verdict(text, "last") is parse_verdict(text, "first") is expected
+
+
+@pytest.mark.parametrize(
+    "text, first, last",
+    [
+        # A verdict changed at the end: the released code read the first, gridrun the last.
+        ("\\boxed{Correct} ... wait, 3 * 4 is 12: \\boxed{Incorrect}", True, False),
+        # The first box holds no verdict: the released search skips it to the first that does.
+        ("it gets \\boxed{42}, which checks out: \\boxed{Correct}", True, True),
+        # A last box holding anything else is no verdict under "last".
+        ("\\boxed{Incorrect}: the answer should be \\boxed{12}", False, None),
+        ("\\boxed{maybe}", None, None),
+    ],
+)
+def test_the_verdict_from_the_first_or_the_last_box(text: str, first: bool | None, last: bool | None) -> None:
+    assert (parse_verdict(text, "first"), parse_verdict(text, "last")) == (first, last)
+
+
+def test_boxes_lists_every_box_in_order() -> None:
+    assert boxes("\\boxed{1} and \\fbox{ b } then \\boxed 3, \\boxed{x") == ["1", "b", "3", None]
+    assert boxes("no box") == []
 
 
 def test_parse_selection_is_one_based_and_bounded() -> None:
-    assert parse_selection("\\boxed{3}", 3) == 2
-    assert parse_selection("\\boxed{4}", 3) is None
-    assert parse_selection("\\boxed{0}", 3) is None
-    assert parse_selection("\\boxed{two}", 3) is None
+    assert parse_selection("\\boxed{3}", 3, "last_box") == 2
+    assert parse_selection("\\boxed{4}", 3, "last_box") is None
+    assert parse_selection("\\boxed{0}", 3, "last_box") is None
+    assert parse_selection("\\boxed{two}", 3, "last_box") is None
+
+
+@pytest.mark.parametrize(
+    "text, released, last_box",
+    [
+        # 1. The first box holding a number (the last box reads the other one).
+        ("\\boxed{2}, or maybe \\boxed{3}", 1, 2),
+        # 2. The first box names no candidate (7 of 3): the first lone digit of the text, 3.
+        ("Candidate 3 is right, so \\boxed{7}", 2, None),
+        # 2. No box at all: the lone digit.
+        ("I pick the second one, number 2.", 1, None),
+        # 3. The lone digit names no candidate either (5, inside the box): candidate 1.
+        ("\\boxed{5}", 0, None),
+        # 3. No box and no lone digit ("12" and "x2" are not lone): candidate 1.
+        ("12 options, x2 each, \\boxed{two}", 0, None),
+    ],
+)
+def test_the_released_aggregator_parse_falls_back_twice(text: str, released: int, last_box: int | None) -> None:
+    assert parse_selection(text, 3, "released") == released
+    assert parse_selection(text, 3, "last_box") == last_box
 
 
 def test_parse_strategies_keeps_numbered_lines_in_order() -> None:
     text = "Plan:\n2) second\n1. first\n4. too many\n1. duplicate"
     assert parse_strategies(text, 3) == ["first", "second"]
+
+
+def test_unnumbered_strategies_are_long_lines_else_the_whole_text() -> None:
+    # No numbered line: the lines of more than 10 characters, at most n; "ok" is too short.
+    text = "Use algebra directly.\nok\n  Try small cases first.  \nDraw a picture of it."
+    assert parse_strategies(text, 3) == []
+    assert unnumbered_strategies(text, 3) == ["Use algebra directly.", "Try small cases first.", "Draw a picture of it."]
+    assert unnumbered_strategies(text, 2) == ["Use algebra directly.", "Try small cases first."]
+    # No line that long: the whole stripped text is the one strategy (empty for an empty plan).
+    assert unnumbered_strategies(" algebra\nguess ", 3) == ["algebra\nguess"]
+    assert unnumbered_strategies("", 3) == [""]
 
 
 def test_last_python_block_ignores_other_languages() -> None:

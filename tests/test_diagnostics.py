@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from gridrun.train.diagnostics import percentile
-from gridrun.train.episode import Turn
+from gridrun.tasks.base import Problem
+from gridrun.train.diagnostics import percentile, role_signatures
+from gridrun.train.episode import Episode, Turn
 from gridrun.workflows.eval_opt import has_code_block
 
 
@@ -31,3 +32,16 @@ def test_code_block_counts_complete_python_blocks_of_three_lines() -> None:
     assert not has_code_block(evaluator_turn("```python\na = 1\nb = 2\n```"))
     assert not has_code_block(evaluator_turn("```python\na = 1\nb = 2\nprint(a + b)\n"))
     assert not has_code_block(evaluator_turn("```bash\nls\ncd /\nls\n```"))
+
+
+def test_inter_worker_jaccard_takes_whatever_number_of_workers_ran() -> None:
+    # Orch-Workers under the released protocol: 1, 2 and 3 workers. One worker has no pair and
+    # is not scored; two share 1 of 3 trigrams (abc; bcd, bce): 1/3; three identical: 1. The
+    # mean over scored episodes is (1/3 + 1) / 2 = 2/3.
+    def worker(slot: int, text: str) -> Turn:
+        return Turn("worker", slot, 0, [], [], [1], [], text, "stop")
+
+    plans = [["a b c d"], ["a b c d", "a b c e"], ["x y z"] * 3]
+    episodes = [Episode(Problem(id=f"p{i}", question="q"), 0, [worker(k, t) for k, t in enumerate(texts)])
+                for i, texts in enumerate(plans)]
+    assert role_signatures(episodes, "worker")["role/worker/slot_jaccard3"] == 2 / 3

@@ -17,6 +17,42 @@ def test_equal_rewards_give_zero_advantage_and_are_counted() -> None:
     assert (stats.groups, stats.singleton, stats.zero_variance) == (3, 2, 1)
 
 
+def test_a_singleton_group_gets_its_raw_reward_under_released() -> None:
+    # verl's GRPO takes mean 0 and std 1 for a group of one row: advantage r / (1 + eps).
+    # Group a has zero variance (0 under both), b, c and d are singletons; all are counted.
+    rewards, keys = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, -0.1]), ["a", "a", "a", "b", "c", "d"]
+    raw, stats = grpo.group_advantages(rewards, keys, eps=0.0, singleton="raw")
+    assert raw.tolist() == pytest.approx([0.0, 0.0, 0.0, 0.0, 1.0, -0.1])
+    assert (stats.groups, stats.singleton, stats.zero_variance) == (4, 3, 1)
+    # With the default eps 1e-6: 1 / (1 + 1e-6); without the std, the reward itself.
+    assert grpo.group_advantages(rewards, keys, singleton="raw")[0][4].item() == pytest.approx(1 / (1 + 1e-6), rel=1e-7)
+    assert grpo.group_advantages(rewards, keys, norm_by_std=False, singleton="raw")[0][5].item() == pytest.approx(-0.1)
+    zero, zero_stats = grpo.group_advantages(rewards, keys, eps=0.0, singleton="zero")
+    assert zero.tolist() == [0.0] * 6 and zero_stats == stats
+
+
+def test_chi2_and_ppl_per_micro_batch_against_pooled() -> None:
+    # Micro-batch 1: one row of 2 tokens, each at prob 0.5 under pi_theta and 0.25 under the
+    # rollout: rho = 2, rho^2 - 1 = 3, (rho - 1)^2 = 1, ppl = exp(log 2) = 2.
+    # Micro-batch 2: a 1-token row at prob 1 and a 3-token row at prob 0.25, both on-policy:
+    # rho = 1 (chi2 0, centred 0), ppls 1 and 4 (mean 2.5). The 2-wide row is left-padded
+    # with a junk log-prob the mask must drop.
+    half, quarter = math.log(0.5), math.log(0.25)
+    mb1 = grpo.ratio_sums(torch.tensor([[half, half]]), torch.tensor([[quarter, quarter]]), torch.ones(1, 2))
+    logp2 = torch.tensor([[5.0, 5.0, 0.0], [quarter] * 3])
+    mask2 = torch.tensor([[0.0, 0.0, 1.0], [1.0, 1.0, 1.0]])
+    mb2 = grpo.ratio_sums(logp2, logp2, mask2)
+    assert (mb1.tokens, mb1.rows, mb2.tokens, mb2.rows) == (2, 1, 4, 2)
+    # verl: each micro-batch's masked means, then their mean: chi2 (3 + 0) / 2, centred
+    # (1 + 0) / 2, ppl (2 + 2.5) / 2.
+    assert grpo.ratio_diagnostics([mb1, mb2], "micro_batch") == pytest.approx(
+        {"chi2": 1.5, "chi2_centered": 0.5, "ppl": 2.25})
+    # Pooled over the step: rho^2 sums to 2 * 4 + 4 * 1 = 12 over 6 tokens, (rho - 1)^2 to 2,
+    # and the three rows' ppls 2, 1, 4 average 7 / 3.
+    assert grpo.ratio_diagnostics([mb1, mb2], "pooled") == pytest.approx(
+        {"chi2": 1.0, "chi2_centered": 1 / 3, "ppl": 7 / 3})
+
+
 def test_known_four_sample_group() -> None:
     # rewards [1, 0, 0, 0]: mean 0.25; unbiased std = sqrt((0.75^2 + 3 * 0.25^2) / 3) = 0.5
     # -> advantages (r - 0.25) / 0.5 = [1.5, -0.5, -0.5, -0.5].

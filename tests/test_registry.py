@@ -54,7 +54,7 @@ def test_built_in_slots_and_prompts_come_from_each_workflows_entry() -> None:
     assert (voting.roles, voting.parallel_role, voting.slots(voting.params(n_voters=5))) == (("generator", "aggregator"), "generator", 5)
     assert (orch.roles, orch.parallel_role, orch.slots(orch.params())) == (("orchestrator", "worker", "synthesizer"), "worker", 3)
     assert (eval_opt.parallel_role, eval_opt.slots(eval_opt.params()), eval_opt.prompt_names()) == (
-        None, 1, ("generator", "evaluator", "revision"))
+        None, 1, ("generator", "evaluator", "revision", "evaluator_followup", "revision_followup"))
     # Every built-in task writes a prompt for every built-in workflow's roles (other tests
     # register plugin options in this process too: they are left out).
     tasks = [t for t in registry.task_names() if registry.task(t).params.__module__.startswith("gridrun.")]

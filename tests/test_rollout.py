@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from gridrun.registry import workflow as get_workflow
+from gridrun.runconfig import ProtocolSpec
 from gridrun.tasks.arith import ArithTask
 from gridrun.train.episode import Episode
 from gridrun.train.rollout import (
@@ -44,7 +45,8 @@ class WordEncoder(ChatEncoder):
         return [[1] * len(" ".join(m["content"] for m in messages).split()) for messages in messages_list]
 
 
-def run_workflow(name: str, n_episodes: int, sequential: bool = False, route=lambda role: role, encoder=None):
+def run_workflow(name: str, n_episodes: int, sequential: bool = False, route=lambda role: role, encoder=None,
+                 protocol: ProtocolSpec | None = None):
     engine = CountingEngine()
     batcher = StageBatcher(engine, encoder or WordEncoder(), route, SAMPLING)
     workflow = get_workflow(name)
@@ -52,7 +54,7 @@ def run_workflow(name: str, n_episodes: int, sequential: bool = False, route=lam
     episodes = [Episode(problem=p, sample=0) for p in TASK.train_problems()[:n_episodes]]
 
     async def program(llm, episode):
-        await workflow.run(llm, episode, TASK, spec)
+        await workflow.run(llm, episode, TASK, spec, protocol or ProtocolSpec())
 
     batcher.run(episodes, program, sequential=sequential)
     return engine, episodes
@@ -67,7 +69,11 @@ def test_voting_is_one_batch_per_stage_routed_by_role() -> None:
 
 
 def test_orch_workers_stages() -> None:
+    # Every plan is "\\boxed{1}": no strategy, so one worker per episode under the released
+    # protocol (the whole plan stands in as its strategy), three under fixed.
     engine, _ = run_workflow("orch_workers", 5)
+    assert [len(b) for b in engine.batches] == [5, 5, 5]
+    engine, _ = run_workflow("orch_workers", 5, protocol=ProtocolSpec(orch_workers="fixed"))
     assert [len(b) for b in engine.batches] == [5, 15, 5]
 
 

@@ -165,6 +165,34 @@ def test_chi2_is_e_rho_squared_minus_one_and_ppl_is_per_sequence(tmp_path: Path)
     assert metrics["role/generator/entropy"] == pytest.approx(entropy, rel=1e-4)
 
 
+def test_chi2_is_averaged_over_micro_batches_under_released_and_pooled_under_as_written(tmp_path: Path) -> None:
+    # rho = 2 on every generator token (chi2 3) and the rollout's own log-probs on the
+    # aggregator's (rho = 1, chi2 0 up to the engine's rounding); a token budget of 1 puts
+    # every sequence in a micro-batch of its own, and lr 0 leaves the weights as they were for
+    # the second reduction. micro_batch (verl): the mean over micro-batches, 3 x generator
+    # sequences / all sequences; pooled: 3 x generator tokens / all tokens.
+    cell = make_cell(tmp_path, workflow={"name": "voting"}, policy={"name": "shared"},
+                     train={"ppo_mini_batch": 64, "micro_token_budget": 1})
+    trainer = trainer_for(cell)
+    seqs = seqs_for(trainer, ["generator", "aggregator"])
+    for s in seqs:
+        if s.role == "generator":
+            s.rollout_logp = [v - math.log(2.0) for v in s.rollout_logp]
+    generator = [s for s in seqs if s.role == "generator"]
+    tokens = {role: sum(len(s.completion_ids) for s in seqs if s.role == role) for role in ("generator", "aggregator")}
+    assert len(generator) == 3 * (len(seqs) - len(generator)) == 12 and tokens["generator"] != 3 * tokens["aggregator"]
+    expected = {"micro_batch": 3 * 12 / 16, "pooled": 3 * tokens["generator"] / sum(tokens.values())}
+    for reduction, chi2 in expected.items():
+        trainer.config = dataclasses.replace(
+            trainer.config, grpo=dataclasses.replace(trainer.config.grpo, chi2_reduction=reduction))
+        metrics = update(trainer.model, trainer.routing, trainer.optimizers, [dataclasses.replace(s) for s in seqs],
+                         UpdateSettings.of(trainer.config, trainer.pad_id), {"shared": 0.0}, random.Random(0))
+        assert metrics["train/chi2"] == pytest.approx(chi2, abs=1e-3), reduction
+        # Within one role every micro-batch has the same chi2, so both reductions agree there.
+        assert metrics["role/generator/chi2"] == pytest.approx(3.0, rel=1e-4)
+        assert metrics["role/aggregator/chi2"] == pytest.approx(0.0, abs=1e-3)
+
+
 def single_forward(trainer: Trainer, seq: TrainSeq) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs and entropies of one sequence's completion under the current weights."""
     from gridrun.train.policy import activate

@@ -36,6 +36,14 @@ class ArithPrompts(RolePrompts):
     def evaluator(self, question: str, solution: str) -> Messages:
         return user_message(f"Check: {question}\nSolution: {solution}")
 
+    # Eval-Opt with the whole conversation above (protocol.eval_opt_context=full). The toy model
+    # was warm-started on the single-turn shapes only, so the last turn keeps their wording.
+    def evaluator_followup(self, question: str, solution: str) -> Messages:
+        return self.evaluator(question, solution)
+
+    def revision_followup(self, question: str, previous: str, critique: str) -> Messages:
+        return user_message(f"Feedback: {critique}\nSolve again.")
+
     def aggregator(self, question: str, candidates: list[str]) -> Messages:
         lines = "\n".join(f"Candidate {i + 1}: {c}" for i, c in enumerate(candidates))
         return user_message(f"Pick: {question}\n{lines}")

@@ -87,6 +87,21 @@ class CodePrompts(RolePrompts):
             "End with exactly \\boxed{Correct} or \\boxed{Incorrect}."
         )
 
+    # Eval-Opt with the whole conversation above (protocol.eval_opt_context=full): the
+    # program and review are already there, so these only say what to do with them.
+    def evaluator_followup(self, question: str, solution: str) -> Messages:
+        return user_message(
+            "Review the latest program above: does it give the right output for every valid input, fast enough? "
+            "In a few sentences, point out the first bug if there is one. Do not write code. "
+            "End with exactly \\boxed{Correct} or \\boxed{Incorrect}."
+        )
+
+    def revision_followup(self, question: str, previous: str, critique: str) -> Messages:
+        return user_message(
+            "The last message above is a reviewer's check of your latest program. Fix what is wrong "
+            "(or keep what is right) and give the complete program again in one fenced ```python block."
+        )
+
     def aggregator(self, question: str, candidates: list[str]) -> Messages:
         listed = "\n\n".join(f"### Candidate {i + 1}\n{c}" for i, c in enumerate(candidates))
         return user_message(

@@ -49,6 +49,20 @@ class MathPrompts(RolePrompts):
             "End with exactly \\boxed{Correct} or \\boxed{Incorrect}."
         )
 
+    # Eval-Opt with the whole conversation above (protocol.eval_opt_context=full): the
+    # solution and critique are already there, so these only say what to do with them.
+    def evaluator_followup(self, question: str, solution: str) -> Messages:
+        return user_message(
+            "Check the latest solution above. Point out its first error if there is one, in a few sentences. "
+            "End with exactly \\boxed{Correct} or \\boxed{Incorrect}."
+        )
+
+    def revision_followup(self, question: str, previous: str, critique: str) -> Messages:
+        return user_message(
+            "The last message above is a reviewer's check of your latest solution. Fix what is wrong "
+            "(or confirm what is right) and give the final answer as \\boxed{answer}."
+        )
+
     def aggregator(self, question: str, candidates: list[str]) -> Messages:
         listed = "\n\n".join(f"### Candidate {i + 1}\n{c}" for i, c in enumerate(candidates))
         return user_message(

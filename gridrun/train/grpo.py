@@ -13,8 +13,8 @@ How this departs from the original GRPO (Shao et al. 2024), on purpose and as th
   mean) or "token-mean" (mean over every token of the mini-batch).
 - Outcome reward: one scalar per episode, given to every row of the episode (a row is an
   episode or one role turn, per preset; the grouping is the caller's `keys`).
-- Groups of size 1 and groups whose rewards are all equal get advantage 0 and are counted;
-  they never fall back to raw rewards (verl gives a singleton its raw reward).
+- Groups whose rewards are all equal get advantage 0 and are counted. A group of size 1 is
+  counted too, and gets either its raw reward (verl: mean 0, std 1) or 0 (`singleton`).
 Not here: entropy bonus, process rewards.
 """
 
@@ -37,22 +37,32 @@ class GroupStats:
 
 
 def group_advantages(
-    rewards: torch.Tensor, keys: Sequence[Hashable], norm_by_std: bool = True, eps: float = 1e-6
+    rewards: torch.Tensor,
+    keys: Sequence[Hashable],
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+    singleton: str = "zero",
 ) -> tuple[torch.Tensor, GroupStats]:
     """Per-row advantage (r - mean_g) / (std_g + eps), std unbiased as in verl.
 
     rewards: (rows,) float; keys: the group of each row. Returns (rows,) float32.
     A group is zero-variance when its max equals its min: a float32 std of equal values such
     as -0.1 or 0.3 need not be exactly 0, and would hand the group a small equal advantage.
+    singleton: a group of one row gets "raw" (verl's mean 0 and std 1: r / (1 + eps), or r
+    without the std) or "zero".
     """
+    if singleton not in ("raw", "zero"):
+        raise ValueError(f"unknown singleton advantage '{singleton}': use raw or zero")
     members: dict[Hashable, list[int]] = defaultdict(list)
     for i, key in enumerate(keys):
         members[key].append(i)
     advantages = torch.zeros_like(rewards, dtype=torch.float32)
-    singleton = zero_variance = 0
+    singletons = zero_variance = 0
     for idx in members.values():
         if len(idx) == 1:
-            singleton += 1
+            singletons += 1
+            if singleton == "raw":
+                advantages[idx] = rewards[idx].float() / (1.0 + eps) if norm_by_std else rewards[idx].float()
             continue
         group = rewards[idx].float()
         if group.max().item() == group.min().item():
@@ -60,7 +70,7 @@ def group_advantages(
             continue
         centred = group - group.mean()
         advantages[idx] = centred / (group.std() + eps) if norm_by_std else centred
-    return advantages, GroupStats(len(members), singleton, zero_variance)
+    return advantages, GroupStats(len(members), singletons, zero_variance)
 
 
 def clipped_policy_loss(
@@ -106,6 +116,58 @@ def k3_kl(
     if kl_clamp is not None:
         kl = torch.clamp(kl, -kl_clamp, kl_clamp)
     return kl
+
+
+@dataclass(frozen=True)
+class RatioSums:
+    """One micro-batch's sums behind the rollout-ratio diagnostics (verl's rollout_corr
+    metrics): its completion tokens and rows, the sums over tokens of rho^2 and (rho - 1)^2,
+    and the sum over rows of exp(-mean log-prob), rho = pi_theta / pi_rollout per token."""
+
+    tokens: int
+    rows: int
+    rho2: float
+    centred: float
+    ppl: float
+
+
+def ratio_sums(logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, log_bound: float = 20.0) -> RatioSums:
+    """RatioSums of one micro-batch. logp, rollout_logp, mask: (batch, tokens); rho =
+    exp(clamp(logp - rollout_logp, +-log_bound)), verl's safety bound on the log-ratio."""
+    mask = mask.float()
+    rho = torch.exp(torch.clamp(logp - rollout_logp, -log_bound, log_bound))
+    lengths = mask.sum(dim=1).clamp(min=1.0)
+    return RatioSums(
+        tokens=int(mask.sum()),
+        rows=int(mask.shape[0]),
+        rho2=float((rho**2 * mask).sum()),
+        centred=float(((rho - 1.0) ** 2 * mask).sum()),
+        ppl=float(torch.exp(-(logp * mask).sum(dim=1) / lengths).sum()),
+    )
+
+
+def ratio_diagnostics(parts: Sequence[RatioSums], reduction: str) -> dict[str, float]:
+    """chi2 = E[rho^2] - 1, chi2_centered = E[(rho - 1)^2] and ppl = E over sequences of
+    exp(-mean log-prob), over a step's micro-batches.
+
+    micro_batch (verl): each micro-batch's own masked means (tokens for chi2, rows for ppl),
+    then their plain mean over micro-batches, so a short micro-batch weighs as much as a
+    long one. pooled: every token (every row for ppl) of the step weighs the same."""
+    if reduction == "pooled" or not parts:
+        tokens, rows = max(sum(p.tokens for p in parts), 1), max(sum(p.rows for p in parts), 1)
+        return {
+            "chi2": sum(p.rho2 for p in parts) / tokens - 1.0,
+            "chi2_centered": sum(p.centred for p in parts) / tokens,
+            "ppl": sum(p.ppl for p in parts) / rows,
+        }
+    if reduction != "micro_batch":
+        raise ValueError(f"unknown chi2 reduction '{reduction}': use micro_batch or pooled")
+    n = len(parts)
+    return {
+        "chi2": sum(p.rho2 / max(p.tokens, 1) - 1.0 for p in parts) / n,
+        "chi2_centered": sum(p.centred / max(p.tokens, 1) for p in parts) / n,
+        "ppl": sum(p.ppl / max(p.rows, 1) for p in parts) / n,
+    }
 
 
 def token_weights(mask: torch.Tensor, mode: str, n_tokens: int, n_seqs: int) -> torch.Tensor:

@@ -74,7 +74,8 @@ def turn_advantages(
         rows = [((e.problem.id, workflow.trajectory_name(t)), e.reward) for e in episodes for t in e.turns]
     everyone, mine = dist.gather(rows)
     values, stats = grpo.group_advantages(
-        torch.tensor([r for _, r in everyone], dtype=torch.float32), [k for k, _ in everyone], spec.norm_by_std, spec.adv_eps
+        torch.tensor([r for _, r in everyone], dtype=torch.float32), [k for k, _ in everyone], spec.norm_by_std, spec.adv_eps,
+        spec.singleton_advantage,
     )
     own = values[mine].tolist()
     if spec.group_key == "problem":
@@ -193,7 +194,7 @@ class Trainer:
         scorer = BackgroundScorer(self.task)
 
         async def program(llm: Any, episode: Episode) -> None:
-            await self.workflow.run(llm, episode, self.task, spec)
+            await self.workflow.run(llm, episode, self.task, spec, self.config.protocol)
             scorer.submit(episode)
 
         try:

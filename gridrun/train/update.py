@@ -29,7 +29,10 @@ Semantics (the paper's stack, reproduced rather than smoothed; conf/grpo/ picks 
   before the optimizer step. On one rank every collective is the identity.
 Diagnostics per role and over all roles (`train/...`): chi2 = E[rho^2] - 1 of the token
 ratio rho = pi_theta / pi_rollout (as verl's rollout_corr/chi2_token), chi2_centered =
-mean (rho - 1)^2, ppl = mean over sequences of exp(-mean log-prob), entropy of the
+mean (rho - 1)^2, ppl = mean over sequences of exp(-mean log-prob) (grpo.ratio_diagnostics:
+each per micro-batch, then averaged over every rank's micro-batches as verl, so that with
+several ranks they depend on the rank count as verl's do, or pooled over the step, as
+grpo.chi2_reduction says), entropy of the
 pre-update policy (measured in the old-log-prob pass, or in the forward of an adapter's
 first mini-batch; with grpo.old_logprobs=rollout there is no pass, and the update's own
 forward measures it).
@@ -104,15 +107,14 @@ class _RoleStats:
     seqs: int = 0
     tokens: int = 0
     truncated: int = 0
-    ppl_sum: float = 0.0
     entropy_sum: float = 0.0
-    rho2_sum: float = 0.0
-    centred_sum: float = 0.0
     clipped: int = 0
     loss_sum: float = 0.0
     kl_sum: float = 0.0
     absdiff_sum: float = 0.0
     grad_norms: list[float] = field(default_factory=list)
+    # One entry per micro-batch: the sums behind chi2, chi2_centered and ppl.
+    ratios: list[grpo.RatioSums] = field(default_factory=list)
 
 
 @dataclass
@@ -312,7 +314,7 @@ def update(
                 prefix + "grad_share": sum(s.grad_norms) / total_mass,
                 prefix + "grad_norm": sum(s.grad_norms) / len(s.grad_norms) if s.grad_norms else 0.0,
                 prefix + "loss": s.loss_sum / n,
-                **_divergences(prefix, s),
+                **_divergences(prefix, s, gcfg.chi2_reduction),
                 prefix + "clip_frac": s.clipped / n,
                 prefix + "len_mean": s.tokens / max(s.seqs, 1),
                 prefix + "trunc_rate": s.truncated / max(s.seqs, 1),
@@ -323,21 +325,19 @@ def update(
             metrics[prefix + "kl"] = s.kl_sum / n
     if stats:
         everything = _RoleStats()
-        for name in ("seqs", "tokens", "ppl_sum", "entropy_sum", "rho2_sum", "centred_sum"):
+        for name in ("seqs", "tokens", "entropy_sum"):
             setattr(everything, name, sum(getattr(s, name) for s in stats.values()))
-        metrics.update(_divergences("train/", everything))
+        everything.ratios = [part for s in stats.values() for part in s.ratios]
+        metrics.update(_divergences("train/", everything, gcfg.chi2_reduction))
     return metrics
 
 
-def _divergences(prefix: str, s: _RoleStats) -> dict[str, float]:
-    """chi2 (E[rho^2] - 1), chi2_centered (mean (rho - 1)^2), per-sequence ppl, entropy."""
-    n = max(s.tokens, 1)
-    return {
-        prefix + "chi2": s.rho2_sum / n - 1.0,
-        prefix + "chi2_centered": s.centred_sum / n,
-        prefix + "ppl": s.ppl_sum / max(s.seqs, 1),
-        prefix + "entropy": s.entropy_sum / n,
-    }
+def _divergences(prefix: str, s: _RoleStats, reduction: str) -> dict[str, float]:
+    """chi2 (E[rho^2] - 1), chi2_centered (mean (rho - 1)^2) and per-sequence ppl, reduced
+    over micro-batches as `reduction` says; the entropy per token."""
+    out = {prefix + name: value for name, value in grpo.ratio_diagnostics(s.ratios, reduction).items()}
+    out[prefix + "entropy"] = s.entropy_sum / max(s.tokens, 1)
+    return out
 
 
 def minibatch_plan(
@@ -363,8 +363,11 @@ def minibatch_plan(
 
 
 def _sum_stats(stats: dict[str, _RoleStats], roles: list[str], dist: Dist) -> None:
-    """Sum each role's counters across ranks, in place (grad norms are global already)."""
-    names = [f.name for f in dataclasses.fields(_RoleStats) if f.name != "grad_norms"]
+    """Sum each role's counters across ranks and gather its micro-batches' ratio sums, in
+    place (grad norms are global already)."""
+    names = [f.name for f in dataclasses.fields(_RoleStats) if f.name not in ("grad_norms", "ratios")]
+    for role in roles:
+        stats[role].ratios = dist.gather(stats[role].ratios)[0]
     summed = dist.all_reduce_sum([float(getattr(stats[role], name)) for role in roles for name in names])
     for i, role in enumerate(roles):
         for j, name in enumerate(names):
@@ -456,15 +459,11 @@ def _accumulate(
         s.seqs += len(chunk)
         s.tokens += int(mask.sum())
         s.truncated += sum(seq.truncated for seq in chunk)
-        lengths = mask.sum(dim=1).clamp(min=1.0)
-        s.ppl_sum += float(torch.exp(-(logp * mask).sum(dim=1) / lengths).sum())
         s.entropy_sum += sum(seq.old_entropy for seq in chunk if seq.old_entropy is not None)
         if entropy is not None:
             s.entropy_sum += float((entropy * mask)[unmeasured].sum())
         # rho = pi_theta / pi_rollout, its log clamped to +-20 as verl's chi2_token.
-        rho = torch.exp(torch.clamp(logp - rollout, -_RHO_LOG_BOUND, _RHO_LOG_BOUND))
-        s.rho2_sum += float((rho**2 * mask).sum())
-        s.centred_sum += float(((rho - 1.0) ** 2 * mask).sum())
+        s.ratios.append(grpo.ratio_sums(logp.detach(), rollout, mask, _RHO_LOG_BOUND))
         s.clipped += int((clipped.float() * mask).sum())
         s.loss_sum += float((token_loss * mask).sum())
         s.absdiff_sum += float(((old - rollout).abs() * mask).sum())

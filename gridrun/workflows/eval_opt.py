@@ -3,12 +3,21 @@
 `workflow.rounds` means what the released code's `max_iterations` means: at most that many
 generator turns, each judged by the evaluator (3 on math, 2 on code). An always-rejecting
 evaluator therefore gives rounds + rounds turns, and every answer the workflow could commit to
-has been judged. The evaluator's verdict is its last `\\boxed{Correct}` /
-`\\boxed{Incorrect}`; a malformed verdict is not an acceptance. The workflow commits to the
-latest generator answer.
+has been judged. The evaluator's verdict is its first (released) or last `\\boxed{Correct}` /
+`\\boxed{Incorrect}` (`protocol.verdict_box`); a malformed verdict is not an acceptance. The
+workflow commits to the latest generator answer.
 
-Its validation metrics: the evaluator's verdict rate and accuracy, and its code-fence rate
-(a drift signature: an evaluator that starts writing programs instead of judging).
+What the evaluator and each revision see is `protocol.eval_opt_context`. "full" (the released
+code): the conversation so far, kept as that code kept it (the generator's first prompt, then
+every answer and critique as an assistant turn, the instructions between them dropped),
+followed by the task's `evaluator_followup` / `revision_followup` instruction. "latest": the
+task's `evaluator` prompt on (question, latest answer), its `revision` prompt on the last
+answer and critique.
+
+Its validation metrics: the evaluator's verdict rate (its text holds a `\\boxed{Correct}` or
+`\\boxed{Incorrect}`, the paper's verdict-tag retention, read alike under both protocols), its
+verdict accuracy (the verdict the loop acted on), and its code-fence rate (a drift signature:
+an evaluator that starts writing programs instead of judging).
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gridrun.registry import ConfigError, Workflow, WorkflowParams, register_workflow
+from gridrun.runconfig import ProtocolSpec
 from gridrun.tasks.answers import parse_verdict, python_blocks
 
 # A python block this long is code, not a quoted expression.
@@ -36,23 +46,39 @@ class EvalOptParams(WorkflowParams):
             raise ConfigError("workflow.rounds must be >= 1 for eval_opt (generator turns, each judged)")
 
 
-async def run(llm: Any, episode: Any, task: Any, params: EvalOptParams) -> None:
+async def run(llm: Any, episode: Any, task: Any, params: EvalOptParams, protocol: ProtocolSpec) -> None:
     question, prompts = episode.problem.question, task.prompts
-    answer = await llm.chat("generator", prompts["generator"](question))
+    first = prompts["generator"](question)
+    answer = await llm.chat("generator", first)
     answer.parsed = task.extract_answer(answer.text)
+    full = protocol.eval_opt_context == "full"
+    history = first + [_said(answer.text)]
     verdicts: list[bool | None] = []
     for round_ in range(params.rounds):
-        review = await llm.chat("evaluator", prompts["evaluator"](question, answer.text), round=round_)
-        review.parsed = parse_verdict(review.text)
+        if full:
+            judge = history + prompts["evaluator_followup"](question, answer.text)
+        else:
+            judge = prompts["evaluator"](question, answer.text)
+        review = await llm.chat("evaluator", judge, round=round_)
+        review.parsed = parse_verdict(review.text, protocol.verdict_box)
         verdicts.append(review.parsed)
+        history = history + [_said(review.text)]
         if review.parsed is True or round_ + 1 == params.rounds:
             break
-        answer = await llm.chat(
-            "generator", prompts["revision"](question, answer.text, review.text), round=round_ + 1
-        )
+        if full:
+            revise = history + prompts["revision_followup"](question, answer.text, review.text)
+        else:
+            revise = prompts["revision"](question, answer.text, review.text)
+        answer = await llm.chat("generator", revise, round=round_ + 1)
         answer.parsed = task.extract_answer(answer.text)
+        history = history + [_said(answer.text)]
     episode.final_response = answer.text
     episode.info.update(verdicts=verdicts, revisions=answer.round)
+
+
+def _said(text: str) -> dict[str, str]:
+    """A model turn as the conversation keeps it: an assistant message, whichever role spoke."""
+    return {"role": "assistant", "content": text}
 
 
 def has_code_block(turn: Any) -> bool:
@@ -67,16 +93,16 @@ def metrics(episodes: list[Any], correct: Callable[[Any], bool], params: EvalOpt
         for review in e.role_turns("evaluator"):
             # The evaluator of round r judged the generator answer of round r.
             judged.append((review.parsed, correct(answers[review.round])))
-    if judged:
-        out["role/evaluator/verdict_rate"] = sum(v is not None for v, _ in judged) / len(judged)
-        out["role/evaluator/verdict_acc"] = sum(v is not None and v == ok for v, ok in judged) / len(judged)
     reviews = [t for e in episodes for t in e.role_turns("evaluator")]
     if reviews:
+        out["role/evaluator/verdict_rate"] = sum(parse_verdict(t.text, "first") is not None for t in reviews) / len(reviews)
+        out["role/evaluator/verdict_acc"] = sum(v is not None and v == ok for v, ok in judged) / len(judged)
         out["role/evaluator/code_fence_rate"] = sum(has_code_block(t) for t in reviews) / len(reviews)
     return out
 
 
 WORKFLOW = register_workflow(Workflow(
     name="eval_opt", roles=("generator", "evaluator"), params=EvalOptParams, run=run,
-    prompts=("generator", "evaluator", "revision"), answer_roles=("generator",), metrics=metrics,
+    prompts=("generator", "evaluator", "revision", "evaluator_followup", "revision_followup"),
+    answer_roles=("generator",), metrics=metrics,
 ))

@@ -1,8 +1,11 @@
-"""`orch_workers`: an orchestrator plans n strategies, n workers follow one each, a
+"""`orch_workers`: an orchestrator plans up to n strategies, one worker follows each, a
 synthesizer compares their solutions and commits to a final answer.
 
-Strategies are the orchestrator's numbered lines. When it gives fewer than n, the workers
-left over get "any method" so the episode still runs; the shortfall is recorded.
+Strategies are the orchestrator's numbered lines (at most n). How many workers run is
+`protocol.orch_workers`: "parsed" (the released code) runs one per strategy given, 1 to n
+(with no numbered line, its long lines or its whole text stand in, as the released parser's
+fallbacks); "fixed" always runs n, the ones left over told "any method". The shortfall from n
+is recorded either way, and the worker count in `workers`.
 
 Its validation metrics: the orchestrator's plan rate (plans with n distinct strategies) and
 its unique openers (a drift signature: distinct first three words over its plans).
@@ -15,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gridrun.registry import Workflow, WorkflowParams, register_workflow
-from gridrun.tasks.answers import parse_strategies
+from gridrun.runconfig import ProtocolSpec
+from gridrun.tasks.answers import parse_strategies, unnumbered_strategies
 
 FALLBACK_STRATEGY = "any method"
 
@@ -23,17 +27,21 @@ FALLBACK_STRATEGY = "any method"
 @dataclass
 class OrchWorkersParams(WorkflowParams):
     name: str = "orch_workers"
-    # Parallel worker slots (they share one adapter under IP).
+    # Parallel worker slots, at most (they share one adapter under IP); how many run is
+    # protocol.orch_workers.
     n_workers: int = 3
 
 
-async def run(llm: Any, episode: Any, task: Any, params: OrchWorkersParams) -> None:
+async def run(llm: Any, episode: Any, task: Any, params: OrchWorkersParams, protocol: ProtocolSpec) -> None:
     question, prompts, n = episode.problem.question, task.prompts, params.n_workers
     plan = await llm.chat("orchestrator", prompts["orchestrator"](question, n))
     plan.parsed = parse_strategies(plan.text, n)
-    strategies = plan.parsed + [FALLBACK_STRATEGY] * (n - len(plan.parsed))
+    if protocol.orch_workers == "parsed":
+        strategies = plan.parsed or unnumbered_strategies(plan.text, n)
+    else:
+        strategies = plan.parsed + [FALLBACK_STRATEGY] * (n - len(plan.parsed))
     solutions = await llm.parallel(
-        *(llm.chat("worker", prompts["worker"](question, strategies[k]), slot=k) for k in range(n))
+        *(llm.chat("worker", prompts["worker"](question, strategy), slot=k) for k, strategy in enumerate(strategies))
     )
     for turn in solutions:
         turn.parsed = task.extract_answer(turn.text)
@@ -41,7 +49,8 @@ async def run(llm: Any, episode: Any, task: Any, params: OrchWorkersParams) -> N
     final.parsed = task.extract_answer(final.text)
     episode.final_response = final.text
     episode.info.update(
-        strategies=plan.parsed, missing_strategies=n - len(plan.parsed), worker_answers=[s.parsed for s in solutions]
+        strategies=plan.parsed, missing_strategies=n - len(plan.parsed), workers=len(solutions),
+        worker_answers=[s.parsed for s in solutions],
     )
 
 

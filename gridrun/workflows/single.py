@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gridrun.registry import Workflow, WorkflowParams, register_workflow
+from gridrun.runconfig import ProtocolSpec
 
 
 @dataclass
@@ -13,7 +14,7 @@ class SingleParams(WorkflowParams):
     name: str = "single"
 
 
-async def run(llm: Any, episode: Any, task: Any, params: SingleParams) -> None:
+async def run(llm: Any, episode: Any, task: Any, params: SingleParams, protocol: ProtocolSpec) -> None:
     turn = await llm.chat("generator", task.prompts["generator"](episode.problem.question))
     turn.parsed = task.extract_answer(turn.text)
     episode.final_response = turn.text

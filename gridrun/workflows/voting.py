@@ -1,11 +1,16 @@
 """`voting`: n generators answer independently, an aggregator selects one by number.
 
 The aggregator's `\\boxed{k}` (1-based) picks candidate k; the workflow commits to that
-candidate's response. A selection naming no candidate commits to nothing (format penalty).
+candidate's response. How its text is read is `protocol.aggregator_parse`: as the released
+code (the first box, else a lone digit, else candidate 1: it always commits to a candidate),
+or by its last box alone, where a selection naming no candidate commits to nothing (format
+penalty).
 
-Its validation metrics: the aggregator's selection rate, its selection accuracy on problems
-some candidate solved, and its terse rate (a drift signature: a parseable pick in at most
-TERSE_TOKENS tokens, the shape it starts in).
+Its validation metrics: the aggregator's selection rate (its last box names a candidate: the
+shape it is asked for, whatever the protocol's fallbacks then pick), its selection accuracy
+on problems some candidate solved (the pick the workflow committed to), and its terse rate
+(a drift signature: that shape in at most TERSE_TOKENS tokens, the shape it starts in). Rate
+and terse rate read the shape alike under both protocols, so they stay comparable.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gridrun.registry import Workflow, WorkflowParams, register_workflow
+from gridrun.runconfig import ProtocolSpec
 from gridrun.tasks.answers import parse_selection
 
 TERSE_TOKENS = 30
@@ -27,7 +33,7 @@ class VotingParams(WorkflowParams):
     n_voters: int = 3
 
 
-async def run(llm: Any, episode: Any, task: Any, params: VotingParams) -> None:
+async def run(llm: Any, episode: Any, task: Any, params: VotingParams, protocol: ProtocolSpec) -> None:
     question, prompts = episode.problem.question, task.prompts
     candidates = await llm.parallel(
         *(llm.chat("generator", prompts["generator"](question), slot=k) for k in range(params.n_voters))
@@ -35,7 +41,7 @@ async def run(llm: Any, episode: Any, task: Any, params: VotingParams) -> None:
     for turn in candidates:
         turn.parsed = task.extract_answer(turn.text)
     pick = await llm.chat("aggregator", prompts["aggregator"](question, [c.text for c in candidates]))
-    pick.parsed = parse_selection(pick.text, len(candidates))
+    pick.parsed = parse_selection(pick.text, len(candidates), protocol.aggregator_parse)
     episode.final_response = None if pick.parsed is None else candidates[pick.parsed].text
     episode.info.update(selected=pick.parsed, candidate_answers=[c.parsed for c in candidates])
 
@@ -43,10 +49,11 @@ async def run(llm: Any, episode: Any, task: Any, params: VotingParams) -> None:
 def metrics(episodes: list[Any], correct: Callable[[Any], bool], params: VotingParams) -> dict[str, float]:
     n = len(episodes)
     picks = [e.role_turns("aggregator")[0] for e in episodes]
+    boxed = [parse_selection(p.text, len(e.role_turns("generator")), "last_box") is not None
+             for e, p in zip(episodes, picks)]
     out = {
-        "role/aggregator/select_rate": sum(p.parsed is not None for p in picks) / n,
-        "role/aggregator/terse_rate": sum(len(p.completion_ids) <= TERSE_TOKENS and p.parsed is not None
-                                          for p in picks) / n,
+        "role/aggregator/select_rate": sum(boxed) / n,
+        "role/aggregator/terse_rate": sum(len(p.completion_ids) <= TERSE_TOKENS and ok for p, ok in zip(picks, boxed)) / n,
     }
     solvable = [(e, p.parsed) for e, p in zip(episodes, picks) if any(correct(t) for t in e.role_turns("generator"))]
     if solvable:

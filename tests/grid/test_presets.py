@@ -42,11 +42,13 @@ def test_released_is_the_default_and_as_written_is_one_override(gridrun: Gridrun
     grpo, optim, protocol = config.grpo, config.optim, config.protocol
     assert config.preset == "as_written"
     assert (grpo.group_key, grpo.clip_ratio_c, grpo.log_ratio_clamp, grpo.kl_clamp) == ("problem", None, None, None)
+    # Where the text is silent (chi2's reduction, singletons, what the evaluator sees, how
+    # choices and verdicts are parsed) as_written keeps the released behaviour.
     assert (grpo.minibatch_order, grpo.partial_minibatch, grpo.chi2_reduction, grpo.singleton_advantage) == (
-        "shuffled", "full", "pooled", "zero")
+        "shuffled", "full", "micro_batch", "raw")
     assert (optim.schedule, optim.lr_advance) == ("cosine", "per_step")
     assert (protocol.eval_opt_context, protocol.aggregator_parse, protocol.verdict_box, protocol.orch_workers) == (
-        "latest", "last_box", "last", "fixed")
+        "full", "released", "first", "fixed")
     assert (config.task.grader, config.task.format_penalty) == ("math_verify", -0.1)
     shown = gridrun("show", CELL, "conf=smoke")
     assert shown.code == 0 and "preset: as_written (no item set otherwise)" in shown.out

@@ -28,7 +28,8 @@ class DebateParams(WorkflowParams):
     exchanges: int = 1
 
 
-async def run(llm: Any, episode: Any, task: Any, params: DebateParams) -> None:
+async def run(llm: Any, episode: Any, task: Any, params: DebateParams, protocol: Any) -> None:
+    # protocol: the cell's ProtocolSpec (what built-in roles see and how they are read); unused here.
     question, prompts = episode.problem.question, task.prompts
     claim = await llm.chat("proposer", prompts["proposer"](question))
     for round_ in range(params.exchanges):
