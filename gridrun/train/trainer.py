@@ -39,6 +39,7 @@ from gridrun.tasks.base import Problem
 from gridrun.tasks.sandbox import SandboxUnavailable
 from gridrun.train import checkpoint, grpo
 from gridrun.train.alerts import drift_alerts, nonfinite_alerts
+from gridrun.train.coherence import Coherence
 from gridrun.train.distributed import Dist
 from gridrun.train.engines import make_engine
 from gridrun.train.episode import Episode
@@ -144,6 +145,8 @@ class Trainer:
         self.encoder = ChatEncoder(self.tokenizer, config.model.enable_thinking, config.lengths.max_prompt_tokens)
         self.sampler = ProblemSampler(self.task.train_problems(), seed)
         self.update_rng = random.Random(seed + 1)
+        # I6 (grpo.coherence > 0): the per-role gradient EMAs, kept in every checkpoint.
+        self.coherence = Coherence(config.grpo.coherence, config.grpo.coherence_decay) if config.grpo.coherence else None
         # Optimizer steps skipped for a non-finite loss or gradient, over the whole run.
         self.skipped_nonfinite = 0
         # The drift alerts of the latest validation (state.json's alerts add the non-finite one).
@@ -230,11 +233,11 @@ class Trainer:
             if (adapter := self.routing.adapter(turn.role)) in trainable
         ]
         lr = self.lr(step, 0, 1)
-        lrs = {name: self.lr(step, i, len(self.routing.trainable)) for i, name in enumerate(self.routing.trainable)}
+        lrs = self.adapter_lrs(step)
         self.engine.sleep()
         update_metrics = update(
             self.model, self.routing, self.optimizers, seqs, UpdateSettings.of(cfg, self.pad_id), lrs, self.update_rng,
-            self.dist,
+            self.dist, self.coherence,
         )
         self.record_skipped(int(update_metrics["train/skipped_nonfinite"]))
         self.engine.check_agreement(update_metrics)
@@ -257,6 +260,13 @@ class Trainer:
         }
         log.info("step %d/%d reward %.3f acc %.3f (%.1fs)", step, self.total_steps, row["reward/mean"], row["reward/acc"], row["time/step_s"])
         return row
+
+    def adapter_lrs(self, step: int) -> dict[str, float]:
+        """Each trainable adapter's LR this step: the schedule's, times its role's
+        optim.role_lr_scale (an IP adapter is named after its role; SP refuses the scale)."""
+        scales = self.config.role_lr_scales()
+        trainable = self.routing.trainable
+        return {name: self.lr(step, i, len(trainable)) * scales.get(name, 1.0) for i, name in enumerate(trainable)}
 
     def lr(self, step: int, update_index: int, updates_per_step: int) -> float:
         opt = self.config.optim
@@ -332,6 +342,7 @@ class Trainer:
             "sampler": self.sampler.state(),
             "update_rng": self.update_rng.getstate(),
             "skipped_nonfinite": self.skipped_nonfinite,
+            "coherence": self.coherence.state_dict() if self.coherence else None,
             "python_rng": random.getstate(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
@@ -352,6 +363,8 @@ class Trainer:
         self.sampler.restore(state["sampler"])
         self.update_rng.setstate(state["update_rng"])
         self.skipped_nonfinite = state.get("skipped_nonfinite", 0)
+        if self.coherence is not None and state.get("coherence") is not None:
+            self.coherence.load_state_dict(state["coherence"], self.dist.device)
         if self.dist.is_main:
             alerts = self.run_dir.read_state().get("alerts") or []
             derived = nonfinite_alerts(self.skipped_nonfinite)
