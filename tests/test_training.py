@@ -273,7 +273,7 @@ def test_skipped_non_finite_steps_show_as_an_alert(tmp_path: Path, monkeypatch) 
     assert [r["adapter/shared/opt_steps"] for r in train] == [0, 1]
     state = RunDir(cell).read_state()
     assert state["skipped_nonfinite"] == 1
-    assert "non-finite update: 1 optimizer step skipped" in state["alerts"]
+    assert "non_finite: 1 optimizer step skipped" in state["alerts"]
 
 
 def test_mechanism_alerts_go_to_the_train_rows_and_state(tmp_path: Path, monkeypatch) -> None:
@@ -284,7 +284,7 @@ def test_mechanism_alerts_go_to_the_train_rows_and_state(tmp_path: Path, monkeyp
     from gridrun.train import trainer as trainer_module
 
     eager = Thresholds(ppl_factor=0.0)
-    monkeypatch.setattr(trainer_module, "MechanismWatch", lambda w, p: MechanismWatch(w, p, eager))
+    monkeypatch.setattr(trainer_module, "MechanismWatch", lambda w, p, **kw: MechanismWatch(w, p, eager, **kw))
     cell = make_cell(tmp_path, workflow={"name": "voting"}, policy={"name": "isolated"},
                      train={"total_steps": 2, "val_every": 1})
     assert run_cell(cell) == 0, RunDir(cell).read_state().get("error")

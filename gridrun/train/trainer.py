@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from gridrun import cellstate
-from gridrun.mechanisms import MECHANISMS, MechanismWatch, alert_flags
+from gridrun.mechanisms import MechanismWatch, alert_flags
 from gridrun.registry import Workflow
 from gridrun.runconfig import GRPOSpec, ModelSpec, RunConfig, load_config
 from gridrun.rundir import RunDir, atomic_write_text, first_peak, val_accuracy
@@ -38,7 +38,6 @@ from gridrun.tasks import make_task
 from gridrun.tasks.base import Problem
 from gridrun.tasks.sandbox import SandboxUnavailable
 from gridrun.train import checkpoint, grpo
-from gridrun.train.alerts import drift_alerts, nonfinite_alerts
 from gridrun.train.coherence import Coherence
 from gridrun.train.distributed import Dist
 from gridrun.train.engines import make_engine
@@ -149,11 +148,10 @@ class Trainer:
         self.coherence = Coherence(config.grpo.coherence, config.grpo.coherence_decay) if config.grpo.coherence else None
         # Optimizer steps skipped for a non-finite loss or gradient, over the whole run.
         self.skipped_nonfinite = 0
-        # The drift alerts of the latest validation (state.json's alerts add the non-finite one).
-        self.val_alerts: list[str] = []
-        # The mechanism alerts and the validation accuracies of the metric rows so far (a
-        # resume replays the rows it keeps into both).
-        self.watch = MechanismWatch(config.workflow.name, config.policy.name)
+        # Every alert (gridrun/mechanisms.py) and the validation accuracies of the metric rows
+        # so far (a resume replays the rows it keeps into both).
+        self.watch = MechanismWatch(config.workflow.name, config.policy.name,
+                                    response_cap=config.lengths.max_response_tokens)
         self.mechanism_alerts: list[str] = []
         self.val_acc: dict[int, float] = {}
         self.pad_id = self.tokenizer.pad_token_id
@@ -274,16 +272,16 @@ class Trainer:
         return grpo.lr_at(position, opt.lr, opt.warmup_steps, self.total_steps, opt.schedule, opt.min_lr_ratio)
 
     def record_skipped(self, skipped: int) -> None:
-        """Count non-finite updates; the count and its alert go to state.json at once."""
+        """Count non-finite updates into state.json at once (the alert follows with the row)."""
         if not skipped:
             return
         self.skipped_nonfinite += skipped
         if self.dist.is_main:
-            self.run_dir.record(cellstate.progressed(skipped_nonfinite=self.skipped_nonfinite, alerts=self.alerts()))
+            self.run_dir.record(cellstate.progressed(skipped_nonfinite=self.skipped_nonfinite))
 
     def alerts(self) -> list[str]:
-        """state.json's alerts: the latest validation's drift, the mechanisms, non-finite updates."""
-        return self.val_alerts + self.mechanism_alerts + nonfinite_alerts(self.skipped_nonfinite)
+        """state.json's alerts: what the metric rows so far say (gridrun/mechanisms.py)."""
+        return self.mechanism_alerts
 
     def validate(self, step: int) -> None:
         cfg = self.config
@@ -309,13 +307,11 @@ class Trainer:
         log.info("step %d validation: acc %.3f on %d problems", step, metrics["val/acc"], len(problems))
 
     def summarise(self, step: int, metrics: dict[str, float]) -> None:
-        """Accuracy summary and drift alerts into state.json, so `gridrun status` reads one file."""
-        state = self.run_dir.read_state()
+        """Accuracy summary and the alerts into state.json, so `gridrun status` reads one file."""
         fields: dict[str, Any] = {"last_val_acc": metrics["val/acc"], **self.peak_fields()}
         if step == 0:
             fields["first_val"] = {k: v for k, v in metrics.items() if k.startswith("val/role/")}
         else:
-            self.val_alerts = drift_alerts(state.get("first_val", {}), metrics, self.config.lengths.max_response_tokens)
             fields["alerts"] = self.alerts()
         self.run_dir.record(cellstate.progressed(**fields))
 
@@ -365,10 +361,6 @@ class Trainer:
         self.skipped_nonfinite = state.get("skipped_nonfinite", 0)
         if self.coherence is not None and state.get("coherence") is not None:
             self.coherence.load_state_dict(state["coherence"], self.dist.device)
-        if self.dist.is_main:
-            alerts = self.run_dir.read_state().get("alerts") or []
-            derived = nonfinite_alerts(self.skipped_nonfinite)
-            self.val_alerts = [a for a in alerts if a not in derived and not a.startswith(MECHANISMS)]
         random.setstate(state["python_rng"])
         torch.set_rng_state(state["torch_rng"])
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
