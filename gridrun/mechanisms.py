@@ -35,8 +35,9 @@ the dominant role's and closed at least `gap_close` of the gap, or its terse rat
 signature_drift (any cell; validation rows): a role's signature moved far from the first
 validation's: its terse or box rate halved from at least `rate_floor`; its code-fence rate
 or truncation rate rose above `fence_rate` / `trunc_rate` from at most that; its p95 length
-reached the response cap from below; its slots' 3-gram Jaccard rose above `jaccard_high`
-from below `jaccard_low`. Each validation's drift replaces the last one's.
+reached the response cap (the row's `val/response_cap`, which the trainer logs) from below;
+its slots' 3-gram Jaccard rose above `jaccard_high` from below `jaccard_low`. Each
+validation's drift replaces the last one's.
 
 non_finite (any cell; train rows): optimizer steps skipped because the loss or the gradient
 was not finite (`train/skipped_nonfinite`, summed over the steps so far).
@@ -63,6 +64,8 @@ SIGNATURE_DRIFT = "signature_drift"
 NON_FINITE = "non_finite"
 # Every alert's name: the mechanisms, then the general ones.
 ALERTS = (*MECHANISMS, SIGNATURE_DRIFT, NON_FINITE)
+# A validation row's key holding the cell's lengths.max_response_tokens.
+RESPONSE_CAP = "val/response_cap"
 
 
 @dataclass(frozen=True)
@@ -162,8 +165,6 @@ class MechanismWatch:
     workflow: str
     policy: str | None
     thresholds: Thresholds = THRESHOLDS
-    # The cell's lengths.max_response_tokens (a p95 length at it is drift); None: not checked.
-    response_cap: int | None = None
     _parallel: str | None = field(init=False, default=None)
     _peaks: dict[tuple[str, str], _Peak] = field(init=False, default_factory=dict)  # (role, metric)
     _early: dict[str, list[float]] = field(init=False, default_factory=dict)  # role -> first shares
@@ -232,10 +233,13 @@ class MechanismWatch:
             if key.endswith(("/len_mean", "/terse_rate")):
                 self._first_val.setdefault(key, value)
                 self._last_val[key] = value
+        # The trainer logs the response cap with each validation (a p95 length at it is drift).
+        cap = row.get(RESPONSE_CAP)
         if self._first_signature is None:
             self._first_signature = signature
         else:
-            self._drifted = drift_alerts(self._first_signature, signature, self.response_cap, self.thresholds)
+            self._drifted = drift_alerts(self._first_signature, signature, int(cap) if _number(cap) else None,
+                                         self.thresholds)
 
     def alerts(self) -> list[str]:
         found = []
@@ -331,12 +335,11 @@ def drift_alerts(
 
 
 def alert_history(
-    rows: Iterable[Mapping[str, Any]], workflow: str, policy: str | None, thresholds: Thresholds = THRESHOLDS,
-    response_cap: int | None = None,
+    rows: Iterable[Mapping[str, Any]], workflow: str, policy: str | None, thresholds: Thresholds = THRESHOLDS
 ) -> list[tuple[int, list[str]]]:
     """(step, alerts holding after that step's last row) for every step from the first
     training row on, replaying the rows in order: what the trainer saw, under `thresholds`."""
-    watch = MechanismWatch(workflow, policy, thresholds, response_cap)
+    watch = MechanismWatch(workflow, policy, thresholds)
     history: list[tuple[int, list[str]]] = []
     trained = False
     for row in rows:

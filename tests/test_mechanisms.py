@@ -187,13 +187,14 @@ def test_signature_drift_against_the_first_validation() -> None:
     rows = [val_row(0, aggregator_terse_rate=0.5, generator_box_rate=0.4, evaluator_code_fence_rate=0.1,
                     generator_len_p95=40.0, generator_slot_jaccard3=0.6),
             {"step": 1, "split": "train"},
-            val_row(1, aggregator_terse_rate=0.24, generator_box_rate=0.1, evaluator_code_fence_rate=0.25,
-                    generator_len_p95=48.0, generator_slot_jaccard3=0.95)]
-    alerts = alert_history(rows, "voting", "shared", response_cap=48)[-1][1]
+            {**val_row(1, aggregator_terse_rate=0.24, generator_box_rate=0.1, evaluator_code_fence_rate=0.25,
+                       generator_len_p95=48.0, generator_slot_jaccard3=0.95), "val/response_cap": 48}]
+    alerts = alert_history(rows, "voting", "shared")[-1][1]
     assert alerts == ["signature_drift: aggregator terse rate 50%->24%", "signature_drift: evaluator writes code 25%",
                       "signature_drift: generator p95 length at cap",
                       "signature_drift: generator slots collapsed (jaccard 0.95)"]
-    # A terse rate of 0.25 is exactly half: not below it, silent; no cap given: lengths unchecked.
+    # A terse rate of 0.25 is exactly half: not below it, silent; no cap on the row (a run
+    # logged before the trainer wrote it): lengths unchecked.
     rows[-1] = val_row(1, aggregator_terse_rate=0.25, generator_len_p95=48.0)
     assert alert_history(rows, "voting", "shared")[-1][1] == []
 

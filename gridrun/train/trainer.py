@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from gridrun import cellstate
-from gridrun.mechanisms import MechanismWatch, alert_flags
+from gridrun.mechanisms import RESPONSE_CAP, MechanismWatch, alert_flags
 from gridrun.registry import Workflow
 from gridrun.runconfig import GRPOSpec, ModelSpec, RunConfig, load_config
 from gridrun.rundir import RunDir, atomic_write_text, first_peak, val_accuracy
@@ -150,8 +150,7 @@ class Trainer:
         self.skipped_nonfinite = 0
         # Every alert (gridrun/mechanisms.py) and the validation accuracies of the metric rows
         # so far (a resume replays the rows it keeps into both).
-        self.watch = MechanismWatch(config.workflow.name, config.policy.name,
-                                    response_cap=config.lengths.max_response_tokens)
+        self.watch = MechanismWatch(config.workflow.name, config.policy.name)
         self.mechanism_alerts: list[str] = []
         self.val_acc: dict[int, float] = {}
         self.pad_id = self.tokenizer.pad_token_id
@@ -299,7 +298,8 @@ class Trainer:
         if not self.dist.is_main:
             return
         metrics = validation_metrics(episodes, self.task, self.workflow, cfg.workflow)
-        row = {"step": step, "split": "val", **metrics, "time/val_s": time.time() - started}
+        row = {"step": step, "split": "val", **metrics, RESPONSE_CAP: cfg.lengths.max_response_tokens,
+               "time/val_s": time.time() - started}
         self.log_row(row)
         self.summarise(step, metrics)
         dumped = "".join(json.dumps(e.to_json()) + "\n" for e in episodes[: cfg.train.val_samples])
