@@ -186,3 +186,23 @@ def test_coherence_damps_a_repeated_gradient_in_the_update(tmp_path: Path) -> No
     assert first["role/aggregator/coherence_scale"] == 1.0
     assert second["role/aggregator/coherence_scale"] == pytest.approx(0.5, rel=1e-5)
     assert second["adapter/aggregator/grad_norm"] == pytest.approx(0.5 * first["adapter/aggregator/grad_norm"], rel=1e-5)
+
+
+@pytest.mark.usefixtures("toy_world")
+def test_the_coherence_emas_are_checkpointed_and_resumed(tmp_path: Path) -> None:
+    # A resumed run must scale its next gradients as the uninterrupted one would: the
+    # per-role EMAs travel in the checkpoint's trainer state.
+    from tests.states import put_state
+
+    cell = make_cell(tmp_path, "resume", workflow={"name": "voting"}, policy={"name": "isolated"},
+                     grpo={"n": 2, "coherence": 0.5})
+    config = load_config(cell / "config.yaml")
+    put_state(RunDir(cell), state="running", step=1, total_steps=2, attempt=1)
+    first = Trainer(config, RunDir(cell), model_files(config.model))
+    assert first.coherence is not None
+    first.coherence.ema = {"generator": [torch.full((2,), 0.25)], "aggregator": [torch.tensor([1.0, -1.0])]}
+    first.save(1)
+    resumed = Trainer(config, RunDir(cell), model_files(config.model))
+    assert resumed.resume() == 1 and resumed.coherence is not None
+    assert resumed.coherence.ema.keys() == {"generator", "aggregator"}
+    assert torch.equal(resumed.coherence.ema["aggregator"][0], torch.tensor([1.0, -1.0]))
