@@ -88,5 +88,5 @@ def test_the_mechanisms_study_plans_48_train_cells_and_6_controls(composer: Comp
     configs = {pc.id: pc.config for pc in plan.cells}
     assert configs["orch_workers-ip-toy-arith-s2-normalized"].role_steps() == {"worker": 1}
     assert configs["orch_workers-sp-toy-arith-s2-normalized"].role_weights() == {"worker": pytest.approx(1 / 3)}
-    assert configs["voting-ip-toy-arith-s0-coherence"].grpo.coherence == 0.5
+    assert configs["voting-ip-toy-arith-s0-coherence"].grpo.coherence == 1.0
     assert {c.optim.schedule for c in configs.values()} == {"constant"}
