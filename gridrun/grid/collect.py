@@ -13,12 +13,12 @@ sweeps) and writes, under results/<sweep>/:
                       cell, as md, csv and tex: grid/analysis/findings.py
     early_warning     per alert, its recall on cliff cells and false-alarm rate on the others
                       (grid/analysis/warning.py; the per-cell cliff and leads are in cells.parquet)
+    figures/          PNGs: grid/figures.py (learning curves, gradient shares),
+                      grid/analysis/figures.py (Figures 2-6), early_warning-<task>-<scale>
+    report.md, report.html   grid/analysis/report.py
 
 In a sweep with variants, tables 1-6 and findings_alerts are written per variant (over its
 cells and the controls), named <table>-<variant>; findings and early_warning span them all.
-    figures/          PNGs: grid/figures.py (learning curves, gradient shares) and
-                      grid/analysis/figures.py (Figures 2-6)
-    report.md, report.html   grid/analysis/report.py
 
 The base check: a training cell's step-0 validation evaluates the same base model on the
 same problems as its `base` control, so the two should agree; a cell that differs by more

@@ -44,7 +44,7 @@ from gridrun.grid.sweepdir import check_sweep_name
 
 SWEEPS_DIR = REPO_ROOT / "sweeps"
 # A variant's name ends cell ids: no '-' (the ids' separator) and nothing a path refuses.
-SWEEP_NAME_PART = re.compile(r"[A-Za-z0-9_]+")
+VARIANT_NAME = re.compile(r"[A-Za-z0-9_]+")
 SWEEP_KEYS = ("axes", "restrict", "overrides", "variants")
 VARIANT_AXIS = "variant"
 POLICIES = ("isolated", "shared")
@@ -190,7 +190,7 @@ def _variants(path: Path, data: Any, composer: Composer) -> dict[str, dict[str, 
     variants: dict[str, dict[str, list[str]]] = {}
     for name, bundle in data.items():
         name = str(name)
-        if not SWEEP_NAME_PART.fullmatch(name):
+        if not VARIANT_NAME.fullmatch(name):
             raise GridError(f"{path}: variant '{name}' must be letters, digits and '_' (it ends cell ids)")
         if bundle is None or isinstance(bundle, list):
             bundle = {policy: bundle or [] for policy in POLICIES}
@@ -233,8 +233,8 @@ def _chosen_variants(
         raise GridError(f"variant={','.join(chosen)}: {path} names no variants (add a 'variants:' mapping)")
     for name in chosen:
         if name not in variants:
-            raise GridError(f"unknown variant '{name}'{closest(name, list(variants))}: variants of {path.name}: "
-                            f"{', '.join(variants)}")
+            raise GridError(f"unknown variant '{name}' in variant={','.join(chosen)}{closest(name, list(variants))}: "
+                            f"name variants of {path.name}")
     if len(set(chosen)) != len(chosen):
         raise GridError("variant= lists a variant twice: give each once")
     return {name: variants[name] for name in chosen}

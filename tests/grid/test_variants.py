@@ -63,7 +63,7 @@ def test_variant_on_the_command_line_picks_some(tmp_path: Path, composer: Compos
 
 
 def test_a_typod_variant_is_one_line_with_did_you_mean(tmp_path: Path, composer: Composer) -> None:
-    with pytest.raises(GridError, match=r"unknown variant 'injcted' \(did you mean 'injected'\?\)"):
+    with pytest.raises(GridError, match=r"unknown variant 'injcted' in variant=injcted \(did you mean 'injected'\?\)"):
         load_spec(sweep_file(tmp_path), ["variant=injcted"], composer)
 
 
