@@ -171,6 +171,10 @@ def test_coherence_gating_on_2d_gradients() -> None:
     assert torch.allclose(tracker.ema["generator"][0], torch.tensor([0.5, 0.5]))
     assert tracker.scale("generator", [torch.tensor([1.0, 0.0])]) == pytest.approx(1 - 0.5 / math.sqrt(2))
     assert tracker.scale("aggregator", [torch.tensor([1.0, 0.0])]) == 1.0  # each role its own EMA
+    # A non-finite gradient (its step is skipped) leaves the EMA as it was.
+    before = tracker.ema["generator"][0].clone()
+    assert tracker.scale("generator", [torch.tensor([float("nan"), 1.0])]) == 1.0
+    assert torch.equal(tracker.ema["generator"][0], before)
 
 
 @pytest.mark.usefixtures("toy_world")

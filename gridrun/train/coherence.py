@@ -41,7 +41,11 @@ class Coherence:
     ema: dict[str, list[torch.Tensor]] = field(default_factory=dict)
 
     def scale(self, role: str, grad: list[torch.Tensor]) -> float:
-        """This mini-batch's factor for `role`'s gradient; then fold the gradient into its EMA."""
+        """This mini-batch's factor for `role`'s gradient; then fold the gradient into its EMA.
+        A non-finite gradient (its optimizer step is skipped) gets 1 and leaves the EMA alone:
+        one NaN would otherwise disable the regularizer for the rest of the run."""
+        if not all(bool(torch.isfinite(g).all()) for g in grad):
+            return 1.0
         factor = coherence_scale(grad, self.ema.get(role), self.strength)
         previous = self.ema.get(role)
         if previous is None:
