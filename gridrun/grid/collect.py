@@ -18,7 +18,8 @@ sweeps) and writes, under results/<sweep>/:
     report.md, report.html   grid/analysis/report.py
 
 In a sweep with variants, tables 1-6 and findings_alerts are written per variant (over its
-cells and the controls), named <table>-<variant>; findings and early_warning span them all.
+cells and the controls), named <table>-<variant>; findings and early_warning span them all;
+the learning curves and Figures 2-6 are drawn for the first variant (the reference).
 
 The base check: a training cell's step-0 validation evaluates the same base model on the
 same problems as its `base` control, so the two should agree; a cell that differs by more
@@ -267,7 +268,10 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0) -> list[Ta
     write_parquet(metrics_frame(data.columns), sweep.metrics_parquet)
     for table in tables:
         write_table(sweep, table)
-    jobs = figure_jobs(sweep, cells, data.columns) + paper_figure_jobs(sweep, cells, data.columns)
+    # With variants, the learning curves and Figures 2-6 are the first variant's (its seeds'
+    # means would otherwise mix interventions); the early warning draws every variant.
+    reference = variant_slices(cells)[0][1]
+    jobs = figure_jobs(sweep, reference, data.columns) + paper_figure_jobs(sweep, reference, data.columns)
     jobs += early_warning_jobs(sweep, cells, data.columns)
     figures = render(jobs, _workers(len(cells)))
     write_report(sweep, cells, tables, figures)

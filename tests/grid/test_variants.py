@@ -90,3 +90,17 @@ def test_the_mechanisms_study_plans_48_train_cells_and_6_controls(composer: Comp
     assert configs["orch_workers-sp-toy-arith-s2-normalized"].role_weights() == {"worker": pytest.approx(1 / 3)}
     assert configs["voting-ip-toy-arith-s0-coherence"].grpo.coherence == 1.0
     assert {c.optim.schedule for c in configs.values()} == {"constant"}
+
+
+def test_the_other_policy_twin_keeps_the_variant() -> None:
+    # Fig. 6 and `gridrun plot` draw a cell beside its other-policy twin: of the same variant.
+    import pandas as pd
+
+    from gridrun.grid.analysis.figures import twin
+
+    cells = pd.DataFrame([
+        {"cell": f"voting-{tag}-s0-{variant}", "kind": "train", "workflow": "voting", "task": "arith", "scale": "toy",
+         "seed": 0, "policy": policy, "variant": variant}
+        for variant in ("natural", "injected") for tag, policy in (("ip", "isolated"), ("sp", "shared"))])
+    assert twin(cells, "voting-ip-s0-injected") == "voting-sp-s0-injected"
+    assert twin(cells, "voting-sp-s0-natural") == "voting-ip-s0-natural"
