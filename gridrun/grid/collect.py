@@ -11,9 +11,15 @@ sweeps) and writes, under results/<sweep>/:
     table1 .. table6  (and table1_final) as md, csv and tex: grid/analysis/tables.py
     findings, findings_alerts   the paper's claims measured, and the mechanism alerts per
                       cell, as md, csv and tex: grid/analysis/findings.py
-    figures/          PNGs: grid/figures.py (learning curves, gradient shares) and
-                      grid/analysis/figures.py (Figures 2-6)
+    early_warning     per alert, its recall on cliff cells and false-alarm rate on the others
+                      (grid/analysis/warning.py; the per-cell cliff and leads are in cells.parquet)
+    figures/          PNGs: grid/figures.py (learning curves, gradient shares),
+                      grid/analysis/figures.py (Figures 2-6), early_warning-<task>-<scale>
     report.md, report.html   grid/analysis/report.py
+
+In a sweep with variants, tables 1-6 and findings_alerts are written per variant (over its
+cells and the controls), named <table>-<variant>; findings and early_warning span them all;
+the learning curves and Figures 2-6 are drawn for the first variant (the reference).
 
 The base check: a training cell's step-0 validation evaluates the same base model on the
 same problems as its `base` control, so the two should agree; a cell that differs by more
@@ -26,6 +32,7 @@ curves so far are drawn), but only `done` cells give numbers in the tables.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
@@ -42,17 +49,18 @@ from gridrun import registry
 from gridrun.grid.analysis.findings import alerts_table, findings_table
 from gridrun.grid.analysis.summary import MetricColumns, alert_summary, cell_hours, cell_summary
 from gridrun.grid.analysis.tables import Table, base_mismatch_notes, flags, signature_tables, table1, table2, table3
+from gridrun.grid.analysis.warning import early_warning_jobs, early_warning_table, warning_columns
 from gridrun.grid.cells import Cell
 from gridrun.grid.console import track
 from gridrun.grid.status import sweep_rows
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.mechanisms import MECHANISMS
+from gridrun.mechanisms import ALERTS
 from gridrun.rundir import RunDir, atomic_write_text
 
 # Below this many cells, worker processes cost more to start than they save.
 PARALLEL_FROM_CELLS = 200
-INT_COLUMNS = ("seed", "peak_step", "final_step", "cliff_step",
-               *(f"alert/{m}/{c}" for m in MECHANISMS for c in ("fired", "steps", "first_step")))
+INT_COLUMNS = ("seed", "peak_step", "final_step", "cliff_step", "peak_drop_step", "peak_drop_peak_step",
+               "peak_drop_onset_step", *(f"alert/{m}/{c}" for m in ALERTS for c in ("fired", "steps", "first_step", "lead")))
 
 
 @dataclass
@@ -69,7 +77,9 @@ def read_cell(root: str, workflow: str | None = None, policy: str | None = None)
     _load_workflow_plugin(RunDir(root), workflow)
     rows, damage = RunDir(root).read_metrics_checked()
     columns = MetricColumns.from_rows(rows)
-    return columns, {**cell_summary(columns), **alert_summary(rows, workflow, policy)}, damage
+    alerts = alert_summary(rows, workflow, policy)
+    warning = warning_columns(columns.series("val", "val/acc"), alerts)
+    return columns, {**cell_summary(columns), **alerts, **warning}, damage
 
 
 def _load_workflow_plugin(run_dir: RunDir, workflow: str | None) -> None:
@@ -217,6 +227,21 @@ def _parquet_ready(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def variant_slices(cells: pd.DataFrame) -> list[tuple[str | None, pd.DataFrame]]:
+    """(variant, its cells and the controls) per variant of a sweep that has them, in the
+    sweep's order; (None, every cell) for one without."""
+    if "variant" not in cells or not cells["variant"].notna().any():
+        return [(None, cells)]
+    return [(v, cells[cells["variant"].isna() | (cells["variant"] == v)]) for v in dict.fromkeys(cells["variant"].dropna())]
+
+
+def for_variant(table: Table, variant: str | None) -> Table:
+    """A table of one variant's cells: named <table>-<variant>, the variant in its title."""
+    if variant is None:
+        return table
+    return dataclasses.replace(table, name=f"{table.name}-{variant}", title=f"{table.title} — variant `{variant}`")
+
+
 def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0) -> list[Table]:
     """Write every output (see the module docstring); print Table 1 and where the rest went."""
     from gridrun.grid.analysis.figures import paper_figure_jobs
@@ -225,29 +250,35 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0) -> list[Ta
 
     data = read_sweep(sweep, tolerance_pp)
     cells = data.cells
-    flagged = cells[cells["base_mismatch"]]
-    peak = table1(cells)
-    peak.notes = base_mismatch_notes(flagged)
-    tables = [peak, table1(cells, "final_val_acc"), table2(cells), table3(cells)]
 
     def signatures(cell: str) -> dict[str, dict[int, float]]:
         columns = data.columns[cell]
         return {m: columns.series("val", m) for m in columns.metrics("val") if m.startswith("val/role/")}
 
-    tables += signature_tables(cells, signatures)
-    tables += [findings_table(cells), alerts_table(cells)]
+    tables: list[Table] = []
+    for variant, part in variant_slices(cells):
+        peak = table1(part)
+        peak.notes = base_mismatch_notes(part[part["base_mismatch"]])
+        tables += [for_variant(t, variant) for t in [
+            peak, table1(part, "final_val_acc"), table2(part), table3(part), *signature_tables(part, signatures),
+            alerts_table(part)]]
+    tables += [findings_table(cells), early_warning_table(cells)]
     sweep.root.mkdir(parents=True, exist_ok=True)
     write_parquet(_parquet_ready(cells), sweep.cells_parquet)
     write_parquet(metrics_frame(data.columns), sweep.metrics_parquet)
     for table in tables:
         write_table(sweep, table)
-    jobs = figure_jobs(sweep, cells, data.columns) + paper_figure_jobs(sweep, cells, data.columns)
+    # With variants, the learning curves and Figures 2-6 are the first variant's (its seeds'
+    # means would otherwise mix interventions); the early warning draws every variant.
+    reference = variant_slices(cells)[0][1]
+    jobs = figure_jobs(sweep, reference, data.columns) + paper_figure_jobs(sweep, reference, data.columns)
+    jobs += early_warning_jobs(sweep, cells, data.columns)
     figures = render(jobs, _workers(len(cells)))
     write_report(sweep, cells, tables, figures)
 
     from rich.markdown import Markdown
 
-    console.print(Markdown(sweep.table1("md").read_text()))
+    console.print(Markdown(tables[0].markdown()))
     for damage in cells["damage"].dropna():
         console.print(f"[red]damaged:[/] {damage}", highlight=False)
     counts = cells["state"].value_counts().to_dict()

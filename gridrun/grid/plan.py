@@ -128,16 +128,17 @@ def run_config(tree: dict[str, Any], cell: dict[str, Any]) -> RunConfig:
 
 def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
     """Every cell of the sweep, composed and validated; nothing is written."""
-    composed: dict[tuple[str, ...], dict[str, Any]] = {}
+    composed: dict[tuple[tuple[str, ...], tuple[str, ...]], dict[str, Any]] = {}
     cells: list[PlannedCell] = []
     grid: dict[str, Any] | None = None
     unused = set(spec.settings)
-    for cell in expand(spec.axes, spec.restrict):
+    for cell in expand(spec.axes, spec.restrict, list(spec.variants)):
         choices = tuple(cell.group_choices())
-        if choices not in composed:
-            composed[choices], applied = _compose_cell(cell, choices, spec.settings, composer)
+        variant = tuple(spec.variant_settings(cell.variant, cell.policy))
+        if (choices, variant) not in composed:
+            composed[choices, variant], applied = _compose_cell(cell, choices, [*spec.settings, *variant], composer)
             unused -= set(applied)
-        tree = composed[choices]
+        tree = composed[choices, variant]
         if cell.kind == "transfer":
             (source,) = cell.needs
             tree = {**tree, "policy": {**tree["policy"], "transfer_adapter": sibling_cell(source.id)}}

@@ -9,6 +9,17 @@ is a setting applied to every cell, in Hydra's syntax (`train.total_steps=20`, `
 `+grpo.kl_beta.generator=0.01`). Sweeping a setting over several values is refused: a
 cell's id names only its axes, so two cells differing in a setting would share an id.
 
+`variants` names bundles of overrides and crosses the train cells (and their shuffled twins)
+with them, like an axis; each bundle is a list of settings for every cell, or a mapping of
+policy -> list (an intervention that takes another form under Isolated- and Shared-Policy):
+
+    variants:
+      natural: []
+      injected: {isolated: [+optim.role_lr_scale.parallel=3.0], shared: [+grpo.role_weight.parallel=3.0]}
+
+A variant's settings apply after the sweep's (file and command line): the variant is what
+its cells differ by. `variant=natural,injected` on the command line plans some of them.
+
 `restrict` plans one kind at fewer values of an axis, in the sweep file
 (`restrict: {transfer: {scale: [1.7b]}}`) or on the command line
 (`restrict.transfer.scale=1.7b,4b`, which replaces the file's values for that axis).
@@ -16,6 +27,7 @@ cell's id names only its axes, so two cells differing in a setting would share a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +43,11 @@ from gridrun.grid.errors import GridError, closest
 from gridrun.grid.sweepdir import check_sweep_name
 
 SWEEPS_DIR = REPO_ROOT / "sweeps"
-SWEEP_KEYS = ("axes", "restrict", "overrides")
+# A variant's name ends cell ids: no '-' (the ids' separator) and nothing a path refuses.
+VARIANT_NAME = re.compile(r"[A-Za-z0-9_]+")
+SWEEP_KEYS = ("axes", "restrict", "overrides", "variants")
+VARIANT_AXIS = "variant"
+POLICIES = ("isolated", "shared")
 
 
 @dataclass
@@ -46,6 +62,15 @@ class SweepSpec:
     restrict: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     # The command line as given (recorded in sweep.json).
     argv: list[str] = field(default_factory=list)
+    # Variant name -> policy -> its settings, in the sweep file's order; only the variants
+    # planned (all of the file's, or those `variant=` names). Empty: a sweep without variants.
+    variants: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+
+    def variant_settings(self, variant: str | None, policy: str | None) -> list[str]:
+        """The settings of `variant` for a cell of `policy` (none for a control)."""
+        if variant is None:
+            return []
+        return self.variants[variant][policy or "shared"]
 
 
 def available_sweeps() -> list[str]:
@@ -114,11 +139,15 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
         (str(kind), str(axis)): values for kind, limits in restrict_data.items() for axis, values in limits.items()
     }
 
+    variants = _variants(path, data.get("variants"), composer)
+    chosen: list[str] | None = None
     settings = list(file_settings)
     for line in overrides:
         override = composer.parse(line)
         key = override.key_or_group
-        if key in AXES:
+        if key == VARIANT_AXIS:
+            chosen = [str(v) for v in _axis_values(line, composer)]
+        elif key in AXES:
             axes[key] = _axis_values(line, composer)
         elif key.startswith("restrict."):
             _, kind, axis = (key.split(".") + ["", ""])[:3]
@@ -148,8 +177,67 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
         restrict.setdefault(kind, {})[axis] = _checked_axis(axis, listed, composer, single_ok=kind in ("base", "shuffled"))
     return SweepSpec(
         name=path.stem, source=path, axes=axes, settings=_last_wins(settings, composer), restrict=restrict,
-        argv=list(overrides),
+        argv=list(overrides), variants=_chosen_variants(path, variants, chosen),
     )
+
+
+def _variants(path: Path, data: Any, composer: Composer) -> dict[str, dict[str, list[str]]]:
+    """The sweep file's variants: name -> policy -> settings (a list applies to both policies)."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict) or not data:
+        raise GridError(f"{path}: 'variants' must map names to lists of overrides, e.g. natural: []")
+    variants: dict[str, dict[str, list[str]]] = {}
+    for name, bundle in data.items():
+        name = str(name)
+        if not VARIANT_NAME.fullmatch(name):
+            raise GridError(f"{path}: variant '{name}' must be letters, digits and '_' (it ends cell ids)")
+        if bundle is None or isinstance(bundle, list):
+            bundle = {policy: bundle or [] for policy in POLICIES}
+        if not isinstance(bundle, dict):
+            raise GridError(f"{path}: variants.{name} must be a list of overrides or a mapping of policy -> list")
+        for policy in bundle:
+            if policy not in POLICIES:
+                raise GridError(f"{path}: variants.{name}.{policy}: not a policy{closest(str(policy), POLICIES)}")
+        missing = [p for p in POLICIES if p not in bundle]
+        if missing:
+            raise GridError(f"{path}: variants.{name} has no settings for policy {missing[0]}: add "
+                            f"'{missing[0]}: []' to leave it as it is")
+        variants[name] = {}
+        for policy in POLICIES:
+            lines = bundle[policy] or []
+            if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
+                raise GridError(f"{path}: variants.{name}.{policy} must be a list of overrides such as grpo.n=4")
+            for line in lines:
+                _check_variant_line(path, name, line, composer)
+            variants[name][policy] = list(lines)
+    return variants
+
+
+def _check_variant_line(path: Path, name: str, line: str, composer: Composer) -> None:
+    key = composer.parse(line).key_or_group
+    if key in AXES or key == VARIANT_AXIS or key.split(".")[0] in ("cell", "restrict") or key.startswith("hydra"):
+        raise GridError(f"{path}: variants.{name}: '{line}' is not a cell setting; a variant sets run keys "
+                        "(grpo.*, optim.*, train.*), the axes choose cells")
+    if composer.parse(line).is_sweep_override():
+        raise GridError(f"{path}: variants.{name}: '{line}' takes one value; make one variant per value")
+
+
+def _chosen_variants(
+    path: Path, variants: dict[str, dict[str, list[str]]], chosen: list[str] | None
+) -> dict[str, dict[str, list[str]]]:
+    """The variants `variant=` names (all of them without it), refusing an unknown name."""
+    if chosen is None:
+        return variants
+    if not variants:
+        raise GridError(f"variant={','.join(chosen)}: {path} names no variants (add a 'variants:' mapping)")
+    for name in chosen:
+        if name not in variants:
+            raise GridError(f"unknown variant '{name}' in variant={','.join(chosen)}{closest(name, list(variants))}: "
+                            f"name variants of {path.name}")
+    if len(set(chosen)) != len(chosen):
+        raise GridError("variant= lists a variant twice: give each once")
+    return {name: variants[name] for name in chosen}
 
 
 def _axis_values(line: str, composer: Composer) -> list[Any]:

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from gridrun import cellstate
-from gridrun.mechanisms import MECHANISMS, MechanismWatch, alert_flags
+from gridrun.mechanisms import RESPONSE_CAP, MechanismWatch, alert_flags
 from gridrun.registry import Workflow
 from gridrun.runconfig import GRPOSpec, ModelSpec, RunConfig, load_config
 from gridrun.rundir import RunDir, atomic_write_text, first_peak, val_accuracy
@@ -38,7 +38,7 @@ from gridrun.tasks import make_task
 from gridrun.tasks.base import Problem
 from gridrun.tasks.sandbox import SandboxUnavailable
 from gridrun.train import checkpoint, grpo
-from gridrun.train.alerts import drift_alerts, nonfinite_alerts
+from gridrun.train.coherence import Coherence
 from gridrun.train.distributed import Dist
 from gridrun.train.engines import make_engine
 from gridrun.train.episode import Episode
@@ -145,12 +145,12 @@ class Trainer:
         self.encoder = ChatEncoder(self.tokenizer, config.model.enable_thinking, config.lengths.max_prompt_tokens)
         self.sampler = ProblemSampler(self.task.train_problems(), seed)
         self.update_rng = random.Random(seed + 1)
+        # I6 (grpo.coherence > 0): the per-role gradient EMAs, kept in every checkpoint.
+        self.coherence = Coherence(config.grpo.coherence, config.grpo.coherence_decay) if config.grpo.coherence else None
         # Optimizer steps skipped for a non-finite loss or gradient, over the whole run.
         self.skipped_nonfinite = 0
-        # The drift alerts of the latest validation (state.json's alerts add the non-finite one).
-        self.val_alerts: list[str] = []
-        # The mechanism alerts and the validation accuracies of the metric rows so far (a
-        # resume replays the rows it keeps into both).
+        # Every alert (gridrun/mechanisms.py) and the validation accuracies of the metric rows
+        # so far (a resume replays the rows it keeps into both).
         self.watch = MechanismWatch(config.workflow.name, config.policy.name)
         self.mechanism_alerts: list[str] = []
         self.val_acc: dict[int, float] = {}
@@ -230,14 +230,14 @@ class Trainer:
             for turn, adv in zip(episode.turns, episode_advantages)
             if (adapter := self.routing.adapter(turn.role)) in trainable
         ]
-        lrs = {name: self.lr(step, i, len(self.routing.trainable)) for i, name in enumerate(self.routing.trainable)}
-        # The row's `lr` is the first adapter's (each adapter's is adapter/<a>/lr): under
-        # per_update stepping the adapters of one IP step run at different LRs.
-        lr = lrs[self.routing.trainable[0]]
+        lrs = self.adapter_lrs(step)
+        # The row's `lr` is the first adapter's schedule LR (each adapter's own, role scale
+        # included, is adapter/<a>/lr): under per_update stepping an IP step's adapters differ.
+        lr = self.lr(step, 0, len(self.routing.trainable))
         self.engine.sleep()
         update_metrics = update(
             self.model, self.routing, self.optimizers, seqs, UpdateSettings.of(cfg, self.pad_id), lrs, self.update_rng,
-            self.dist,
+            self.dist, self.coherence,
         )
         self.record_skipped(int(update_metrics["train/skipped_nonfinite"]))
         self.engine.check_agreement(update_metrics)
@@ -261,22 +261,29 @@ class Trainer:
         log.info("step %d/%d reward %.3f acc %.3f (%.1fs)", step, self.total_steps, row["reward/mean"], row["reward/acc"], row["time/step_s"])
         return row
 
+    def adapter_lrs(self, step: int) -> dict[str, float]:
+        """Each trainable adapter's LR this step: the schedule's, times its role's
+        optim.role_lr_scale (an IP adapter is named after its role; SP refuses the scale)."""
+        scales = self.config.role_lr_scales()
+        trainable = self.routing.trainable
+        return {name: self.lr(step, i, len(trainable)) * scales.get(name, 1.0) for i, name in enumerate(trainable)}
+
     def lr(self, step: int, update_index: int, updates_per_step: int) -> float:
         opt = self.config.optim
         advances = grpo.schedule_advances(step, update_index, updates_per_step, opt.lr_advance)
         return grpo.lr_at(advances, opt.lr, opt.warmup_steps, self.total_steps, opt.schedule, opt.min_lr_ratio)
 
     def record_skipped(self, skipped: int) -> None:
-        """Count non-finite updates; the count and its alert go to state.json at once."""
+        """Count non-finite updates into state.json at once (the alert follows with the row)."""
         if not skipped:
             return
         self.skipped_nonfinite += skipped
         if self.dist.is_main:
-            self.run_dir.record(cellstate.progressed(skipped_nonfinite=self.skipped_nonfinite, alerts=self.alerts()))
+            self.run_dir.record(cellstate.progressed(skipped_nonfinite=self.skipped_nonfinite))
 
     def alerts(self) -> list[str]:
-        """state.json's alerts: the latest validation's drift, the mechanisms, non-finite updates."""
-        return self.val_alerts + self.mechanism_alerts + nonfinite_alerts(self.skipped_nonfinite)
+        """state.json's alerts: what the metric rows so far say (gridrun/mechanisms.py)."""
+        return self.mechanism_alerts
 
     def validate(self, step: int) -> None:
         cfg = self.config
@@ -294,7 +301,8 @@ class Trainer:
         if not self.dist.is_main:
             return
         metrics = validation_metrics(episodes, self.task, self.workflow, cfg.workflow)
-        row = {"step": step, "split": "val", **metrics, "time/val_s": time.time() - started}
+        row = {"step": step, "split": "val", **metrics, RESPONSE_CAP: cfg.lengths.max_response_tokens,
+               "time/val_s": time.time() - started}
         self.log_row(row)
         self.summarise(step, metrics)
         dumped = "".join(json.dumps(e.to_json()) + "\n" for e in episodes[: cfg.train.val_samples])
@@ -302,13 +310,11 @@ class Trainer:
         log.info("step %d validation: acc %.3f on %d problems", step, metrics["val/acc"], len(problems))
 
     def summarise(self, step: int, metrics: dict[str, float]) -> None:
-        """Accuracy summary and drift alerts into state.json, so `gridrun status` reads one file."""
-        state = self.run_dir.read_state()
+        """Accuracy summary and the alerts into state.json, so `gridrun status` reads one file."""
         fields: dict[str, Any] = {"last_val_acc": metrics["val/acc"], **self.peak_fields()}
         if step == 0:
             fields["first_val"] = {k: v for k, v in metrics.items() if k.startswith("val/role/")}
         else:
-            self.val_alerts = drift_alerts(state.get("first_val", {}), metrics, self.config.lengths.max_response_tokens)
             fields["alerts"] = self.alerts()
         self.run_dir.record(cellstate.progressed(**fields))
 
@@ -335,6 +341,7 @@ class Trainer:
             "sampler": self.sampler.state(),
             "update_rng": self.update_rng.getstate(),
             "skipped_nonfinite": self.skipped_nonfinite,
+            "coherence": self.coherence.state_dict() if self.coherence else None,
             "python_rng": random.getstate(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
@@ -355,10 +362,8 @@ class Trainer:
         self.sampler.restore(state["sampler"])
         self.update_rng.setstate(state["update_rng"])
         self.skipped_nonfinite = state.get("skipped_nonfinite", 0)
-        if self.dist.is_main:
-            alerts = self.run_dir.read_state().get("alerts") or []
-            derived = nonfinite_alerts(self.skipped_nonfinite)
-            self.val_alerts = [a for a in alerts if a not in derived and not a.startswith(MECHANISMS)]
+        if self.coherence is not None and state.get("coherence") is not None:
+            self.coherence.load_state_dict(state["coherence"], self.dist.device)
         random.setstate(state["python_rng"])
         torch.set_rng_state(state["torch_rng"])
         if state.get("cuda_rng") is not None and torch.cuda.is_available():

@@ -17,6 +17,9 @@ Semantics (the paper's stack, reproduced rather than smoothed; conf/grpo/ picks 
 - Because micro-batches are role-pure and ordered by role, the gradient each role adds to
   a mini-batch is read off at role boundaries: that is the per-role gradient norm and
   gradient-mass share, measured, not estimated from token counts.
+- Per-role update strength (README "Per-role update strength"): a role's loss weight
+  multiplies its tokens' loss weights; `adapter_steps` cuts an adapter's sequences into a
+  set number of mini-batches (each weighed as a full one); the LR scale is in `lrs`.
 - A mini-batch whose loss or gradient norm is not finite is skipped for its adapter: no
   optimizer step, counted in `train/skipped_nonfinite`.
 - PPO's old log-probs are recomputed before the update (grpo.old_logprobs=recompute)
@@ -41,6 +44,7 @@ forward measures it).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import random
@@ -53,6 +57,7 @@ import torch
 
 from gridrun.runconfig import GRPOSpec, RunConfig
 from gridrun.train import grpo, logprobs
+from gridrun.train.coherence import Coherence
 from gridrun.train.distributed import Dist
 from gridrun.train.padding import pad_rows
 from gridrun.train.policy import Routing, activate, adapter_parameters
@@ -74,6 +79,11 @@ class UpdateSettings:
     temperature: float
     grad_clip: float
     pad_id: int
+    # Per-role loss weights (roles not listed: 1) and, per adapter, the optimizer steps its
+    # sequences make per training step where the config sets them (RunConfig.role_weights,
+    # role_steps; an IP adapter is named after its role).
+    role_weight: dict[str, float] = field(default_factory=dict)
+    adapter_steps: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, config: RunConfig, pad_id: int) -> UpdateSettings:
@@ -84,6 +94,8 @@ class UpdateSettings:
             temperature=config.sampling.temperature,
             grad_clip=config.optim.grad_clip,
             pad_id=pad_id,
+            role_weight=config.role_weights(),
+            adapter_steps=config.role_steps(),
         )
 
 
@@ -115,6 +127,8 @@ class _RoleStats:
     grad_norms: list[float] = field(default_factory=list)
     # One entry per micro-batch: the sums behind chi2, chi2_centered and ppl.
     ratios: list[grpo.RatioSums] = field(default_factory=list)
+    # I6's factor of each of the role's mini-batch gradients.
+    coherence_scales: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -223,8 +237,12 @@ def update(
     lrs: dict[str, float],
     rng: random.Random,
     dist: Dist | None = None,
+    coherence: Coherence | None = None,
 ) -> dict[str, float]:
     """One training step's update of every trainable adapter; returns flat metrics.
+
+    An adapter whose every role has loss weight 0 is not stepped (AdamW's decay and momentum
+    would move it). `coherence`: I6's per-role gradient scaling (gridrun/train/coherence.py).
 
     lrs: each trainable adapter's learning rate for this step. `seqs` are this rank's (all
     of them in one process); with several ranks they are gathered first, every rank cuts
@@ -235,7 +253,9 @@ def update(
     kl_roles = {r for r, beta in gcfg.kl_beta.items() if beta > 0}
     seqs, _ = dist.gather([s for s in seqs if s.completion_ids])
     size = settings.minibatch_size
-    plan = minibatch_plan(seqs, routing.trainable, gcfg, size, dist.world, rng)
+    weight = settings.role_weight
+    adapters = tuple(a for a in routing.trainable if any(weight.get(r, 1.0) for r in routing.roles_of(a)))
+    plan = minibatch_plan(seqs, adapters, gcfg, size, dist.world, rng, settings.adapter_steps)
     trained = {id(s): s for cuts in plan.values() for batch in cuts for s in dist.stride(batch)}
     # An adapter's first mini-batch is trained on the weights that rolled it out, so its old
     # log-probs are the update's own forward, detached (verl's on-policy case): no separate
@@ -266,9 +286,10 @@ def update(
             group["lr"] = lrs[adapter]
         steps, skipped, grad_norms = 0, 0, []
         for batch in cuts:
-            scale = grpo.partial_scale(len(batch), size) if gcfg.partial_minibatch == "scaled" else 1.0
+            scaled = gcfg.partial_minibatch == "scaled" and adapter not in settings.adapter_steps
+            scale = grpo.partial_scale(len(batch), size) if scaled else 1.0
             measured = {role: len(stats[role].grad_norms) for role in {s.role for s in batch}}
-            loss = _minibatch(model, batch, params, settings, stats, dist, scale)
+            loss = _minibatch(model, batch, params, settings, stats, dist, scale, coherence)
             if dist.world > 1:
                 local = _norm([p.grad for p in params.values() if p.grad is not None])
                 log.info("rank %d/%d adapter %s: local grad norm %.6g", dist.rank, dist.world, adapter, local)
@@ -321,6 +342,8 @@ def update(
                 prefix + "rollout_logp_absdiff": s.absdiff_sum / n,
             }
         )
+        if coherence is not None and s.coherence_scales:
+            metrics[prefix + "coherence_scale"] = sum(s.coherence_scales) / len(s.coherence_scales)
         if role in kl_roles:
             metrics[prefix + "kl"] = s.kl_sum / n
     if stats:
@@ -341,12 +364,15 @@ def _divergences(prefix: str, s: _RoleStats, reduction: str) -> dict[str, float]
 
 
 def minibatch_plan(
-    seqs: list[TrainSeq], adapters: tuple[str, ...], spec: GRPOSpec, size: int, world: int, rng: random.Random
+    seqs: list[TrainSeq], adapters: tuple[str, ...], spec: GRPOSpec, size: int, world: int, rng: random.Random,
+    steps: dict[str, int] | None = None,
 ) -> dict[str, list[list[TrainSeq]]]:
     """Each adapter's mini-batches of the step, every epoch's in turn, cut before anything
     is computed. balanced: verl balances the step's whole batch once (on `world` ranks) and
     each adapter trains its own sequences in that order, cut consecutively; shuffled: each
-    adapter's sequences are shuffled every epoch (by `rng`)."""
+    adapter's sequences are shuffled every epoch (by `rng`). `steps` (adapter -> count):
+    that adapter's sequences are cut into that many near-equal consecutive mini-batches
+    instead of by `size`."""
     if spec.minibatch_order == "balanced":
         order = grpo.balanced_order([len(s.prompt_ids) + len(s.completion_ids) for s in seqs], world, size)
         seqs = [seqs[i] for i in order]
@@ -357,15 +383,24 @@ def minibatch_plan(
         for _ in range(spec.ppo_epochs):
             if spec.minibatch_order == "shuffled":
                 rng.shuffle(mine)
-            cuts += [mine[first : first + size] for first in range(0, len(mine), size)]
+            if adapter in (steps or {}):
+                cuts += [part for part in _equal_cuts(mine, (steps or {})[adapter]) if part]
+            else:
+                cuts += [mine[first : first + size] for first in range(0, len(mine), size)]
         plan[adapter] = cuts
     return plan
 
 
+def _equal_cuts(seqs: list[TrainSeq], parts: int) -> list[list[TrainSeq]]:
+    """`seqs` cut into `parts` consecutive pieces whose sizes differ by at most one."""
+    bounds = [round(i * len(seqs) / parts) for i in range(parts + 1)]
+    return [seqs[a:b] for a, b in itertools.pairwise(bounds)]
+
+
 def _sum_stats(stats: dict[str, _RoleStats], roles: list[str], dist: Dist) -> None:
     """Sum each role's counters across ranks and gather its micro-batches' ratio sums, in
-    place (grad norms are global already)."""
-    names = [f.name for f in dataclasses.fields(_RoleStats) if f.name not in ("grad_norms", "ratios")]
+    place (grad norms are global already; I6's scales are the same on every rank)."""
+    names = [f.name for f in dataclasses.fields(_RoleStats) if f.name not in ("grad_norms", "ratios", "coherence_scales")]
     for role in roles:
         stats[role].ratios = dist.gather(stats[role].ratios)[0]
     summed = dist.all_reduce_sum([float(getattr(stats[role], name)) for role in roles for name in names])
@@ -383,9 +418,11 @@ def _minibatch(
     stats: dict[str, _RoleStats],
     dist: Dist,
     scale: float,
+    coherence: Coherence | None = None,
 ) -> float:
     """Accumulate this rank's part of one (global) mini-batch's gradient into .grad, each
-    token's weight times `scale`; returns this rank's part of the (scaled) loss."""
+    token's weight times `scale` and its role's weight; returns this rank's part of the
+    (scaled) loss. With `coherence`, each role's part is scaled by its I6 factor."""
     # Loss weights use the whole mini-batch's counts, so the ranks' parts sum to its loss.
     n_tokens = sum(len(s.completion_ids) for s in batch)
     n_seqs = len(batch)
@@ -403,6 +440,12 @@ def _minibatch(
         now = _grads(params)
         delta = dist.all_reduce_tensors([a - b for a, b in zip(now, role_start)])
         stats[current_role].grad_norms.append(_norm(delta))
+        if coherence is not None:
+            factor = coherence.scale(current_role, delta)
+            stats[current_role].coherence_scales.append(factor)
+            # This rank's part of the role's gradient, scaled (the factor is the global one).
+            for p, start, grad in zip(params.values(), role_start, now):
+                p.grad = start + factor * (grad - start)
 
     for role in sorted({s.role for s in batch}):
         close_role()
@@ -451,7 +494,7 @@ def _accumulate(
         ref = _aligned([s.ref_logp or [] for s in chunk], t_max).to(device)
         kl = grpo.k3_kl(logp, ref, gcfg.log_ratio_clamp, gcfg.kl_clamp)
         token_loss = token_loss + beta * kl
-    weights = grpo.token_weights(mask, gcfg.loss_agg, n_tokens, n_seqs) * scale
+    weights = grpo.token_weights(mask, gcfg.loss_agg, n_tokens, n_seqs) * scale * settings.role_weight.get(role, 1.0)
     loss = (weights * token_loss).sum()
     loss.backward()
     with torch.no_grad():

@@ -304,7 +304,8 @@ def test_report_opens_with_coordinates_states_and_cost(gridrun: Gridrun, analyse
     assert f"report: {analysed.report('html')}" in result.out
     md = analysed.report("md").read_text()
     sections = [line for line in md.splitlines() if line.startswith("## ")]
-    assert sections == ["## Sweep", "## Cell states", "## Cost", "## Findings", "## Tables", "## Figures", "## Appendix"]
+    assert sections == ["## Sweep", "## Cell states", "## Cost", "## Findings", "## Early warning", "## Tables", "## Figures",
+                        "## Appendix"]
     assert "| workflow | voting, single, eval_opt |" in md and "`abc1234def`" in md
     # Every cell ran one hour; only voting-ip-s0 on 2 GPUs. 7 cells started, 1 planned (0 h).
     assert "| **all** | 8 | 7.00 | 2.00 | 16.00 |" in md

@@ -139,14 +139,15 @@ def test_figures_are_drawn_for_the_task_and_scale_with_metrics(gridrun: Gridrun,
     assert result.code == 0, result.err
     written = sorted(p.name for p in hand.figures_dir.iterdir())
     # Fig. 3 has one matched pair (Voting: both policies done); Fig. 5 nothing (no chi2, grad
-    # norm or entropy logged); Fig. 6 the deepest cliff: Eval-Opt IP 56 -> 50 (Voting SP: 52 -> 48).
+    # norm or entropy logged); Fig. 6 the deepest cliff: Eval-Opt IP 56 -> 50 (Voting SP: 52 -> 48);
+    # the early warning's curves.
     assert written == [
-        "fig2_delta.png", "fig3_ip_vs_sp.png", "fig4_dynamics-math-1.7b.png", "fig6-eval_opt-ip-1.7b-math-s0.png",
+        "early_warning-math-1.7b.png", "fig2_delta.png", "fig3_ip_vs_sp.png", "fig4_dynamics-math-1.7b.png", "fig6-eval_opt-ip-1.7b-math-s0.png",
         "grad_share-math-1.7b.png", "val_acc-math-1.7b.png",
     ]
     for name in written:
         assert (hand.figures_dir / name).read_bytes()[:8] == PNG_SIGNATURE
-    assert f"{hand.figures_dir}/ (6 figures)" in result.out
+    assert f"{hand.figures_dir}/ (7 figures)" in result.out
 
 
 def test_figures_skip_what_has_no_metrics(gridrun: Gridrun, results: Path) -> None:
@@ -165,7 +166,7 @@ def test_figures_skip_what_has_no_metrics(gridrun: Gridrun, results: Path) -> No
     # No base or SA-RL cell to compare with (no Fig. 2) and no IP-SP pair (no Fig. 3, 5); Fig. 6
     # for the first train cell with validation rows.
     assert sorted(p.name for p in sweep.figures_dir.iterdir()) == [
-        "fig4_dynamics-math-1.7b.png", "fig4_dynamics-math-8b.png", "fig6-voting-ip-1.7b-math-s0.png",
+        "early_warning-math-1.7b.png", "early_warning-math-8b.png", "fig4_dynamics-math-1.7b.png", "fig4_dynamics-math-8b.png", "fig6-voting-ip-1.7b-math-s0.png",
         "grad_share-math-1.7b.png", "val_acc-math-1.7b.png", "val_acc-math-8b.png",
     ]
 

@@ -276,12 +276,14 @@ def fig5(cells: pd.DataFrame, sweep_name: str) -> bytes | None:
 
 # --- Figure 6 -----------------------------------------------------------------------------------
 def twin(cells: pd.DataFrame, cell: str) -> str | None:
-    """The same train cell under the other policy (same workflow, task, scale, seed)."""
+    """The same train cell under the other policy (same workflow, task, scale, seed and variant)."""
     row = cells.set_index("cell").loc[cell]
     if row["kind"] != "train":
         return None
     match = cells[(cells["kind"] == "train") & (cells["workflow"] == row["workflow"]) & (cells["task"] == row["task"])
                   & (cells["scale"] == row["scale"]) & (cells["seed"] == row["seed"]) & (cells["policy"] != row["policy"])]
+    if "variant" in cells:
+        match = match[match["variant"].isna() if pd.isna(row["variant"]) else match["variant"] == row["variant"]]
     return str(match["cell"].iloc[0]) if len(match) else None
 
 

@@ -12,7 +12,14 @@ reward control (plus SA-RL against its own shuffled control, the control's calib
 (b) IP peaks higher than SP on most matched cells and falls further from its peak by the
 end; (c) Voting-IP `gradient_amplification`: the generator's chi2 and perplexity
 peak-over-first ratios exceed the aggregator's; (d) Voting-SP `sp_role_capture`: the
-aggregator's terse rate falls and its mean length rises (first to last validation).
+aggregator's terse rate falls and its mean length rises (first to last validation); (e), in a
+sweep with variants (gridrun/grid/spec.py): each remedy against `natural` on paired seeds, per
+(task, scale, workflow, policy) block: does it keep the ceiling (its peak minus natural's,
+claimed above -PEAK_MARGIN_PP: not lower by more than that) and shrink the late drop
+(natural's peak - final minus the remedy's, claimed above 0)? The variant named `natural` is
+the reference and one named `injected` the positive control (not a remedy); every other
+variant is a remedy. With variants, (a)-(d) are measured on the `natural` cells and the
+controls (the paper's setting).
 
 A row's verdict, for a difference claimed positive: holds when its 95% interval lies above 0,
 does not hold when the interval lies at or below 0, inconclusive otherwise (one seed gives no
@@ -44,7 +51,11 @@ STATEMENTS = {
     "c": "Voting-IP gradient_amplification: the generator's χ² and perplexity peak-over-first ratios "
          "exceed the aggregator's.",
     "d": "Voting-SP sp_role_capture: the aggregator's terse rate falls and its length rises.",
+    "e": "Each remedy keeps the ceiling (peak) and shrinks the late drop (peak − final) against `natural`.",
 }
+REFERENCE_VARIANT, POSITIVE_CONTROL = "natural", "injected"
+# Keeping the ceiling: a remedy's peak may sit at most this many points under natural's.
+PEAK_MARGIN_PP = 2.0
 FINDINGS_COLUMNS = ["claim", "measurement", "task", "scale", "workflow", "policy", "n", "mean", "ci95", "unit", "verdict"]
 
 
@@ -243,8 +254,45 @@ def claim_d(cells: pd.DataFrame) -> Claim:
     return claim
 
 
+def claim_e(cells: pd.DataFrame) -> Claim:
+    claim = Claim("e")
+    variants = list(dict.fromkeys(cells["variant"].dropna())) if "variant" in cells else []
+    remedies = [v for v in variants if v not in (REFERENCE_VARIANT, POSITIVE_CONTROL)]
+    if REFERENCE_VARIANT not in variants or not remedies:
+        claim.needs = f"a sweep with variants: `{REFERENCE_VARIANT}` and at least one remedy"
+        return claim
+    train = cells[cells["kind"] == "train"]
+    for remedy in remedies:
+        kept, shrunk = [], []
+        for (task, scale, workflow, policy), block in train.groupby(["task", "scale", "workflow", "policy"], sort=False):
+            natural, treated = block[block["variant"] == REFERENCE_VARIANT], block[block["variant"] == remedy]
+            if not (len(natural) and len(treated)):
+                continue
+            where = (task, scale, workflow, POLICY_NAMES.get(policy, policy))
+            needs = f"done `{REFERENCE_VARIANT}` and `{remedy}` cells of the same seeds"
+            kept.append(_measured(f"{remedy} peak − natural peak (+{PEAK_MARGIN_PP:g} pt margin)", where,
+                                  _paired(_done(treated, "peak_val_acc"), _done(natural, "peak_val_acc"), 100,
+                                          lambda x, y: x - y + PEAK_MARGIN_PP / 100), "pp", 1, needs))
+            # drop_from_peak = final - peak (<= 0): the remedy's minus natural's is natural's
+            # late drop minus the remedy's, positive when the remedy shrank it.
+            shrunk.append(_measured(f"natural late drop − {remedy}'s", where,
+                                    _paired(_done(treated, "drop_from_peak"), _done(natural, "drop_from_peak"), 100),
+                                    "pp", 1, needs))
+        if kept:
+            claim.parts += [Part(f"{remedy} keeps the peak in most blocks", kept, "most"),
+                            Part(f"{remedy} shrinks the late drop in most blocks", shrunk, "most")]
+    if not claim.parts:
+        claim.needs = f"`train` cells of `{REFERENCE_VARIANT}` and a remedy in one block"
+    return claim
+
+
 def claims(cells: pd.DataFrame) -> list[Claim]:
-    return [claim_a(cells), claim_b(cells), claim_c(cells), claim_d(cells)]
+    """(a)-(d) on the reference variant's cells and the controls (all cells without
+    variants), (e) across the variants."""
+    reference = cells
+    if "variant" in cells and cells["variant"].notna().any():
+        reference = cells[cells["variant"].isna() | (cells["variant"] == REFERENCE_VARIANT)]
+    return [claim_a(reference), claim_b(reference), claim_c(reference), claim_d(reference), claim_e(cells)]
 
 
 def claim_verdict(claim: Claim) -> str:

@@ -2,7 +2,8 @@
 
 Order: the sweep's coordinates (axes, plan, code version), cell states per kind, cost
 (wall-clock and GPU-hours from the run dirs' attempts, next to the plan's estimate), the
-findings (the paper's claims measured, and the mechanism alerts), then Tables 1-3, Figures 2-6 each with a one-line caption saying what to look for, and an
+findings (the paper's claims measured, and the mechanism alerts), the early warning (each
+alert's recall and false alarms, and the validation curves with its firings), then Tables 1-3, Figures 2-6 each with a one-line caption saying what to look for, and an
 appendix with Tables 4-6 and the learning curves. report.md links the PNGs under figures/;
 report.html is the same text rendered (markdown-it, already installed with rich) with every
 figure embedded as base64, so it can be mailed or opened anywhere on its own. What this
@@ -22,7 +23,7 @@ from gridrun.grid.analysis.tables import Table
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.rundir import atomic_write_text
 
-AXES = ("workflow", "task", "scale", "policy", "seed", "kind")
+AXES = ("workflow", "task", "scale", "policy", "seed", "kind", "variant")
 # figure file stem (before any -<task>-<scale>) -> (title, what to look for)
 CAPTIONS = {
     "fig2_delta": ("Figure 2 — accuracy gain over the base model and over SA-RL",
@@ -37,6 +38,9 @@ CAPTIONS = {
              "A role whose χ² or perplexity climbs while the others stay near 1, ahead of a drop in validation accuracy."),
     "val_acc": ("Validation accuracy per workflow", "Each policy against SA-RL and the dashed base control."),
     "grad_share": ("Gradient share per role", "Which role's tokens dominate each update; under SP, the capturing role."),
+    "early_warning": ("Validation curves with the alerts' first firings",
+                      ("A marker well left of a cross (a cliff of 10+ points) is a warning in time; a marker on a "
+                       "curve without a cross is a false alarm.")),
 }
 MAIN_FIGURES = ("fig2_delta", "fig3_ip_vs_sp", "fig4_dynamics", "fig5_amplitude", "fig6")
 STYLE = """
@@ -104,7 +108,9 @@ def _figure_lines(path: Path, root: Path) -> list[str]:
 
 
 def report_markdown(sweep: SweepDir, cells: pd.DataFrame, tables: list[Table], figures: list[Path]) -> str:
-    by_name = {t.name: t for t in tables}
+    by_name: dict[str, list[Table]] = {}
+    for t in tables:  # a sweep with variants has one table per variant: <name>-<variant>
+        by_name.setdefault(t.name.split("-", 1)[0], []).append(t)
     lines = [f"# gridrun report — sweep `{sweep.name}`", "",
              (f"Written by `gridrun collect` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
              "Numbers come from finished (`done`) cells only; other cells show as their state."), "",
@@ -112,12 +118,14 @@ def report_markdown(sweep: SweepDir, cells: pd.DataFrame, tables: list[Table], f
              "## Cost", "", *_cost(sweep, cells), ""]
     lines += ["## Findings", ""]
     for name in ("findings", "findings_alerts"):
-        if name in by_name:
-            lines += [by_name[name].markdown(heading="###"), ""]
+        lines += [line for t in by_name.get(name, []) for line in (t.markdown(heading="###"), "")]
+    lines += ["## Early warning", ""]
+    lines += [line for t in by_name.get("early_warning", []) for line in (t.markdown(heading="###"), "")]
+    for path in (p for p in figures if _stem(p) == "early_warning"):
+        lines += _figure_lines(path, sweep.root)
     lines += ["## Tables", ""]
     for name in ("table1", "table1_final", "table2", "table3"):
-        if name in by_name:
-            lines += [by_name[name].markdown(heading="###"), ""]
+        lines += [line for t in by_name.get(name, []) for line in (t.markdown(heading="###"), "")]
     lines += ["## Figures", ""]
     main = [p for stem in MAIN_FIGURES for p in figures if _stem(p) == stem]
     for path in main:
@@ -126,9 +134,8 @@ def report_markdown(sweep: SweepDir, cells: pd.DataFrame, tables: list[Table], f
         lines += ["No figure yet: no cell has metrics.", ""]
     lines += ["## Appendix", ""]
     for name in ("table4", "table5", "table6"):
-        if name in by_name:
-            lines += [by_name[name].markdown(heading="###"), ""]
-    for path in (p for p in figures if p not in main):
+        lines += [line for t in by_name.get(name, []) for line in (t.markdown(heading="###"), "")]
+    for path in (p for p in figures if p not in main and _stem(p) != "early_warning"):
         lines += _figure_lines(path, sweep.root)
     return "\n".join(lines)
 

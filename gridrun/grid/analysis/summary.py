@@ -29,8 +29,9 @@ columns, so a cell's file is parsed once.
     val/role/<r>/{len_mean,terse_rate}_change last - first validation of the signature
                                               (the findings' claim d)
 
-`alert_summary` replays a cell's rows through the mechanism alerts (gridrun/mechanisms.py)
-and gives, per mechanism that can show in the cell (else None):
+`alert_summary` replays a cell's rows through the alerts (gridrun/mechanisms.py: the two
+mechanisms, signature_drift, non_finite) and gives, per alert that can show in the cell
+(else None):
 alert/<m>/fired (training steps at which it held), alert/<m>/steps (steps replayed),
 alert/<m>/first_step; and `mechanism_alerts`, those holding at the last step.
 
@@ -50,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from gridrun.mechanisms import MECHANISMS, THRESHOLDS, Thresholds, alert_history, applies, firings
+from gridrun.mechanisms import ALERTS, THRESHOLDS, Thresholds, alert_history, applies, firings
 from gridrun.rundir import first_peak
 
 Column = tuple["np.ndarray", "np.ndarray"]  # steps (int64), values (float64), sorted by step
@@ -263,11 +264,11 @@ def cell_summary(columns: MetricColumns) -> dict[str, Any]:
 
 def alert_summary(rows: Iterable[Mapping[str, Any]], workflow: str | None, policy: str | None,
                   thresholds: Thresholds = THRESHOLDS) -> dict[str, Any]:
-    """The mechanism alerts replayed on a cell's rows (see the module docstring)."""
+    """The alerts replayed on a cell's rows (see the module docstring)."""
     out: dict[str, Any] = {"mechanism_alerts": ""}
-    relevant = [m for m in MECHANISMS if workflow and applies(m, workflow, policy)]
+    relevant = [m for m in ALERTS if workflow and applies(m, workflow, policy)]
     history = alert_history(rows, workflow, policy, thresholds) if relevant else []
-    for mechanism in MECHANISMS:
+    for mechanism in ALERTS:
         fired = firings(history, mechanism) if mechanism in relevant else []
         known = mechanism in relevant and bool(history)
         out[f"alert/{mechanism}/fired"] = len(fired) if known else None

@@ -1,0 +1,227 @@
+"""The cliff early warning: did an alert fire validations before a cell's accuracy fell?
+
+Per cell (cells.parquet's columns, from its validation accuracy and the alerts replayed on
+its rows, gridrun/mechanisms.py):
+
+    peak_drop_pp          the cliff: the largest drop of validation accuracy below its running
+                          peak (the best so far), in points (0.0 when it never fell)
+    peak_drop_step        the validation where that drop is reached
+    peak_drop_peak_step   the running peak it is measured from (the first step reaching it)
+    peak_drop_onset_step  the first validation after that peak that is below it: where the
+                          fall shows
+    alert/<a>/lead        validations before the onset at which alert <a> first fired: the
+                          count of validations after its first firing up to and including the
+                          onset (2: it fired before the last two validations ahead of the
+                          fall; 0: in the onset's step; negative: after it). None without a
+                          cliff or a firing.
+
+Per alert (`early_warning_table`): among the training cells it applies to (train, sa_rl and
+shuffled cells, done), recall = cliff cells (a drop of at least CLIFF_PP points) warned at
+least LEAD_VALIDATIONS validations ahead / cliff cells; false-alarm rate = cells without such
+a cliff (shuffled twins included) where it fired at all / those cells. The report's "Early
+warning" figure draws each cell's validation curve with its alerts' first firings and its
+cliff marked. What this leaves out: significance, and choosing thresholds (the alerts'
+`Thresholds` are replayable: collect with others to compare).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gridrun.grid.analysis.summary import MetricColumns
+from gridrun.grid.analysis.tables import Table, number
+from gridrun.grid.sweepdir import SweepDir
+from gridrun.mechanisms import ALERTS
+
+# A cliff worth warning about: at least this many points below the running peak.
+CLIFF_PP = 10.0
+# Warned in time: the alert fired at least this many validations before the fall showed.
+LEAD_VALIDATIONS = 2
+TRAINED_KINDS = ("train", "sa_rl", "shuffled")
+
+
+@dataclass(frozen=True)
+class Cliff:
+    drop_pp: float
+    step: int | None = None
+    peak_step: int | None = None
+    onset_step: int | None = None
+
+
+def cliff_from_peak(val_acc: Mapping[int, float]) -> Cliff | None:
+    """The largest drop below the running peak of a step -> accuracy (0-1) series; None
+    without validations. Ties keep the earlier step (of the peak and of the drop)."""
+    steps = sorted(val_acc)
+    if not steps:
+        return None
+    best = Cliff(0.0)
+    peak = steps[0]
+    for step in steps:
+        if val_acc[step] > val_acc[peak]:
+            peak = step
+        drop = 100 * (val_acc[peak] - val_acc[step])
+        if drop > best.drop_pp:
+            onset = next(s for s in steps if s > peak and val_acc[s] < val_acc[peak])
+            best = Cliff(drop, step, peak, onset)
+    return best
+
+
+def lead(val_steps: Sequence[int], onset: int | None, fired: int | None) -> int | None:
+    """Validations after `fired` up to and including `onset` (negative: validations after the
+    onset up to and including `fired`); None without either."""
+    if onset is None or fired is None:
+        return None
+    if fired < onset:
+        return sum(fired < s <= onset for s in val_steps)
+    return -sum(onset < s <= fired for s in val_steps)
+
+
+def warning_columns(val_acc: Mapping[int, float], summary: Mapping[str, Any]) -> dict[str, Any]:
+    """A cell's cliff and each alert's lead (the module docstring); `summary` holds the
+    replayed alerts' `alert/<a>/first_step`."""
+    cliff = cliff_from_peak(val_acc)
+    out: dict[str, Any] = {
+        "peak_drop_pp": None if cliff is None else cliff.drop_pp,
+        "peak_drop_step": None if cliff is None else cliff.step,
+        "peak_drop_peak_step": None if cliff is None else cliff.peak_step,
+        "peak_drop_onset_step": None if cliff is None else cliff.onset_step,
+    }
+    steps = sorted(val_acc)
+    for alert in ALERTS:
+        out[f"alert/{alert}/lead"] = lead(steps, None if cliff is None else cliff.onset_step,
+                                          summary.get(f"alert/{alert}/first_step"))
+    return out
+
+
+def _counts(cells: pd.DataFrame, alert: str) -> dict[str, int]:
+    steps = f"alert/{alert}/steps"
+    if steps not in cells:
+        return {"cells": 0, "cliffs": 0, "warned": 0, "calm": 0, "calm_shuffled": 0, "false": 0}
+    eligible = cells[cells["kind"].isin(TRAINED_KINDS) & (cells["state"] == "done") & cells[steps].notna()
+                     & cells["peak_drop_pp"].notna()]
+    cliff = eligible["peak_drop_pp"] >= CLIFF_PP
+    leads = eligible[f"alert/{alert}/lead"]
+    fired = eligible[f"alert/{alert}/first_step"].notna()
+    calm = eligible[~cliff]
+    return {
+        "cells": len(eligible),
+        "cliffs": int(cliff.sum()),
+        "warned": int((cliff & leads.notna() & (leads.fillna(-1) >= LEAD_VALIDATIONS)).sum()),
+        "calm": int((~cliff).sum()),
+        "calm_shuffled": int((calm["kind"] == "shuffled").sum()),
+        "false": int((~cliff & fired).sum()),
+    }
+
+
+def _rate(part: int, whole: int) -> str:
+    return f"{part}/{whole} ({number(100 * part / whole, 0)}%)" if whole else "n/a"
+
+
+def early_warning_table(cells: pd.DataFrame, name: str = "early_warning") -> Table:
+    """Per alert: recall on cliff cells and false-alarm rate on the others."""
+    columns = ["alert", "cells", "cliff_cells", "warned", "recall", "calm_cells", "calm_shuffled", "false_alarms",
+               "false_alarm_rate"]
+    rows, shown = [], []
+    for alert in ALERTS:
+        c = _counts(cells, alert)
+        recall = c["warned"] / c["cliffs"] if c["cliffs"] else None
+        false_rate = c["false"] / c["calm"] if c["calm"] else None
+        rows.append([alert, str(c["cells"]), str(c["cliffs"]), str(c["warned"]), number(recall, 3),
+                     str(c["calm"]), str(c["calm_shuffled"]), str(c["false"]), number(false_rate, 3)])
+        shown.append([alert, str(c["cells"]), _rate(c["warned"], c["cliffs"]),
+                      _rate(c["false"], c["calm"]) + (f", {c['calm_shuffled']} shuffled" if c["calm_shuffled"] else "")])
+    return Table(
+        name=name, title="Early warning — did the alert fire before the cliff?",
+        caption=(f"Training cells (done) each alert applies to. A cliff: accuracy at least {CLIFF_PP:.0f} points "
+                 f"below its running peak. Recall: cliff cells whose alert first fired at least {LEAD_VALIDATIONS} "
+                 "validations before the fall showed. False alarms: cells without such a cliff (shuffled-reward "
+                 "twins included) where it fired at all. Thresholds: gridrun/mechanisms.py's, provisional."),
+        columns=columns, headers=["Alert", "Cells", "Recall (warned / cliffs)", "False alarms (fired / calm)"],
+        rows=rows, shown=shown, left=1,
+    )
+
+
+# --- the figure ---------------------------------------------------------------------------------
+MARKERS = {alert: marker for alert, marker in zip(ALERTS, ("^", "s", "D", "X"), strict=True)}
+
+
+def _panels(records: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(title, cells) per workflow x policy of the trained cells, in the sweep's order."""
+    keyed: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        if record["kind"] not in TRAINED_KINDS:
+            continue
+        policy = {"isolated": "IP", "shared": "SP"}.get(record.get("policy") or "", "")
+        title = " ".join(p for p in (record["workflow"], policy, "shuffled" if record["kind"] == "shuffled" else "") if p)
+        keyed.setdefault(title, []).append(record)
+    return list(keyed.items())
+
+
+def early_warning_png(records: list[dict[str, Any]], accuracy: Callable[[str], dict[int, float]], title: str) -> bytes | None:
+    """Validation accuracy (%) per cell, a panel per workflow x policy (colour: variant or
+    seed), each alert's first firing marked on the curve and the cliff's bottom as a cross."""
+    from gridrun.grid.figures import OKABE_ITO, legend, new_figure, to_png
+
+    panels = [(t, cells) for t, cells in _panels(records) if any(accuracy(c["cell"]) for c in cells)]
+    if not panels:
+        return None
+    ncols = min(2, len(panels))
+    nrows = -(-len(panels) // ncols)
+    figure = new_figure(5.5 * ncols, 3.4 * nrows + 0.5)
+    axes = figure.subplots(nrows, ncols, squeeze=False).flatten()
+    for ax, (panel_title, cells) in zip(axes, panels):
+        labels = list(dict.fromkeys(str(c.get("variant") or f"s{c.get('seed')}") for c in cells))
+        colours = {label: OKABE_ITO[i % len(OKABE_ITO)] for i, label in enumerate(labels)}
+        shown: set[str] = set()
+        for cell in cells:
+            series = accuracy(cell["cell"])
+            if not series:
+                continue
+            steps = sorted(series)
+            label = str(cell.get("variant") or f"s{cell.get('seed')}")
+            ax.plot(steps, [100 * series[s] for s in steps], color=colours[label], linewidth=1,
+                    label=label if label not in shown else None)
+            shown.add(label)
+            for alert, marker in MARKERS.items():
+                fired = cell.get(f"alert/{alert}/first_step")
+                if fired is not None and not pd.isna(fired):
+                    # On the curve, between the validations around its step.
+                    y = 100 * float(np.interp(fired, steps, [series[s] for s in steps]))
+                    ax.scatter([fired], [y], marker=marker, color=colours[label], s=30, zorder=3)
+            bottom = cell.get("peak_drop_step")
+            drop = cell.get("peak_drop_pp")
+            if bottom is not None and not pd.isna(bottom) and drop is not None and drop >= CLIFF_PP:
+                ax.scatter([bottom], [100 * series[int(bottom)]], marker="x", color="black", s=40, zorder=4)
+        for alert, marker in MARKERS.items():
+            ax.scatter([], [], marker=marker, color="grey", label=alert)
+        ax.scatter([], [], marker="x", color="black", label=f"cliff >= {CLIFF_PP:.0f} pt")
+        legend(ax, ncols=2)
+        ax.set_title(panel_title)
+        ax.set_xlabel("step")
+        ax.set_ylabel("validation accuracy (%)")
+        ax.grid(alpha=0.3)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    figure.suptitle(title)
+    return to_png(figure)
+
+
+def early_warning_jobs(sweep: SweepDir, cells: pd.DataFrame, columns: dict[str, MetricColumns]) -> list[Any]:
+    """The Early warning figure of every (task, scale), as `render` jobs."""
+    records = cells.to_dict("records")
+
+    def accuracy(cell: str) -> dict[int, float]:
+        return columns.get(cell, MetricColumns()).series("val", "val/acc")
+
+    jobs = []
+    for task, scale in dict.fromkeys((r["task"], r["scale"]) for r in records):
+        block = [r for r in records if r["task"] == task and r["scale"] == scale]
+        jobs.append((sweep.figure("early_warning", task, scale), functools.partial(
+            early_warning_png, block, accuracy, f"Early warning — {task} · {scale} · sweep {sweep.name}")))
+    return jobs

@@ -1,0 +1,147 @@
+"""The cliff early warning (cliff and lead detection, recall and false alarms), findings (e),
+and a sweep with variants collected: numbers worked out by hand."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gridrun.grid.analysis.findings import HOLDS, UNSURE, claim_e, claim_verdict
+from gridrun.grid.analysis.warning import Cliff, cliff_from_peak, early_warning_table, lead, warning_columns
+from gridrun.grid.sweepdir import SweepDir
+from tests.grid.conftest import Gridrun
+from tests.grid.test_collect import add_cell, coords
+
+
+def test_the_cliff_is_the_largest_drop_below_the_running_peak() -> None:
+    # Peak 0.60 at step 10; below it 15 points at 15, 10 at 20, 30 at 25: the cliff is 30
+    # points at step 25, measured from step 10, and the fall shows first at step 15.
+    accs = {0: 0.40, 5: 0.55, 10: 0.60, 15: 0.45, 20: 0.50, 25: 0.30}
+    cliff = cliff_from_peak(accs)
+    assert cliff is not None
+    assert (cliff.step, cliff.peak_step, cliff.onset_step) == (25, 10, 15)
+    assert cliff.drop_pp == pytest.approx(30.0)
+    # A slow slide: each step falls 5 points (the largest consecutive drop), but the running
+    # peak 0.50 of step 0 ends 15 points above step 15.
+    slide = cliff_from_peak({0: 0.50, 5: 0.45, 10: 0.40, 15: 0.35})
+    assert slide is not None and (slide.step, slide.peak_step, slide.onset_step) == (15, 0, 5)
+    assert slide.drop_pp == pytest.approx(15.0)
+    # Never below its running peak: no cliff; no validations: nothing.
+    assert cliff_from_peak({0: 0.3, 5: 0.3, 10: 0.4}) == Cliff(0.0)
+    assert cliff_from_peak({}) is None
+
+
+def test_lead_counts_validations_between_the_firing_and_the_fall() -> None:
+    steps = [0, 5, 10, 15, 20, 25]  # the fall shows at 15
+    assert lead(steps, 15, 4) == 3  # validations 5, 10, 15 after it
+    assert lead(steps, 15, 10) == 1  # only 15
+    assert lead(steps, 15, 15) == 0  # in the onset's own step: no warning
+    assert lead(steps, 15, 22) == -1  # after the fall showed (validation 20 came first)
+    assert lead(steps, None, 4) is None and lead(steps, 15, None) is None
+
+
+def test_warning_columns_per_cell() -> None:
+    columns = warning_columns({0: 0.40, 5: 0.55, 10: 0.60, 15: 0.45},
+                              {"alert/gradient_amplification/first_step": 3})
+    assert columns["peak_drop_onset_step"] == 15 and columns["peak_drop_pp"] == pytest.approx(15.0)
+    assert columns["alert/gradient_amplification/lead"] == 3  # validations 5, 10, 15
+    assert columns["alert/sp_role_capture/lead"] is None  # never fired
+
+
+def row(cell: str, kind: str, drop: float, first: float | None, lead_: float | None, steps: float | None = 30,
+        state: str = "done") -> dict:
+    return {"cell": cell, "kind": kind, "state": state, "peak_drop_pp": drop,
+            "alert/gradient_amplification/steps": steps, "alert/gradient_amplification/first_step": first,
+            "alert/gradient_amplification/lead": lead_}
+
+
+def test_recall_and_false_alarms_by_hand() -> None:
+    cells = pd.DataFrame([
+        row("a", "train", 30.0, 5, 3),          # cliff, warned 3 validations ahead: counts
+        row("b", "train", 12.0, 12, 1),         # cliff, warned only 1 ahead: missed
+        row("c", "train", 10.0, None, None),    # cliff (exactly 10 points), never fired: missed
+        row("d", "train", 4.0, 20, None),       # no cliff, fired: a false alarm
+        row("e", "shuffled", 0.0, None, None),  # no cliff, silent (a shuffled twin counts)
+        row("f", "train", 50.0, 1, 5, steps=None),        # the alert does not apply: left out
+        row("g", "train", 50.0, 1, 5, state="failed"),    # not done: left out
+    ])
+    table = early_warning_table(cells)
+    amplification = next(r for r in table.rows if r[0] == "gradient_amplification")
+    # cells, cliffs, warned, recall, calm, calm shuffled, false alarms, rate
+    assert amplification[1:] == ["5", "3", "1", "0.333", "2", "1", "1", "0.500"]
+    capture = next(r for r in table.rows if r[0] == "sp_role_capture")
+    assert capture[1:4] == ["0", "0", "0"]  # no column for it in this frame: nothing measured
+
+
+def remedy_cells(natural: list[tuple[float, float]], remedy: list[tuple[float, float]]) -> pd.DataFrame:
+    """Voting-IP cells of seeds 0.. with (peak, final) per seed, natural and coherence."""
+    rows = []
+    for variant, values in (("natural", natural), ("coherence", remedy)):
+        for seed, (peak, final) in enumerate(values):
+            rows.append({"cell": f"{variant}{seed}", "kind": "train", "state": "done", "task": "arith", "scale": "toy",
+                         "workflow": "voting", "policy": "isolated", "seed": seed, "variant": variant,
+                         "peak_val_acc": peak, "drop_from_peak": final - peak})
+    return pd.DataFrame(rows)
+
+
+def test_findings_e_remedy_against_natural_on_paired_seeds() -> None:
+    # Natural peaks 0.60, 0.62, 0.64 and ends 20, 18, 16 points lower; coherence peaks the
+    # same and ends 5, 3, 1 points lower: peak kept (0 + 2 pt margin = 2, 2, 2: holds),
+    # late drop shrunk by 15, 15, 15 points (holds).
+    cells = remedy_cells([(0.60, 0.40), (0.62, 0.44), (0.64, 0.48)], [(0.60, 0.55), (0.62, 0.59), (0.64, 0.63)])
+    claim = claim_e(cells)
+    kept, shrunk = claim.parts
+    assert kept.rows[0].values == pytest.approx([2.0, 2.0, 2.0])
+    assert shrunk.rows[0].values == pytest.approx([15.0, 15.0, 15.0])
+    assert kept.verdict == shrunk.verdict == claim_verdict(claim) == HOLDS
+    # A remedy that costs 1 point of peak in one seed and 3 in another: 1, -1, 2 -> interval
+    # spans 0: inconclusive.
+    cells = remedy_cells([(0.60, 0.40), (0.62, 0.44), (0.64, 0.48)], [(0.59, 0.55), (0.59, 0.55), (0.64, 0.63)])
+    assert claim_e(cells).parts[0].rows[0].values == pytest.approx([1.0, -1.0, 2.0])
+    assert claim_e(cells).parts[0].verdict == UNSURE
+    # No variants: not measured, saying what it needs.
+    assert "needs a sweep with variants" in claim_verdict(claim_e(cells.drop(columns="variant")))
+
+
+def test_a_sweep_with_variants_is_collected_per_variant_with_its_early_warning(gridrun: Gridrun, results: Path) -> None:
+    sweep = SweepDir(results, "remedies")
+    data: dict = {"name": "remedies", "cells": [], "plans": []}
+    natural = {0: 0.40, 5: 0.55, 10: 0.60, 15: 0.45, 20: 0.30}  # a 30-point cliff, the fall shows at 15
+    add_cell(sweep, data, "voting-ip-1.7b-math-s0-natural", "train",
+             {**coords("voting", "isolated"), "variant": "natural"}, "done", natural)
+    add_cell(sweep, data, "voting-ip-1.7b-math-s0-coherence", "train",
+             {**coords("voting", "isolated"), "variant": "coherence"}, "done", {0: 0.40, 5: 0.55, 10: 0.60, 20: 0.58})
+    add_cell(sweep, data, "base-voting-1.7b-math", "base", coords("voting", seed=None), "done", {0: 0.40})
+    # The natural cell's generator chi2 rises 1e-3 -> 3e-3 at step 3 against an aggregator at
+    # rounding level (floored to 1e-4: ratio 1): gradient_amplification fires at step 3,
+    # validations 5, 10 and 15 before the fall shows: lead 3.
+    sweep.cell("voting-ip-1.7b-math-s0-natural").append_metrics([
+        {"step": s, "split": "train", "role/generator/chi2": c, "role/aggregator/chi2": 2e-7}
+        for s, c in ((1, 1e-3), (2, 1e-3), (3, 3e-3))])
+    # The coherence cell's stays flat: silent (a cell without train rows replays nothing).
+    sweep.cell("voting-ip-1.7b-math-s0-coherence").append_metrics([
+        {"step": s, "split": "train", "role/generator/chi2": 1e-3, "role/aggregator/chi2": 2e-7} for s in (1, 2, 3)])
+    sweep.write(data)
+    result = gridrun("collect", "conf=remedies")
+    assert result.code == 0, result.err
+    cells = pd.read_parquet(sweep.cells_parquet).set_index("cell")
+    natural_row = cells.loc["voting-ip-1.7b-math-s0-natural"]
+    assert natural_row["variant"] == "natural" and math.isclose(natural_row["peak_drop_pp"], 30.0)
+    assert natural_row["alert/gradient_amplification/first_step"] == 3
+    assert natural_row["alert/gradient_amplification/lead"] == 3
+    assert pd.isna(cells.loc["base-voting-1.7b-math", "variant"])
+    for name in ("table1-natural", "table1-coherence", "table2-natural", "findings_alerts-coherence", "findings",
+                 "early_warning"):
+        assert sweep.table(name, "md").is_file(), name
+    assert not sweep.table("table1", "md").exists()
+    assert "variant `coherence`" in sweep.table("table1-coherence", "md").read_text()
+    report = sweep.report("md").read_text()
+    assert "## Early warning" in report and "early_warning-math-1.7b.png" in report
+    warning = {r["alert"]: r for r in pd.read_csv(sweep.table("early_warning", "csv")).to_dict("records")}
+    # One cliff cell (natural, warned 3 ahead), one calm (coherence: 2 points below its peak).
+    assert (warning["gradient_amplification"]["cliff_cells"], warning["gradient_amplification"]["warned"],
+            warning["gradient_amplification"]["calm_cells"], warning["gradient_amplification"]["false_alarms"]) == (
+        1, 1, 1, 0)
