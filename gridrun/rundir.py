@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gridrun.cellstate import STATES, Transition
+from gridrun.cellstate import RECORDED, Transition
 
 COMPLETE_MARKER = "COMPLETE"
 
@@ -115,6 +115,26 @@ class DamagedFile(ValueError):
 
 class RunLocked(RuntimeError):
     """Another process holds the run's lock (it is running the cell)."""
+
+
+def _take(fd: int, patience_s: float = 2.0) -> bool:
+    """The exclusive lock on `fd`, or False when a run holds it. A refusal while only probes
+    (`RunDir.held`'s shared locks, held for microseconds) are on it is retried, not reported."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # an exclusive holder: a run
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
 
 
 def read_json_file(path: Path, fields: dict[str, tuple[type, ...]], fix: str) -> dict[str, Any] | None:
@@ -233,14 +253,31 @@ class RunDir:
             "checkpoint when dispatched again"
         )
 
+    def missing(self) -> str | None:
+        """Why this is no longer a planned cell's folder (deleted, or its config.yaml is), with
+        the fix; None while config.yaml is there."""
+        if self.config_yaml.is_file():
+            return None
+        if not self.root.exists():
+            return f"{self.root} is gone (deleted?): `gridrun plan conf=<sweep>` plans the cell again"
+        return (
+            f"{self.config_yaml} is gone (deleted?): `gridrun plan conf=<sweep>` writes it again (a folder that "
+            "still holds metrics or checkpoints needs --replace, which moves it to replaced/)"
+        )
+
     def read_state(self) -> dict[str, Any]:
-        """state.json, `planned` when absent, or the `damaged` state naming the file and fix."""
+        """state.json, `planned` when absent, the `damaged` state naming the file and fix, or
+        `missing` when the folder or its config.yaml is gone (whatever state.json says)."""
+        gone = self.missing()
+        if gone:
+            return {"state": "missing", "step": 0, "attempt": 0, "error": gone}
+        recorded = sorted(state.value for state in RECORDED)
         try:
             state = read_json_file(self.state_json, STATE_FIELDS, self._state_fix())
-            if state is not None and state.get("state") not in STATES:
+            if state is not None and state.get("state") not in recorded:
                 raise DamagedFile(
                     f"{self.state_json} is damaged (state {state.get('state')!r} is none of "
-                    f"{', '.join(STATES)}): {self._state_fix()}"
+                    f"{', '.join(recorded)}): {self._state_fix()}"
                 )
         except DamagedFile as err:
             return {"state": "damaged", "step": 0, "attempt": 0, "error": str(err)}
@@ -270,8 +307,12 @@ class RunDir:
         the state read may not take it. Fields the transition does not name are kept.
 
         A damaged state.json is moved aside (state.json.damaged-<time>), never merged into;
-        the transition then writes what it knows (there is no state to judge it from)."""
+        the transition then writes what it knows (there is no state to judge it from). A
+        missing cell (its folder deleted, even under a running trainer) is NotARunDir, and
+        nothing is written: a write would bring back a folder with no config.yaml."""
         current: dict[str, Any] | None = self.read_state()
+        if current["state"] == "missing":
+            raise NotARunDir(f"cannot record {change.name}: {current['error']}")
         if current["state"] == "damaged":
             self.state_json.rename(self.root / f"{self.state_json.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
             current = None
@@ -293,10 +334,8 @@ class RunDir:
         self.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.run_lock, os.O_RDWR | os.O_CREAT, _FILE_MODE)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise RunLocked(self._holder_message(fd)) from None
+            if not _take(fd):
+                raise RunLocked(self._holder_message(fd))
             holder = {"pid": os.getpid(), "host": socket.gethostname(), "job_id": job_id, "since": time.time()}
             try:
                 os.ftruncate(fd, 0)
@@ -306,6 +345,23 @@ class RunDir:
             yield
         finally:
             os.close(fd)
+
+    def held(self) -> bool:
+        """Whether a live process holds the run's lock now: the truth about a cell that reads
+        running (a process killed with -9 cannot update state.json, but the OS drops its lock).
+        A shared lock, taken and dropped at once, probes it; `hold` waits out such probes.
+        flock is per host on some shared file systems: trust a free lock for this host's runs."""
+        try:
+            fd = os.open(self.run_lock, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing drops the probe's shared lock
+        return False
 
     def _holder_message(self, fd: int) -> str:
         try:

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gridrun.cellstate import STATES
-from gridrun.grid.launchers.dispatch import needs_of, observe
+from gridrun.cellstate import STATES, UNREADABLE_STATES
+from gridrun.grid.launchers.dispatch import live_state, needs_of, observe
 from gridrun.grid.sweepdir import SweepDamaged, SweepDir, planned_sweeps
 
 STATE_STYLES = {
@@ -32,6 +32,7 @@ STATE_STYLES = {
     "cancelled": "yellow",
     "blocked": "red",
     "damaged": "bold red",
+    "missing": "bold red",
 }
 
 
@@ -39,7 +40,7 @@ def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
     """One row per cell of the sweep, in plan order."""
     cells = sweep.read()["cells"]
     # state.json only (cell.json's damage is `show`'s to report and `plan`'s to repair): the fast path.
-    states = observe({cell["id"]: sweep.cell(cell["id"]).read_state() for cell in cells}, needs_of(cells))
+    states = observe({cell["id"]: live_state(sweep.cell(cell["id"])) for cell in cells}, needs_of(cells))
     now = time.time()
     rows = []
     for cell in cells:
@@ -69,7 +70,8 @@ def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
                 "peak_step": state.get("peak_step"),
                 "elapsed_s": elapsed,
                 "alerts": list(state.get("alerts") or []),
-                "error": state.get("error"),
+                # A reader's message says conf=<sweep> (a run dir knows no sweep): name it.
+                "error": state["error"].replace("conf=<sweep>", f"conf={sweep.name}") if state.get("error") else None,
                 "lost": bool(state.get("lost")),
                 # The cell a queued or blocked cell waits for (a transfer cell's sa_rl cell).
                 "waiting": state.get("waiting"),
@@ -180,10 +182,11 @@ def tables(rows: list[dict[str, Any]]) -> list[Any]:
 
 
 def failures(rows: list[dict[str, Any]]) -> list[Any]:
-    """A panel per failed, blocked or damaged cell with its error tail, then how to resubmit."""
+    """A panel per failed, blocked, damaged or missing cell with its error tail, then how to
+    resubmit."""
     from rich.panel import Panel
 
-    failed = [row for row in rows if row["state"] in ("failed", "blocked", "damaged")]
+    failed = [row for row in rows if row["state"] in ("failed", "blocked", *UNREADABLE_STATES)]
     panels: list[Any] = []
     for row in failed:
         where = f"attempt {row['attempt']}, job {row['job_id'] or '-'}, node {row['node'] or '-'}, step {row['step']}"

@@ -105,6 +105,7 @@ def test_removing_a_damaged_state_json_makes_the_cell_dispatchable(gridrun: Grid
 def test_a_writer_moves_a_damaged_state_json_aside(tmp_path: Path) -> None:
     run_dir = RunDir(tmp_path / "cell")
     run_dir.root.mkdir()
+    run_dir.config_yaml.write_text("{}\n")
     run_dir.state_json.write_bytes(DAMAGE["null"])
     # A damaged record has no state to judge a transition from: the writer records what it
     # knows (here a run starting) over an empty record, nothing merged from the damage.

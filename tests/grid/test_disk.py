@@ -38,18 +38,20 @@ def test_a_cell_that_lost_its_config_is_refused_then_moved_aside(gridrun: Gridru
     put_state(run_dir, state="done", step=20, peak_val_acc=0.5)
     run_dir.append_metrics([{"step": 20, "split": "val", "val/acc": 0.5}])
     run_dir.config_yaml.unlink()
-    before = tree(results)
+    before, state_json = tree(results), run_dir.state_json.read_bytes()
     refused = gridrun("plan", "conf=smoke")
     assert refused.code == 2
     assert f"{cell_id}: config.yaml is missing but the folder holds a run" in refused.err
     assert "re-plan with --replace to move their old runs to replaced/" in refused.err
-    assert tree(results) == before and run_dir.read_state()["state"] == "done"
+    assert tree(results) == before and run_dir.state_json.read_bytes() == state_json
+    assert run_dir.read_state()["state"] == "missing"
     # --replace moves the whole folder aside (never deletes it) and plans the cell afresh.
     replaced = gridrun("plan", "conf=smoke", "--replace")
     assert replaced.code == 0 and "0new,10unchanged,1replaced" in "".join(replaced.out.split())
     (aside,) = (results / "smoke" / "replaced").iterdir()
     assert aside.name.startswith(f"{cell_id}.")
-    assert RunDir(aside).read_state()["peak_val_acc"] == 0.5 and RunDir(aside).read_metrics()[0]["step"] == 20
+    assert json.loads((aside / "state.json").read_text())["peak_val_acc"] == 0.5
+    assert RunDir(aside).read_metrics()[0]["step"] == 20
     assert run_dir.read_state()["state"] == "planned" and run_dir.config_yaml.is_file()
 
 
@@ -60,7 +62,8 @@ def test_a_running_cell_that_lost_its_config_is_not_moved(gridrun: Gridrun, resu
     put_state(run_dir, state="running", pid=os.getpid(), node=socket.gethostname(), launcher="local",
                          job_id=f"{os.getpid()}@{socket.gethostname()}", started_at=time.time())
     run_dir.config_yaml.unlink()
-    refused = gridrun("plan", "conf=smoke", "--replace")
+    with run_dir.hold():  # the lock, not state.json, says a process still runs in the folder
+        refused = gridrun("plan", "conf=smoke", "--replace")
     assert refused.code == 2 and "are queued or running" in refused.err and "cancel them first" in refused.err
     assert not (results / "smoke" / "replaced").exists()
 

@@ -79,14 +79,15 @@ def test_a_rerun_skips_done_queued_and_running_cells(gridrun: Gridrun, smoke: Sw
     put_state(smoke.cell(ids[2]), state="queued", launcher="record", job_id="rec-1")
     put_state(smoke.cell(ids[3]), state="failed", attempt=1)
     put_state(smoke.cell(ids[4]), state="cancelled", attempt=1)
-    assert runnable(smoke, ids) == ids[3:]
-    result = gridrun("sweep", "conf=smoke", "grid.launcher.name=record")
-    assert result.code == 0 and "skipping 3 done, queued or running" in result.out
-    assert submissions(smoke)[-1]["ids"] == ids[3:]
-    assert smoke.cell(ids[3]).read_state()["attempt"] == 2
-    # Nothing left to do: a third run submits nothing.
-    again = gridrun("sweep", "conf=smoke", "grid.launcher.name=record")
-    assert again.code == 0 and "dispatching 0 cells" in again.out
+    with smoke.cell(ids[1]).hold():  # its run holds the lock (without it, it reads lost)
+        assert runnable(smoke, ids) == ids[3:]
+        result = gridrun("sweep", "conf=smoke", "grid.launcher.name=record")
+        assert result.code == 0 and "skipping 3 done, queued or running" in result.out
+        assert submissions(smoke)[-1]["ids"] == ids[3:]
+        assert smoke.cell(ids[3]).read_state()["attempt"] == 2
+        # Nothing left to do: a third run submits nothing.
+        again = gridrun("sweep", "conf=smoke", "grid.launcher.name=record")
+        assert again.code == 0 and "dispatching 0 cells" in again.out
 
 
 def test_resubmit_counts_attempts_and_keeps_their_history(gridrun: Gridrun, smoke: SweepDir) -> None:
@@ -150,7 +151,9 @@ def test_cancel_stops_running_local_cells_and_unstarted_ones(gridrun: Gridrun, s
     put_state(running, state="running", launcher="local", pid=sleeper.pid, node=HOST, started_at=time.time())
     queued = smoke.cell("voting-sp-toy-arith-s0")
     put_state(queued, state="queued", launcher="local", job_id=f"{os.getpid()}@{HOST}", queued_at=time.time())
-    result = gridrun("cancel", "conf=smoke", "--cells", "voting-ip-toy-arith-s0", "voting-sp-toy-arith-s0", "sa_rl-toy-arith-s0")
+    with running.hold():  # as the sleeper's `gridrun run` would
+        result = gridrun("cancel", "conf=smoke", "--cells", "voting-ip-toy-arith-s0", "voting-sp-toy-arith-s0",
+                         "sa_rl-toy-arith-s0")
     assert result.code == 0
     assert f"sent SIGTERM to process {sleeper.pid}" in result.out
     assert "skip sa_rl-toy-arith-s0: planned" in result.out

@@ -38,16 +38,18 @@ from __future__ import annotations
 
 import importlib
 import logging
+import socket
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gridrun import cellstate
-from gridrun.cellstate import ACTIVE_STATES, BLOCKING_STATES
+from gridrun.cellstate import ACTIVE_STATES, BLOCKING_STATES, UNREADABLE_STATES
 from gridrun.grid.errors import GridError
 
 if TYPE_CHECKING:
     from gridrun.grid.sweepdir import SweepDir
+    from gridrun.rundir import RunDir
 
 # name -> "module:Class"; imported only when a cell of that launcher is touched.
 LAUNCHERS: dict[str, str] = {
@@ -56,6 +58,7 @@ LAUNCHERS: dict[str, str] = {
 }
 
 log = logging.getLogger("gridrun")
+HOST = socket.gethostname()
 
 
 class Launcher(ABC):
@@ -96,6 +99,25 @@ def launcher_class(name: str) -> type[Launcher]:
 def make_launcher(settings: Mapping[str, Any]) -> Launcher:
     """The launcher named by settings['name'] (conf/launcher/<name>.yaml, as in sweep.json)."""
     return launcher_class(str(settings.get("name", "local")))(settings)
+
+
+def live_state(run_dir: RunDir) -> dict[str, Any]:
+    """The cell's state.json, except that a cell reading running on this host whose run lock
+    no process holds reads failed and lost: its process ended without saying so (kill -9,
+    out of memory), whoever started it (a launcher, or `gridrun run` by hand). The lock is
+    the truth, not the pid (recycled) or state.json (a dead process cannot update it)."""
+    state = run_dir.read_state()
+    if state["state"] != "running" or state.get("node") != HOST or run_dir.held():
+        return state
+    again = run_dir.read_state()  # it may have finished (and let go) since the first read
+    if again["state"] != "running":
+        return again
+    return {
+        **state, "state": "failed", "lost": True,
+        "error": f"lost: its process {state.get('pid')} on {HOST} ended without recording a final state "
+                 f"(killed, or out of memory?) and holds no lock on {run_dir.run_lock}; resume it with "
+                 "`gridrun resubmit conf=<sweep> --failed`",
+    }
 
 
 def observe(
@@ -167,22 +189,22 @@ def observe_cells(sweep: SweepDir, ids: list[str]) -> dict[str, dict[str, Any]]:
     """`observe` for these cells of a sweep (the states of what they need are read too)."""
     needs = sweep_needs(sweep)
     wanted = set(ids) | {need for cell_id in ids for need in needs.get(cell_id, [])}
-    observed = observe({cell_id: sweep.cell(cell_id).read_state() for cell_id in wanted}, needs)
+    observed = observe({cell_id: live_state(sweep.cell(cell_id)) for cell_id in wanted}, needs)
     return {cell_id: observed[cell_id] for cell_id in ids}
 
 
 def runnable(sweep: SweepDir, ids: list[str]) -> list[str]:
-    """The cells a (re-run) sweep dispatches: all but those done, queued, running or damaged
-    (a damaged cell waits for its file to be fixed: its message says how)."""
+    """The cells a (re-run) sweep dispatches: all but those done, queued, running, damaged or
+    missing (an unreadable cell waits for its files to be fixed: its message says how)."""
     states = observe_cells(sweep, ids)
-    return [cell_id for cell_id in ids if states[cell_id].get("state") not in ("done", "damaged", *ACTIVE_STATES)]
+    return [cell_id for cell_id in ids if states[cell_id].get("state") not in ("done", *UNREADABLE_STATES, *ACTIVE_STATES)]
 
 
 def queue(sweep: SweepDir, ids: list[str], launcher: Launcher) -> list[str]:
     """Mark cells queued (a new attempt) and submit them. Call under `sweep.lock()`.
 
     Cells blocked on one of `ids` come along (after it). Skips cells that are queued,
-    running or damaged, those whose needs will not be done (named in a warning), and those the launcher
+    running, damaged or missing, those whose needs will not be done (named in a warning), and those the launcher
     does not admit; returns the ids submitted, each after the cells it needs."""
     needs = sweep_needs(sweep)
     every = sweep.cell_ids() if needs else ids
@@ -194,7 +216,7 @@ def queue(sweep: SweepDir, ids: list[str], launcher: Launcher) -> list[str]:
     ]
     ids = [*ids, *released]
     run_dirs = {cell_id: sweep.cell(cell_id) for cell_id in ids}
-    todo = [cell_id for cell_id in ids if states[cell_id].get("state") not in ("damaged", *ACTIVE_STATES)]
+    todo = [cell_id for cell_id in ids if states[cell_id].get("state") not in (*UNREADABLE_STATES, *ACTIVE_STATES)]
     todo = _needs_first(todo, needs, states, sweep.name)
     todo = launcher.admit(sweep, todo) if todo else todo
     for cell_id in todo:
