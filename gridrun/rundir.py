@@ -20,6 +20,7 @@ Left out: repairing a damaged file (the messages say how), locking between ranks
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
@@ -82,13 +83,18 @@ _FILE_MODE = 0o666 & ~_umask()
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file in the same directory, fsync, rename: readers see old or new."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write via a temp file in the same directory, fsync, rename: readers see old or new,
+    and a failed write (a full disk) leaves no temp file and names `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, _FILE_MODE)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -99,6 +105,28 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+# errno -> the fix, for a disk that refuses a write into a cell's folder under `gridrun run`.
+_FREE_SPACE = "free space there, then run the cell again: it resumes from its newest complete checkpoint"
+_COPY_IT = "or copy the cell's folder to a disk you can write and run it there"
+RUN_DISK_FIXES = {
+    errno.ENOSPC: _FREE_SPACE,
+    errno.EDQUOT: _FREE_SPACE,
+    errno.EROFS: f"remount it read-write, {_COPY_IT}",
+    errno.EACCES: f"fix its permissions, {_COPY_IT}",
+    errno.EPERM: f"fix its permissions, {_COPY_IT}",
+}
+
+
+def disk_error(err: OSError, fixes: Mapping[int, str]) -> str | None:
+    """One line naming the file, the reason and the fix (`fixes`: errno -> fix) for an error
+    of the disk; None for other errors (a bug, shown with its traceback)."""
+    fix = fixes.get(err.errno or 0)
+    if fix is None:
+        return None
+    where = f" {err.filename}" if err.filename else ""
+    return f"cannot write{where}: {err.strerror}: {fix}"
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
@@ -381,10 +409,13 @@ class RunDir:
         lines = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
         if not lines:
             return
-        with open(self.metrics_jsonl, "a") as handle:
-            handle.write(lines)
-            handle.flush()
-            os.fsync(handle.fileno())
+        try:
+            with open(self.metrics_jsonl, "a") as handle:
+                handle.write(lines)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as err:  # a full disk names no file: name it
+            raise OSError(err.errno, err.strerror, str(self.metrics_jsonl)) from err
 
     def _metric_lines(self) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
         """(line number, row or None, why not) for each line of metrics.jsonl."""
@@ -484,4 +515,14 @@ def _metric_row(line: bytes) -> tuple[dict[str, Any] | None, str]:
     for key, value in row.items():
         if key != "split" and value is not None and not isinstance(value, _NUMBER):
             return None, f"{key} is {value!r}, not a number"
+        # json reads NaN and Infinity; no accuracy is either, or outside [0, 1].
+        if value is not None and is_accuracy(key) and not (isinstance(value, _NUMBER) and 0 <= value <= 1):
+            return None, f"{key} is {value!r}, not an accuracy in [0, 1]"
     return row, ""
+
+
+def is_accuracy(key: str) -> bool:
+    """Whether a metric is a fraction of problems right: `val/acc`, `val/pass@3`, a role's
+    `acc`, the evaluator's `verdict_acc`, the aggregator's `select_acc`."""
+    name = key.rsplit("/", 1)[-1]
+    return name == "acc" or name.endswith("_acc") or name.startswith("pass@")

@@ -26,8 +26,8 @@ curves so far are drawn), but only `done` cells give numbers in the tables.
 
 from __future__ import annotations
 
+import io
 import os
-import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -47,7 +47,7 @@ from gridrun.grid.console import track
 from gridrun.grid.status import sweep_rows
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.mechanisms import MECHANISMS
-from gridrun.rundir import RunDir, atomic_write_text
+from gridrun.rundir import RunDir, atomic_write_bytes, atomic_write_text
 
 # Below this many cells, worker processes cost more to start than they save.
 PARALLEL_FROM_CELLS = 200
@@ -191,15 +191,11 @@ def metrics_frame(columns: dict[str, MetricColumns]) -> pd.DataFrame:
 
 
 def write_parquet(frame: pd.DataFrame, path: Path) -> None:
-    """Atomically: a reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        frame.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    """Atomically (a reader never sees half a file), readable by all like every other output
+    (a temp file of pyarrow's own would be 0600), a full disk's error naming the file."""
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, index=False)
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def write_table(sweep: SweepDir, table: Table) -> None:

@@ -29,7 +29,7 @@ def _guarded(handler: Handler) -> Handler:
             print(f"gridrun: error: {err}", file=sys.stderr)
             return 2
         except OSError as err:
-            message = disk_error(err)
+            message = disk_error(err, runs_cells=args.command in ("plan", "sweep", "resubmit"))
             if message is None:
                 raise
             print(f"gridrun: error: {message}", file=sys.stderr)

@@ -24,6 +24,7 @@ def add_cell(
     data["cells"].append({"id": cell_id, "kind": kind, "coords": coords, "fingerprint": "x", "total_steps": 20})
     run_dir = sweep.cell(cell_id)
     run_dir.root.mkdir(parents=True)
+    run_dir.config_yaml.write_text(f"cell:\n  id: {cell_id}\n")  # a planned cell has one (else: missing)
     put_state(run_dir, state=state, step=max(accs, default=0), total_steps=20, attempt=1)
     train = [
         {"step": s, "split": "train", **{f"role/{role}/grad_share": v for role, v in shares.items()}}
