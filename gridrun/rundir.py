@@ -258,6 +258,10 @@ class RunDir:
     # --- validation --------------------------------------------------------------------
     def require(self) -> RunDir:
         """Fail with the fix when this is not a planned cell's directory."""
+        if self.root.exists() and not self.root.is_dir():
+            raise NotARunDir(
+                f"{self.root} is a file, not a cell directory: pass one such as results/<sweep>/cells/<cell_id>"
+            )
         if not self.root.is_dir():
             raise NotARunDir(f"{self.root} does not exist: plan it with `gridrun plan conf=<sweep>`")
         if not self.config_yaml.is_file():

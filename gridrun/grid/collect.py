@@ -239,7 +239,11 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0) -> list[Ta
         write_table(sweep, table)
     jobs = figure_jobs(sweep, cells, data.columns) + paper_figure_jobs(sweep, cells, data.columns)
     figures = render(jobs, _workers(len(cells)))
-    write_report(sweep, cells, tables, figures)
+    # Why no figure, when none: no metrics at all, or none of these cells is what they draw.
+    has_metrics = any(columns.splits for columns in data.columns.values())
+    no_figures = ("none of Figures 2-6 applies to these cells (they draw multi-agent train cells)"
+                  if has_metrics else "no cell has metrics yet")
+    write_report(sweep, cells, tables, figures, no_figures)
 
     from rich.markdown import Markdown
 
@@ -250,7 +254,7 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0) -> list[Ta
     console.print(
         f"{len(cells)} cells ({', '.join(f'{n} {s}' for s, n in counts.items())}) -> "
         f"{sweep.cells_parquet}, metrics.parquet, tables 1-6 and findings (md, csv, tex), "
-        + (f"{sweep.figures_dir}/ ({len(figures)} figures)" if figures else "no figures (no cell has metrics yet)")
+        + (f"{sweep.figures_dir}/ ({len(figures)} figures)" if figures else f"no figures ({no_figures})")
     )
     console.print(f"report: {sweep.report('html')}")
     return tables

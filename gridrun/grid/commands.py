@@ -206,6 +206,11 @@ def _resubmit(args: argparse.Namespace) -> int:
                 why = f": {rows[cell_id]['error']}"
             console.print(f"skip {cell_id}: {state}" + why, highlight=False)
     ids = [cell_id for cell_id in ids if rows[cell_id]["state"] not in kept]
+    # Cells stopped by a user (Ctrl-C, SIGTERM, `gridrun cancel`) are not failed: say how to take them.
+    cancelled = [cell_id for cell_id, row in rows.items() if row["state"] == "cancelled" and cell_id not in ids]
+    if cancelled and (args.failed or args.preempted):
+        console.print(f"not resubmitting {len(cancelled)} cancelled cell(s); to resume them too: gridrun resubmit "
+                      f"conf={sweep.name} --cells {' '.join(cancelled)}", highlight=False)
     if not ids:
         console.print("nothing to resubmit")
         return 0

@@ -49,9 +49,9 @@ def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
         if started is None:
             elapsed = None
         elif state.get("state") == "running":
-            elapsed = now - started
+            elapsed = max(0.0, now - started)  # a node's clock ahead of this one's: 0, never negative
         else:
-            elapsed = (finished or state.get("updated_at") or now) - started
+            elapsed = max(0.0, (finished or state.get("updated_at") or now) - started)
         rows.append(
             {
                 "sweep": sweep.name,

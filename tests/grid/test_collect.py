@@ -182,6 +182,20 @@ def test_no_figure_for_a_sweep_without_metrics(gridrun: Gridrun, results: Path) 
     assert result.code == 0, result.err
     assert not sweep.figures_dir.exists() or not any(sweep.figures_dir.iterdir())
     assert "no figures (no cell has metrics yet)" in result.out
+    assert "No figure: no cell has metrics yet." in sweep.report("md").read_text()
+
+
+def test_a_sweep_of_one_sa_rl_cell_has_metrics_but_no_figure_to_draw(gridrun: Gridrun, results: Path) -> None:
+    # It said "no cell has metrics yet" though the cell had three validations.
+    sweep = SweepDir(results, "solo")
+    data: dict = {"name": "solo", "cells": [], "plans": []}
+    add_cell(sweep, data, "sa_rl-1.7b-math-s0", "sa_rl", coords("single"), "done", {0: 0.35, 10: 0.5, 20: 0.45})
+    sweep.write(data)
+    result = gridrun("collect", "conf=solo")
+    assert result.code == 0, result.err
+    why = "none of Figures 2-6 applies to these cells (they draw multi-agent train cells)"
+    assert f"no figures ({why})" in " ".join(result.out.split())
+    assert f"No figure: {why}." in sweep.report("md").read_text()
 
 
 def test_the_peak_has_one_definition_read_off_metrics(tmp_path: Path) -> None:

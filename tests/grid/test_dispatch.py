@@ -171,6 +171,28 @@ def test_a_cell_that_finished_since_cancel_read_it_stays_done(smoke: SweepDir) -
     assert smoke.cell(cell_id).read_state()["state"] == "done"
 
 
+def test_resubmit_failed_names_the_cancelled_cells_it_leaves(gridrun: Gridrun, smoke: SweepDir) -> None:
+    # After a SIGTERM to the sweep every cell reads cancelled: --failed took none, silently.
+    for cell_id in ("voting-ip-toy-arith-s0", "sa_rl-toy-arith-s0"):
+        put_state(smoke.cell(cell_id), state="cancelled", attempt=1, error="stopped by SIGTERM")
+    result = gridrun("resubmit", "conf=smoke", "--failed")
+    assert result.code == 0 and " ".join(result.out.split()) == (
+        "not resubmitting 2 cancelled cell(s); to resume them too: gridrun resubmit conf=smoke --cells "
+        "voting-ip-toy-arith-s0 sa_rl-toy-arith-s0 nothing to resubmit")
+    assert submissions(smoke) == []
+
+
+def test_a_clock_ahead_of_this_one_never_shows_a_negative_elapsed_time(gridrun: Gridrun, smoke: SweepDir) -> None:
+    # The node's clock is an hour ahead: its cell started "in the future".
+    ahead = time.time() + 3600
+    put_state(smoke.cell("voting-ip-toy-arith-s0"), state="failed", started_at=ahead, finished_at=ahead + 60)
+    put_state(smoke.cell("voting-sp-toy-arith-s0"), state="running", started_at=ahead, node="elsewhere")
+    rows = {row["cell"]: row for row in json.loads(gridrun("status", "--json").out)}
+    assert rows["voting-ip-toy-arith-s0"]["elapsed_s"] == 60  # its own clock's difference stands
+    assert rows["voting-sp-toy-arith-s0"]["elapsed_s"] == 0
+    assert "-" not in "".join(line.split("│")[7] for line in gridrun("status").out.splitlines() if "toy-arith-s0" in line)
+
+
 def test_status_json_lists_every_cell_with_its_fields(gridrun: Gridrun, smoke: SweepDir) -> None:
     put_state(
         smoke.cell("voting-ip-toy-arith-s0"),
