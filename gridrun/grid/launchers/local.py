@@ -13,8 +13,10 @@ A cell that needs others (a transfer cell its sa_rl cell) starts once they are d
 whatever process ran them; when one ends otherwise, the pool gives it up (it reads blocked).
 
 A cell whose process dies without recording a final state (kill -9, out of memory) is
-marked failed by this launcher if it is still running, and otherwise read as failed ("lost")
-by `reconcile`: its pid is dead on this host, or it is a recycled pid started after the cell.
+marked failed by this launcher if it is still running, and otherwise read as failed ("lost"):
+a running cell whose run lock no process holds (gridrun/grid/launchers/dispatch.py's
+`live_state`, for cells run by hand too), a queued one whose gridrun process exited
+(`reconcile`). A cell whose folder was deleted under it ends `missing`; the others go on.
 
 Left out: other hosts (a local cell can only be checked or cancelled from its own host),
 GPU placement (one cell per machine on GPUs; use a scheduler for more).
@@ -154,28 +156,21 @@ class LocalLauncher(Launcher):
 
     @classmethod
     def reconcile(cls, states: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
+        # A running cell is judged by its run lock before this (dispatch.live_state); a queued
+        # one, by the gridrun process that queued it and would start it.
         lost: dict[str, tuple[str, str]] = {}
         for cell_id, state in states.items():
             launcher_pid, host = _job_pid(state.get("job_id"))
-            if state.get("state") == "running":
-                host = state.get("node") or host
-                dead = host == HOST and not alive(state.get("pid"), state.get("started_at"))
-                why = (
-                    f"lost: its process {state.get('pid')} on {host} ended without recording a final state "
-                    "(killed, or out of memory?); resume it with `gridrun resubmit --failed`"
-                )
-            else:
-                dead = (
-                    host == HOST
-                    and launcher_pid is not None
-                    and not alive(state.get("pid"))
-                    and not alive(launcher_pid, state.get("queued_at"))
-                )
-                why = (
-                    f"lost: the gridrun process that queued it ({launcher_pid}) exited before running it; "
-                    "start it with `gridrun resubmit --failed`"
-                )
+            dead = (
+                state.get("state") == "queued"
+                and host == HOST
+                and launcher_pid is not None
+                and not alive(state.get("pid"))
+                and not alive(launcher_pid, state.get("queued_at"))
+            )
             if dead:
+                why = (f"lost: the gridrun process that queued it ({launcher_pid}) exited before running it; "
+                       "start it with `gridrun resubmit --failed`")
                 lost[cell_id] = ("failed", why)
         return lost
 
