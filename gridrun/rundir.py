@@ -13,7 +13,10 @@ gridrun/cellstate.py, which refuses a change the cell's state machine does not a
 Reading is tolerant: a damaged state.json or cell.json (bytes that are not UTF-8 JSON, a
 value of the wrong type) makes the cell read as the `damaged` state, whose `error` names the
 file and the fix, and never raises; damaged metrics.jsonl rows are skipped and reported by
-`metrics_damage`. `hold` is the run's exclusive lock (one `gridrun run` per cell).
+`metrics_damage` (an accuracy outside [0, 1], NaN and Infinity included, damages its row).
+A folder without config.yaml (deleted, even under its run) reads `missing`, and `record`
+refuses to write into it. `hold` is the run's exclusive lock (one `gridrun run` per cell);
+`held` probes it, the truth about whether a cell that reads running still runs.
 Left out: repairing a damaged file (the messages say how), locking between ranks of one job
 (rank 0 holds the lock for all of them).
 """

@@ -3,8 +3,10 @@
 The reading side is the fast path (1000 cells well under half a second): sweep.json for the
 cell list, then one state.json per cell, which the trainer keeps current (step, last and
 peak validation accuracy, drift alerts), so no metrics file is parsed. Standard library
-only until a table is drawn; rich is imported to draw. Cells whose job died without saying
-so are shown as their launcher reconciles them (`failed`, marked lost); a scheduler's word
+only until a table is drawn; rich is imported to draw. A cell reading running on this host
+whose run lock no process holds is shown `failed (lost)`, and so are cells whose job died
+without saying so as their launcher reconciles them; a cell whose folder is gone shows
+`missing` with the command that plans it again; a scheduler's word
 for an active cell's job (PENDING, RUNNING) is shown beside its job id. A queued cell held
 for a cell it needs shows `waiting: <its id>`, and `blocked` once that one failed. A cell
 whose state.json is damaged shows as `damaged` with the file and the fix; a sweep whose
