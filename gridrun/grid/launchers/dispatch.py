@@ -12,7 +12,10 @@ A launcher turns queued cells into jobs that each run `gridrun run <run_dir>`:
     reconcile(states) -> {id: (state, why)}  cells whose state.json says queued/running but
                                          whose job is gone (killed, lost node, preempted); a
                                          result equal to the cell's state is no change, only
-                                         the scheduler's word for it (shown by `gridrun status`)
+                                         the scheduler's word for it (shown by `gridrun status`).
+                                         Before it, `live_state` reads a cell running on this
+                                         host whose run lock is free as failed (lost), for
+                                         every launcher and for cells run by hand
     cancel(sweep, ids)                   under the lock; the cells end as cancelled
 
 Dependencies. A cell may need others done before it starts (a transfer cell its sa_rl cell:
