@@ -86,6 +86,7 @@ _FILE_MODE = 0o666 & ~_umask()
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    """`atomic_write_bytes` of the text in UTF-8."""
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
