@@ -348,16 +348,24 @@ def split_problems(task: str, rows: Iterable[dict[str, Any]], seed: int = DEFAUL
 
 # ------------------------------------------------------------------------------------- writing
 def _write_atomic(path: Path, lines: Iterator[str]) -> str:
-    """Write lines to a temp file, fsync, rename over path; returns the file's sha256."""
+    """Write lines to a temp file, fsync, rename over path; returns the file's sha256. A disk
+    that refuses the write is a DataError naming the file, and leaves no temp file."""
     tmp = path.with_name(f".{path.name}.tmp")
     digest = hashlib.sha256()
-    with open(tmp, "w", encoding="utf-8") as handle:
-        for line in lines:
-            handle.write(line)
-            digest.update(line.encode("utf-8"))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            for line in lines:
+                handle.write(line)
+                digest.update(line.encode("utf-8"))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no temp file behind
+        if isinstance(err, OSError):
+            raise DataError(f"cannot write {path}: {err.strerror}: free space there, or pass --out <a folder "
+                            "on another disk>, then run the command again") from None
+        raise
     return digest.hexdigest()
 
 

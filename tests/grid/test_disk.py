@@ -297,3 +297,23 @@ def test_a_checkpoint_on_a_full_disk_is_one_line_leaves_no_temp_and_a_rerun_resu
     after = json.loads((out / "state_after.json").read_text())
     assert (after["state"], after["step"]) == ("done", 6)
     assert f"resumed from {cell}/checkpoints/step_000002" in (out / "run_again").read_text()
+
+
+@needs_mounts
+def test_data_prepare_on_a_full_disk_is_one_line_and_leaves_no_temp_file(tmp_path: Path) -> None:
+    disk, out = tmp_path / "disk", tmp_path / "out"
+    disk.mkdir()
+    out.mkdir()
+    fixture = REPO / "tests" / "fixtures" / "deepcoder_sample.jsonl"
+    done = in_namespace(f"""
+        mount -t tmpfs -o size=64k tmpfs {disk}
+        mkdir {disk}/code
+        dd if=/dev/zero of={disk}/filler bs=4k > /dev/null 2>&1
+        GRIDRUN_LOG=WARNING gridrun data prepare code --from {fixture} --val-size 2 --out {disk}/code > /dev/null 2> out/prepare; echo $? >> out/codes
+        find {disk} -name '*.tmp' > out/temp_files
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (out / "codes").read_text().split() == ["2"]
+    one_line_error(out / "prepare", f"gridrun: error: cannot write {disk}/code/train.jsonl: No space left on device: "
+                   "free space there, or pass --out <a folder on another disk>, then run the command again\n")
+    assert (out / "temp_files").read_text() == ""
