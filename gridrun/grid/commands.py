@@ -210,7 +210,7 @@ def _resubmit(args: argparse.Namespace) -> int:
     cancelled = [cell_id for cell_id, row in rows.items() if row["state"] == "cancelled" and cell_id not in ids]
     if cancelled and (args.failed or args.preempted):
         console.print(f"not resubmitting {len(cancelled)} cancelled cell(s); to resume them too: gridrun resubmit "
-                      f"conf={sweep.name} --cells {' '.join(cancelled)}", highlight=False)
+                      f"conf={sweep.name} --cells {' '.join(cancelled)}" + _results_flag(args), highlight=False)
     if not ids:
         console.print("nothing to resubmit")
         return 0
