@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gridrun import cellstate
-from gridrun.cellstate import BLOCKING_STATES, FINAL_STATES
+from gridrun.cellstate import ACTIVE_STATES, BLOCKING_STATES
 from gridrun.grid.console import console
 from gridrun.grid.errors import GridError
 from gridrun.grid.launchers.dispatch import Launcher, live_state, observe, sweep_needs
@@ -301,9 +301,9 @@ class _Pool:
             del self.running[cell_id]
             run_dir = self.sweep.cell(cell_id)
             state = run_dir.read_state()
-            if state.get("state") not in (*FINAL_STATES, "missing"):
-                # It died before it could record why: record it here (not for a cell whose
-                # folder was deleted under it: that is its own outcome, and nothing is written).
+            if state.get("state") in (*ACTIVE_STATES, "damaged"):
+                # It died before it could record why: record it here. A cell whose folder was
+                # deleted (missing) or re-planned (planned) under it ends as it reads now.
                 terminated = self.stopping or code in (-signal.SIGTERM, -signal.SIGINT, 143, 130)
                 tail = log_tail(run_dir.stderr_log)
                 why = f"{_describe_exit(code)} without recording a final state; see {run_dir.stderr_log}"
