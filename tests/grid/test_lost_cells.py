@@ -143,3 +143,16 @@ def test_a_status_probe_never_makes_a_starting_run_refuse(smoke: SweepDir) -> No
     with cell.hold():
         assert cell.held()
     assert not cell.held()
+
+
+def test_a_free_lock_is_no_verdict_on_a_cell_a_scheduler_may_requeue(smoke: SweepDir) -> None:
+    # SLURM may requeue a killed job (its cell still reads running, its lock is free until the
+    # job starts again): sacct, through reconcile, judges it; the lock judges the others.
+    from gridrun.grid.launchers.dispatch import HOST, live_state
+    from tests.states import put_state
+
+    by_slurm, by_hand = smoke.cell("voting-ip-toy-arith-s0"), smoke.cell("voting-sp-toy-arith-s0")
+    put_state(by_slurm, state="running", launcher="slurm", job_id="5_0", node=HOST, pid=1)
+    put_state(by_hand, state="running", node=HOST, pid=1)
+    assert live_state(by_slurm)["state"] == "running"
+    assert (live_state(by_hand)["state"], live_state(by_hand)["lost"]) == ("failed", True)

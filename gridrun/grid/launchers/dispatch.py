@@ -66,6 +66,9 @@ HOST = socket.gethostname()
 
 class Launcher(ABC):
     name: ClassVar[str]
+    # Whether a free run lock means the cell's job is over (`live_state`); False for a
+    # scheduler that may requeue a killed job, whose own word `reconcile` asks for.
+    lock_is_liveness: ClassVar[bool] = True
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         self.settings = dict(settings)
@@ -107,10 +110,14 @@ def make_launcher(settings: Mapping[str, Any]) -> Launcher:
 def live_state(run_dir: RunDir) -> dict[str, Any]:
     """The cell's state.json, except that a cell reading running on this host whose run lock
     no process holds reads failed and lost: its process ended without saying so (kill -9,
-    out of memory), whoever started it (a launcher, or `gridrun run` by hand). The lock is
-    the truth, not the pid (recycled) or state.json (a dead process cannot update it)."""
+    out of memory), whoever started it (the local launcher, or `gridrun run` by hand). The
+    lock is the truth, not the pid (recycled) or state.json (a dead process cannot update
+    it); a scheduler that may requeue the job (`lock_is_liveness` False) is asked instead."""
     state = run_dir.read_state()
     if state["state"] != "running" or state.get("node") != HOST or run_dir.held():
+        return state
+    launcher = state.get("launcher")
+    if launcher in LAUNCHERS and not launcher_class(launcher).lock_is_liveness:
         return state
     again = run_dir.read_state()  # it may have finished (and let go) since the first read
     if again["state"] != "running":
