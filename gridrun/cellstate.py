@@ -12,9 +12,10 @@ lets the transition check the state it leaves (`IllegalTransition` names the rul
 and writes the result atomically. The file format is the one readers always had: a flat
 JSON object whose `state` is a `CellState` value, other fields as the writers set them.
 
-Two states are never written: `damaged` (a file of the cell cannot be read; derived by
-`RunDir.read_state`) and `blocked` (a queued cell whose need can no longer finish; derived
-by gridrun/grid/launchers/dispatch.py). Left out: which process may write (the run's lock and the
+Three states are never written: `damaged` (a file of the cell cannot be read) and
+`missing` (its folder, or the folder's config.yaml, is gone: deleted by hand, even while it
+ran), both derived by `RunDir.read_state`, and `blocked` (a queued cell whose need can no
+longer finish; derived by gridrun/grid/launchers/dispatch.py). Left out: which process may write (the run's lock and the
 sweep's lock decide that) and reading (RunDir.read_state, tolerant of damage).
 Standard library only: both halves import it.
 """
@@ -38,6 +39,8 @@ class CellState(StrEnum):
     CANCELLED = "cancelled"
     # A file of the cell cannot be read; nothing dispatches the cell until it is fixed.
     DAMAGED = "damaged"
+    # Its folder or config.yaml is gone; `gridrun plan` writes it again.
+    MISSING = "missing"
     # Queued for a need (a transfer cell's sa_rl) that failed, was cancelled or preempted.
     BLOCKED = "blocked"
 
@@ -47,8 +50,10 @@ ACTIVE_STATES = (CellState.QUEUED.value, CellState.RUNNING.value)
 FINAL_STATES = (CellState.DONE.value, CellState.FAILED.value, CellState.PREEMPTED.value, CellState.CANCELLED.value)
 # A needed cell in one of these states will not become done by itself: its dependents are blocked.
 BLOCKING_STATES = (CellState.FAILED.value, CellState.CANCELLED.value, CellState.PREEMPTED.value, CellState.BLOCKED.value)
-# What a file on disk can say (the other two are derived by readers, never written).
-RECORDED = frozenset(CellState) - {CellState.DAMAGED, CellState.BLOCKED}
+# What a file on disk can say (the other three are derived by readers, never written).
+RECORDED = frozenset(CellState) - {CellState.DAMAGED, CellState.MISSING, CellState.BLOCKED}
+# Cells no launcher dispatches until a user fixes them (their error says how).
+UNREADABLE_STATES = (CellState.DAMAGED.value, CellState.MISSING.value)
 # Fields of an attempt kept in the `attempts` history when the cell is queued again.
 ATTEMPT_FIELDS = ("attempt", "state", "launcher", "job_id", "node", "step", "started_at", "finished_at", "error")
 

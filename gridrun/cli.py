@@ -19,8 +19,7 @@ def _setup_logging() -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from gridrun.grid.errors import disk_error
-    from gridrun.rundir import RunDir
+    from gridrun.rundir import RUN_DISK_FIXES, RunDir, disk_error
 
     RunDir(args.run_dir).require()  # fail fast, before torch is imported
     from gridrun.cellrun import run_cell
@@ -29,7 +28,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return run_cell(Path(args.run_dir))
     except OSError as err:
         # The run dir's disk is full or read-only before the run could record anything.
-        message = disk_error(err)
+        message = disk_error(err, RUN_DISK_FIXES)
         if message is None:
             raise
         raise UserError(message) from None

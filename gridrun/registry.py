@@ -216,7 +216,7 @@ def load_plugin(plugin: str) -> None:
         sys.modules[name] = module
         try:
             spec.loader.exec_module(module)
-        except Exception as err:  # noqa: BLE001 - any error of a user's module is reported as its own
+        except (Exception, SystemExit) as err:  # noqa: BLE001 - any error of a user's module (a sys.exit too) is its own
             del sys.modules[name]
             raise ConfigError(_failed(plugin, err)) from None
     else:
@@ -227,12 +227,12 @@ def load_plugin(plugin: str) -> None:
                 raise ConfigError(_failed(plugin, err)) from None  # a module the plugin imports is missing
             raise ConfigError(f"plugin '{plugin}' cannot be imported ({err}): put it on PYTHONPATH or give "
                               "an absolute path to its .py file") from None
-        except Exception as err:  # noqa: BLE001 - any error of a user's module is reported as its own
+        except (Exception, SystemExit) as err:  # noqa: BLE001 - any error of a user's module (a sys.exit too) is its own
             raise ConfigError(_failed(plugin, err)) from None
     _loaded_plugins.add(plugin)
 
 
-def _failed(plugin: str, err: Exception) -> str:
+def _failed(plugin: str, err: BaseException) -> str:
     first = str(err).strip().splitlines()[0] if str(err).strip() else ""
     return f"plugin '{plugin}' failed while importing ({type(err).__name__}: {first}): fix that module"
 

@@ -13,13 +13,17 @@ gridrun/cellstate.py, which refuses a change the cell's state machine does not a
 Reading is tolerant: a damaged state.json or cell.json (bytes that are not UTF-8 JSON, a
 value of the wrong type) makes the cell read as the `damaged` state, whose `error` names the
 file and the fix, and never raises; damaged metrics.jsonl rows are skipped and reported by
-`metrics_damage`. `hold` is the run's exclusive lock (one `gridrun run` per cell).
+`metrics_damage` (an accuracy outside [0, 1], NaN and Infinity included, damages its row).
+A folder without config.yaml (deleted, even under its run) reads `missing`, and `record`
+refuses to write into it. `hold` is the run's exclusive lock (one `gridrun run` per cell);
+`held` probes it, the truth about whether a cell that reads running still runs.
 Left out: repairing a damaged file (the messages say how), locking between ranks of one job
 (rank 0 holds the lock for all of them).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
@@ -31,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gridrun.cellstate import STATES, Transition
+from gridrun.cellstate import RECORDED, Transition
 
 COMPLETE_MARKER = "COMPLETE"
 
@@ -82,13 +86,19 @@ _FILE_MODE = 0o666 & ~_umask()
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file in the same directory, fsync, rename: readers see old or new."""
+    """`atomic_write_bytes` of the text in UTF-8."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write via a temp file in the same directory, fsync, rename: readers see old or new,
+    and a failed write (a full disk) leaves no temp file and names `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, _FILE_MODE)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -99,6 +109,28 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+# errno -> the fix, for a disk that refuses a write into a cell's folder under `gridrun run`.
+_FREE_SPACE = "free space there, then run the cell again: it resumes from its newest complete checkpoint"
+_COPY_IT = "or copy the cell's folder to a disk you can write and run it there"
+RUN_DISK_FIXES = {
+    errno.ENOSPC: _FREE_SPACE,
+    errno.EDQUOT: _FREE_SPACE,
+    errno.EROFS: f"remount it read-write, {_COPY_IT}",
+    errno.EACCES: f"fix its permissions, {_COPY_IT}",
+    errno.EPERM: f"fix its permissions, {_COPY_IT}",
+}
+
+
+def disk_error(err: OSError, fixes: Mapping[int, str]) -> str | None:
+    """One line naming the file, the reason and the fix (`fixes`: errno -> fix) for an error
+    of the disk; None for other errors (a bug, shown with its traceback)."""
+    fix = fixes.get(err.errno or 0)
+    if fix is None:
+        return None
+    where = f" {err.filename}" if err.filename else ""
+    return f"cannot write{where}: {err.strerror}: {fix}"
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
@@ -115,6 +147,26 @@ class DamagedFile(ValueError):
 
 class RunLocked(RuntimeError):
     """Another process holds the run's lock (it is running the cell)."""
+
+
+def _take(fd: int, patience_s: float = 2.0) -> bool:
+    """The exclusive lock on `fd`, or False when a run holds it. A refusal while only probes
+    (`RunDir.held`'s shared locks, held for microseconds) are on it is retried, not reported."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # an exclusive holder: a run
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
 
 
 def read_json_file(path: Path, fields: dict[str, tuple[type, ...]], fix: str) -> dict[str, Any] | None:
@@ -210,6 +262,10 @@ class RunDir:
     # --- validation --------------------------------------------------------------------
     def require(self) -> RunDir:
         """Fail with the fix when this is not a planned cell's directory."""
+        if self.root.exists() and not self.root.is_dir():
+            raise NotARunDir(
+                f"{self.root} is a file, not a cell directory: pass one such as results/<sweep>/cells/<cell_id>"
+            )
         if not self.root.is_dir():
             raise NotARunDir(f"{self.root} does not exist: plan it with `gridrun plan conf=<sweep>`")
         if not self.config_yaml.is_file():
@@ -233,14 +289,31 @@ class RunDir:
             "checkpoint when dispatched again"
         )
 
+    def missing(self) -> str | None:
+        """Why this is no longer a planned cell's folder (deleted, or its config.yaml is), with
+        the fix; None while config.yaml is there."""
+        if self.config_yaml.is_file():
+            return None
+        if not self.root.exists():
+            return f"{self.root} is gone (deleted?): `gridrun plan conf=<sweep>` plans the cell again"
+        return (
+            f"{self.config_yaml} is gone (deleted?): `gridrun plan conf=<sweep>` writes it again (a folder that "
+            "still holds metrics or checkpoints needs --replace, which moves it to replaced/)"
+        )
+
     def read_state(self) -> dict[str, Any]:
-        """state.json, `planned` when absent, or the `damaged` state naming the file and fix."""
+        """state.json, `planned` when absent, the `damaged` state naming the file and fix, or
+        `missing` when the folder or its config.yaml is gone (whatever state.json says)."""
+        gone = self.missing()
+        if gone:
+            return {"state": "missing", "step": 0, "attempt": 0, "error": gone}
+        recorded = sorted(state.value for state in RECORDED)
         try:
             state = read_json_file(self.state_json, STATE_FIELDS, self._state_fix())
-            if state is not None and state.get("state") not in STATES:
+            if state is not None and state.get("state") not in recorded:
                 raise DamagedFile(
                     f"{self.state_json} is damaged (state {state.get('state')!r} is none of "
-                    f"{', '.join(STATES)}): {self._state_fix()}"
+                    f"{', '.join(recorded)}): {self._state_fix()}"
                 )
         except DamagedFile as err:
             return {"state": "damaged", "step": 0, "attempt": 0, "error": str(err)}
@@ -270,8 +343,12 @@ class RunDir:
         the state read may not take it. Fields the transition does not name are kept.
 
         A damaged state.json is moved aside (state.json.damaged-<time>), never merged into;
-        the transition then writes what it knows (there is no state to judge it from)."""
+        the transition then writes what it knows (there is no state to judge it from). A
+        missing cell (its folder deleted, even under a running trainer) is NotARunDir, and
+        nothing is written: a write would bring back a folder with no config.yaml."""
         current: dict[str, Any] | None = self.read_state()
+        if current["state"] == "missing":
+            raise NotARunDir(f"cannot record {change.name}: {current['error']}")
         if current["state"] == "damaged":
             self.state_json.rename(self.root / f"{self.state_json.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
             current = None
@@ -293,10 +370,8 @@ class RunDir:
         self.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.run_lock, os.O_RDWR | os.O_CREAT, _FILE_MODE)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise RunLocked(self._holder_message(fd)) from None
+            if not _take(fd):
+                raise RunLocked(self._holder_message(fd))
             holder = {"pid": os.getpid(), "host": socket.gethostname(), "job_id": job_id, "since": time.time()}
             try:
                 os.ftruncate(fd, 0)
@@ -306,6 +381,23 @@ class RunDir:
             yield
         finally:
             os.close(fd)
+
+    def held(self) -> bool:
+        """Whether a live process holds the run's lock now: the truth about a cell that reads
+        running (a process killed with -9 cannot update state.json, but the OS drops its lock).
+        A shared lock, taken and dropped at once, probes it; `hold` waits out such probes.
+        flock is per host on some shared file systems: trust a free lock for this host's runs."""
+        try:
+            fd = os.open(self.run_lock, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing drops the probe's shared lock
+        return False
 
     def _holder_message(self, fd: int) -> str:
         try:
@@ -325,10 +417,13 @@ class RunDir:
         lines = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
         if not lines:
             return
-        with open(self.metrics_jsonl, "a") as handle:
-            handle.write(lines)
-            handle.flush()
-            os.fsync(handle.fileno())
+        try:
+            with open(self.metrics_jsonl, "a") as handle:
+                handle.write(lines)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as err:  # a full disk names no file: name it
+            raise OSError(err.errno, err.strerror, str(self.metrics_jsonl)) from err
 
     def _metric_lines(self) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
         """(line number, row or None, why not) for each line of metrics.jsonl."""
@@ -428,4 +523,14 @@ def _metric_row(line: bytes) -> tuple[dict[str, Any] | None, str]:
     for key, value in row.items():
         if key != "split" and value is not None and not isinstance(value, _NUMBER):
             return None, f"{key} is {value!r}, not a number"
+        # json reads NaN and Infinity; no accuracy is either, or outside [0, 1].
+        if value is not None and is_accuracy(key) and not (isinstance(value, _NUMBER) and 0 <= value <= 1):
+            return None, f"{key} is {value!r}, not an accuracy in [0, 1]"
     return row, ""
+
+
+def is_accuracy(key: str) -> bool:
+    """Whether a metric is a fraction of problems right: `val/acc`, `val/pass@3`, a role's
+    `acc`, the evaluator's `verdict_acc`, the aggregator's `select_acc`."""
+    name = key.rsplit("/", 1)[-1]
+    return name == "acc" or name.endswith("_acc") or name.startswith("pass@")

@@ -3,6 +3,7 @@ transitions, then the one writer (`RunDir.record`) refusing without writing."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from gridrun import cellstate
 from gridrun.cellstate import CellState, IllegalTransition
-from gridrun.rundir import RunDir
+from gridrun.rundir import NotARunDir, RunDir
 
 # name -> the transition, given the record it leaves (queued is judged from it as observed).
 EVERY_TRANSITION: dict[str, Callable[[dict[str, object]], cellstate.Transition]] = {
@@ -107,17 +108,46 @@ def test_a_slurm_job_whose_requeue_was_refused_is_preempted_with_the_reason() ->
     assert (record["state"], record["error"]) == ("preempted", "budget spent")
 
 
-def test_damaged_and_blocked_are_derived_never_written() -> None:
+def test_damaged_missing_and_blocked_are_derived_never_written() -> None:
     written = set()
     for make in EVERY_TRANSITION.values():
         written.add(make(at("running")).to)
-    assert written.isdisjoint({CellState.DAMAGED, CellState.BLOCKED}) and None in written
-    assert {CellState.DAMAGED, CellState.BLOCKED}.isdisjoint(cellstate.RECORDED)
+    derived = {CellState.DAMAGED, CellState.MISSING, CellState.BLOCKED}
+    assert written.isdisjoint(derived) and None in written
+    assert derived.isdisjoint(cellstate.RECORDED)
+    # No transition leaves an unreadable cell: `gridrun plan` repairs it first.
+    for name in EVERY_TRANSITION:
+        assert allowed_sources(name).isdisjoint(cellstate.UNREADABLE_STATES)
+
+
+def test_a_cell_whose_folder_was_deleted_reads_missing_and_is_never_written_back(tmp_path: Path) -> None:
+    run_dir = RunDir(tmp_path / "cell")
+    run_dir.root.mkdir()
+    run_dir.config_yaml.write_text("{}\n")
+    run_dir.record(cellstate.planned(2))
+    run_dir.record(cellstate.queued(run_dir.read_state(), "local"))
+    run_dir.record(cellstate.started(pid=3, node="n", total_steps=2))
+    shutil.rmtree(run_dir.root)  # `rm -rf` under the running trainer
+    state = run_dir.read_state()
+    assert (state["state"], state["error"]) == (
+        "missing", f"{run_dir.root} is gone (deleted?): `gridrun plan conf=<sweep>` plans the cell again")
+    # The trainer's next record (and its failed) raise, naming the fix, and bring nothing back:
+    # a folder holding only state.json would read as a run to `gridrun plan`.
+    for change in (cellstate.progressed(step=1), cellstate.failed("boom")):
+        with pytest.raises(NotARunDir, match=f"cannot record {change.name}: .* is gone"):
+            run_dir.record(change)
+    assert not run_dir.root.exists()
+    # A folder whose config.yaml alone was deleted reads missing too, whatever state.json says.
+    run_dir.root.mkdir()
+    run_dir.state_json.write_text('{"state": "done"}')
+    assert run_dir.read_state()["state"] == "missing"
+    assert "config.yaml is gone (deleted?): `gridrun plan conf=<sweep>` writes it again" in run_dir.read_state()["error"]
 
 
 def test_the_writer_refuses_an_illegal_transition_and_writes_nothing(tmp_path: Path) -> None:
     run_dir = RunDir(tmp_path / "cell")
     run_dir.root.mkdir()
+    run_dir.config_yaml.write_text("{}\n")  # written by `gridrun plan` before the planned record
     run_dir.record(cellstate.planned(2))
     before = run_dir.state_json.read_bytes()
     with pytest.raises(IllegalTransition, match="done from planned"):

@@ -265,6 +265,33 @@ def test_bad_from_path_and_broken_jsonl(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_a_file_that_is_not_what_its_name_says_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: a 32-line ArrowInvalid traceback for the first two, FileExistsError for --out.
+    empty = tmp_path / "empty.parquet"
+    empty.write_bytes(b"")
+    csv = tmp_path / "rows.parquet"
+    csv.write_text("prompt,answer\nWhat is 1+1?,2\n")
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(CODE_FIXTURE.read_bytes().splitlines(keepends=True)[0] + b'{"prompt": "caf\xe9"}\n')
+    parquet_fix = "): re-export it as Parquet, or as JSON lines (.jsonl, one problem per line)\n"
+    cases = {
+        empty: (f"{empty} is not a Parquet file (", parquet_fix),
+        csv: (f"{csv} is not a Parquet file (", parquet_fix),
+        latin: (f"{latin}:2 is not UTF-8 text", ": re-export the file as UTF-8 JSON lines\n"),
+    }
+    for path, (what, fix) in cases.items():
+        assert main(["data", "prepare", "code", "--from", str(path), "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"gridrun: error: {what}") and err.endswith(fix) and err.count("\n") == 1, err
+    taken = tmp_path / "taken"
+    taken.write_text("not a folder")
+    assert main(["data", "prepare", "code", "--from", str(CODE_FIXTURE), "--out", str(taken)]) == 2
+    assert capsys.readouterr().err == (
+        f"gridrun: error: --out {taken} is a file, not a folder: pass a folder (created if absent) for "
+        "train.jsonl, val.jsonl and meta.json\n")
+    assert taken.read_text() == "not a folder" and not (tmp_path / "out").exists()
+
+
 def test_cli_prepare_prints_the_data_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)

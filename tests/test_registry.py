@@ -45,6 +45,10 @@ def test_plugins_that_cannot_load_name_the_fix(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^plugin '.*needs_more.py' failed while importing \(ModuleNotFoundError: "
                                           r"No module named 'no_such_dependency_xyz'\): fix that module$"):
         registry.workflow("debate", str(tmp_path / "needs_more.py"))
+    # sys.exit(3) at import: `gridrun plan` exited 3 with no word (SystemExit is no Exception).
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")
+    with pytest.raises(ConfigError, match=r"^plugin '.*exits.py' failed while importing \(SystemExit: 3\): fix that module$"):
+        registry.workflow("debate", str(tmp_path / "exits.py"))
     assert set(sys.modules) == before
 
 

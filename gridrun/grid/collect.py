@@ -33,8 +33,8 @@ curves so far are drawn), but only `done` cells give numbers in the tables.
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
-import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -55,7 +55,7 @@ from gridrun.grid.console import track
 from gridrun.grid.status import sweep_rows
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.mechanisms import ALERTS
-from gridrun.rundir import RunDir, atomic_write_text
+from gridrun.rundir import RunDir, atomic_write_bytes, atomic_write_text
 
 # Below this many cells, worker processes cost more to start than they save.
 PARALLEL_FROM_CELLS = 200
@@ -201,15 +201,11 @@ def metrics_frame(columns: dict[str, MetricColumns]) -> pd.DataFrame:
 
 
 def write_parquet(frame: pd.DataFrame, path: Path) -> None:
-    """Atomically: a reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        frame.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    """Atomically (a reader never sees half a file), readable by all like every other output
+    (a temp file of pyarrow's own would be 0600), a full disk's error naming the file."""
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, index=False)
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def write_table(sweep: SweepDir, table: Table) -> None:
@@ -274,7 +270,11 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0) -> list[Ta
     jobs = figure_jobs(sweep, reference, data.columns) + paper_figure_jobs(sweep, reference, data.columns)
     jobs += early_warning_jobs(sweep, cells, data.columns)
     figures = render(jobs, _workers(len(cells)))
-    write_report(sweep, cells, tables, figures)
+    # Why no figure, when none: no metrics at all, or none of these cells is what they draw.
+    has_metrics = any(columns.splits for columns in data.columns.values())
+    no_figures = ("none of Figures 2-6 applies to these cells (they draw multi-agent train cells)"
+                  if has_metrics else "no cell has metrics yet")
+    write_report(sweep, cells, tables, figures, no_figures)
 
     from rich.markdown import Markdown
 
@@ -285,7 +285,7 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0) -> list[Ta
     console.print(
         f"{len(cells)} cells ({', '.join(f'{n} {s}' for s, n in counts.items())}) -> "
         f"{sweep.cells_parquet}, metrics.parquet, tables 1-6 and findings (md, csv, tex), "
-        + (f"{sweep.figures_dir}/ ({len(figures)} figures)" if figures else "no figures (no cell has metrics yet)")
+        + (f"{sweep.figures_dir}/ ({len(figures)} figures)" if figures else f"no figures ({no_figures})")
     )
     console.print(f"report: {sweep.report('html')}")
     return tables

@@ -29,7 +29,7 @@ def _guarded(handler: Handler) -> Handler:
             print(f"gridrun: error: {err}", file=sys.stderr)
             return 2
         except OSError as err:
-            message = disk_error(err)
+            message = disk_error(err, runs_cells=args.command in ("plan", "sweep", "resubmit"))
             if message is None:
                 raise
             print(f"gridrun: error: {message}", file=sys.stderr)
@@ -85,6 +85,7 @@ def _plan(args: argparse.Namespace) -> int:
         console.print(plan_table(plan, check(plan, sweep, args.replace), sweep))
         return 0
 
+    from gridrun.cellstate import UNREADABLE_STATES
     from gridrun.grid.launchers.dispatch import make_launcher, queue, runnable
 
     launcher = make_launcher(plan.launcher) if dispatching else None
@@ -102,7 +103,7 @@ def _plan(args: argparse.Namespace) -> int:
     if launcher is None:
         console.print(f"run them with: gridrun sweep conf={conf}" + _results_flag(args))
         return 0
-    damaged = [pc.id for pc in plan.cells if sweep.cell(pc.id).read_state()["state"] == "damaged"]
+    damaged = [pc.id for pc in plan.cells if sweep.cell(pc.id).read_state()["state"] in UNREADABLE_STATES]
     skipped = len(plan.cells) - len(submitted) - len(damaged)
     console.print(
         f"dispatching {len(submitted)} cells with launcher={launcher.name}"
@@ -183,6 +184,7 @@ def _selected(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]
 
 
 def _resubmit(args: argparse.Namespace) -> int:
+    from gridrun.cellstate import UNREADABLE_STATES
     from gridrun.grid.launchers.dispatch import make_launcher, queue
     from gridrun.grid.status import sweep_rows
     from gridrun.grid.sweepdir import SweepDir, results_root
@@ -195,13 +197,20 @@ def _resubmit(args: argparse.Namespace) -> int:
     rows = {row["cell"]: row for row in sweep_rows(sweep)}
     ids = _selected(list(rows.values()), args)
     console = make_console()
-    kept = ("done", "queued", "running", "damaged")
+    kept = ("done", "queued", "running", *UNREADABLE_STATES)
     for cell_id in ids:
         state = rows[cell_id]["state"]
         if state in kept:
-            why = {"done": " (to run it again, re-plan it with --replace)", "damaged": f": {rows[cell_id]['error']}"}
-            console.print(f"skip {cell_id}: {state}" + why.get(state, ""), highlight=False)
+            why = " (to run it again, re-plan it with --replace)" if state == "done" else ""
+            if state in UNREADABLE_STATES:
+                why = f": {rows[cell_id]['error']}"
+            console.print(f"skip {cell_id}: {state}" + why, highlight=False)
     ids = [cell_id for cell_id in ids if rows[cell_id]["state"] not in kept]
+    # Cells stopped by a user (Ctrl-C, SIGTERM, `gridrun cancel`) are not failed: say how to take them.
+    cancelled = [cell_id for cell_id, row in rows.items() if row["state"] == "cancelled" and cell_id not in ids]
+    if cancelled and (args.failed or args.preempted):
+        console.print(f"not resubmitting {len(cancelled)} cancelled cell(s); to resume them too: gridrun resubmit "
+                      f"conf={sweep.name} --cells {' '.join(cancelled)}" + _results_flag(args), highlight=False)
     if not ids:
         console.print("nothing to resubmit")
         return 0

@@ -8,10 +8,13 @@ import difflib
 import errno
 from collections.abc import Sequence
 
+from gridrun.rundir import disk_error as write_error
+
 _FULL = (
     "free space there (or pass --results-dir on another disk), then re-run the same command: "
     "every cell resumes from its newest checkpoint"
 )
+_FULL_OUTPUTS = "free space there (or pass --results-dir on another disk), then re-run the same command"
 _NOT_OURS = "pass --results-dir <a directory you can write>, or fix its permissions"
 # errno -> the fix, for the errors of a results root that cannot take a write.
 _DISK_FIXES = {
@@ -37,11 +40,9 @@ def closest(word: str, options: Sequence[str]) -> str:
     return f" (valid: {', '.join(options)})" if len(options) <= 12 else ""
 
 
-def disk_error(err: OSError) -> str | None:
+def disk_error(err: OSError, runs_cells: bool = True) -> str | None:
     """One line naming the path, the reason and the fix, for an error of the disk; None for
-    other errors (a bug, shown with its traceback)."""
-    fix = _DISK_FIXES.get(err.errno or 0)
-    if fix is None:
-        return None
-    where = f" {err.filename}" if err.filename else ""
-    return f"cannot write{where}: {err.strerror}: {fix}"
+    other errors (a bug, shown with its traceback). `runs_cells`: the command plans or runs
+    cells (a full disk's fix then says they resume); collect's outputs are rebuilt whole."""
+    fixes = _DISK_FIXES if runs_cells else {**_DISK_FIXES, errno.ENOSPC: _FULL_OUTPUTS, errno.EDQUOT: _FULL_OUTPUTS}
+    return write_error(err, fixes)

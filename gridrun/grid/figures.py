@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import io
 import multiprocessing
-import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ import pandas as pd
 
 from gridrun.grid.analysis.summary import MetricColumns
 from gridrun.grid.sweepdir import SweepDir
+from gridrun.rundir import atomic_write_bytes
 
 # The paper's order; a workflow it does not name comes after, alphabetically.
 WORKFLOW_ORDER = ("eval_opt", "voting", "orch_workers")
@@ -269,10 +269,7 @@ def grid_png(grid: Grid, title: str, ylabel: str, ylim: tuple[float, float] | No
 
 
 def save_png(path: Path, png: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(png)
-    os.replace(tmp, path)  # a reader never sees half a PNG
+    atomic_write_bytes(path, png)  # a reader never sees half a PNG, a full disk leaves no temp file
 
 
 def figure_jobs(sweep: SweepDir, cells: pd.DataFrame, columns: dict[str, MetricColumns]) -> list[Job]:

@@ -43,7 +43,7 @@ from gridrun.grid.cells import TOY_SCALE, Cell, expand
 from gridrun.grid.compose import Composer
 from gridrun.grid.console import track
 from gridrun.grid.errors import GridError
-from gridrun.grid.launchers.dispatch import observe
+from gridrun.grid.launchers.dispatch import live_state, observe
 from gridrun.grid.spec import SweepSpec
 from gridrun.grid.sweepdir import SweepDamaged, SweepDir, sibling_cell
 from gridrun.runconfig import ConfigError, RunConfig, config_from_dict, dump_config, load_config
@@ -286,15 +286,20 @@ def check(plan: Plan, sweep: SweepDir, replace: bool) -> Freeze:
                 f"plan it too (add {missing[0].kind} to kind=)"
             )
     on_disk = {pc.id: sweep.cell(pc.id) for pc in plan.cells if sweep.cell(pc.id).root.is_dir()}
-    states = observe({cell_id: rd.read_state() for cell_id, rd in on_disk.items()})
+    states = observe({cell_id: live_state(rd) for cell_id, rd in on_disk.items()})
     for pc in plan.cells:
         run_dir = on_disk.get(pc.id)
         if run_dir is None or not any(run_dir.root.iterdir()):
             result.new.append(pc.id)
             continue
+        if not run_dir.config_yaml.is_file() and not _holds_run(run_dir) and not _busy(states[pc.id], run_dir):
+            # What a deleted cell leaves (logs, state.json, samples): no result to lose, but
+            # kept, moved aside like a replaced run, and the cell is planned afresh.
+            result.replaced.append(pc.id)
+            continue
         if not run_dir.config_yaml.is_file():
-            # Its history (state, metrics, checkpoints) would restart under a config never
-            # compared with the one it ran: refused like a changed config.
+            # Its history (metrics, checkpoints) would restart under a config never compared
+            # with the one it ran: refused like a changed config.
             result.changed[pc.id] = ["config.yaml is missing but the folder holds a run"]
         elif _recorded_fingerprint(run_dir) == pc.fingerprint:
             result.unchanged.append(pc.id)
@@ -303,9 +308,20 @@ def check(plan: Plan, sweep: SweepDir, replace: bool) -> Freeze:
             continue
         else:
             result.changed[pc.id] = _differences(run_dir, pc.config)
-        if replace and states[pc.id].get("state") not in ACTIVE_STATES:
+        if replace and not _busy(states[pc.id], run_dir):
             result.replaced.append(pc.id)
     return result
+
+
+def _busy(state: dict[str, Any], run_dir: RunDir) -> bool:
+    """Queued or running, as observed; a folder that lost its config.yaml reads missing, and
+    then its run lock says whether a process still runs in it."""
+    return state.get("state") in ACTIVE_STATES or run_dir.held()
+
+
+def _holds_run(run_dir: RunDir) -> bool:
+    """Whether a cell folder holds a run's results: metric rows or a checkpoint."""
+    return run_dir.metrics_jsonl.exists() or (run_dir.checkpoints_dir.is_dir() and any(run_dir.checkpoints_dir.iterdir()))
 
 
 def _refuse(result: Freeze, sweep: SweepDir, replace: bool) -> None:

@@ -121,13 +121,14 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
     if not isinstance(axes_data, dict):
         raise GridError(f"{path}: 'axes' must map axis names to lists of values")
     axes: dict[str, list[Any]] = {}
-    for axis in AXES:
-        if axis not in axes_data:
-            raise GridError(f"{path}: axes.{axis} is missing: list its values (e.g. {axis}: [{_example(axis)}])")
+    # Unknown names first: a misspelt axis (`tsak:`) is named, not reported as the one missing.
     for axis, values in axes_data.items():
         if axis not in AXES:
             raise GridError(f"{path}: unknown axis '{axis}'{closest(str(axis), AXES)}")
         axes[axis] = list(values) if isinstance(values, list) else [values]
+    for axis in AXES:
+        if axis not in axes_data:
+            raise GridError(f"{path}: axes.{axis} is missing: list its values (e.g. {axis}: [{_example(axis)}])")
     file_settings = data.get("overrides") or []
     if not isinstance(file_settings, list) or not all(isinstance(s, str) for s in file_settings):
         raise GridError(f"{path}: 'overrides' must be a list of Hydra overrides such as train.total_steps=20")

@@ -3,8 +3,10 @@
 The reading side is the fast path (1000 cells well under half a second): sweep.json for the
 cell list, then one state.json per cell, which the trainer keeps current (step, last and
 peak validation accuracy, drift alerts), so no metrics file is parsed. Standard library
-only until a table is drawn; rich is imported to draw. Cells whose job died without saying
-so are shown as their launcher reconciles them (`failed`, marked lost); a scheduler's word
+only until a table is drawn; rich is imported to draw. A cell reading running on this host
+whose run lock no process holds is shown `failed (lost)`, and so are cells whose job died
+without saying so as their launcher reconciles them; a cell whose folder is gone shows
+`missing` with the command that plans it again; a scheduler's word
 for an active cell's job (PENDING, RUNNING) is shown beside its job id. A queued cell held
 for a cell it needs shows `waiting: <its id>`, and `blocked` once that one failed. A cell
 whose state.json is damaged shows as `damaged` with the file and the fix; a sweep whose
@@ -18,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gridrun.cellstate import STATES
-from gridrun.grid.launchers.dispatch import needs_of, observe
+from gridrun.cellstate import STATES, UNREADABLE_STATES
+from gridrun.grid.launchers.dispatch import live_state, needs_of, observe
 from gridrun.grid.sweepdir import SweepDamaged, SweepDir, planned_sweeps
 
 STATE_STYLES = {
@@ -32,6 +34,7 @@ STATE_STYLES = {
     "cancelled": "yellow",
     "blocked": "red",
     "damaged": "bold red",
+    "missing": "bold red",
 }
 
 
@@ -39,7 +42,7 @@ def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
     """One row per cell of the sweep, in plan order."""
     cells = sweep.read()["cells"]
     # state.json only (cell.json's damage is `show`'s to report and `plan`'s to repair): the fast path.
-    states = observe({cell["id"]: sweep.cell(cell["id"]).read_state() for cell in cells}, needs_of(cells))
+    states = observe({cell["id"]: live_state(sweep.cell(cell["id"])) for cell in cells}, needs_of(cells))
     now = time.time()
     rows = []
     for cell in cells:
@@ -48,9 +51,9 @@ def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
         if started is None:
             elapsed = None
         elif state.get("state") == "running":
-            elapsed = now - started
+            elapsed = max(0.0, now - started)  # a node's clock ahead of this one's: 0, never negative
         else:
-            elapsed = (finished or state.get("updated_at") or now) - started
+            elapsed = max(0.0, (finished or state.get("updated_at") or now) - started)
         rows.append(
             {
                 "sweep": sweep.name,
@@ -69,7 +72,8 @@ def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
                 "peak_step": state.get("peak_step"),
                 "elapsed_s": elapsed,
                 "alerts": list(state.get("alerts") or []),
-                "error": state.get("error"),
+                # A reader's message says conf=<sweep> (a run dir knows no sweep): name it.
+                "error": state["error"].replace("conf=<sweep>", f"conf={sweep.name}") if state.get("error") else None,
                 "lost": bool(state.get("lost")),
                 # The cell a queued or blocked cell waits for (a transfer cell's sa_rl cell).
                 "waiting": state.get("waiting"),
@@ -180,10 +184,11 @@ def tables(rows: list[dict[str, Any]]) -> list[Any]:
 
 
 def failures(rows: list[dict[str, Any]]) -> list[Any]:
-    """A panel per failed, blocked or damaged cell with its error tail, then how to resubmit."""
+    """A panel per failed, blocked, damaged or missing cell with its error tail, then how to
+    resubmit."""
     from rich.panel import Panel
 
-    failed = [row for row in rows if row["state"] in ("failed", "blocked", "damaged")]
+    failed = [row for row in rows if row["state"] in ("failed", "blocked", *UNREADABLE_STATES)]
     panels: list[Any] = []
     for row in failed:
         where = f"attempt {row['attempt']}, job {row['job_id'] or '-'}, node {row['node'] or '-'}, step {row['step']}"

@@ -218,13 +218,23 @@ def _data_files(path: Path, config: str) -> list[Path]:
 
 def _rows_from_file(path: Path) -> Iterator[dict[str, Any]]:
     if path.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=512):
-            yield from batch.to_pylist()
+        try:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=512):
+                yield from batch.to_pylist()
+        except pa.ArrowException as err:  # an empty file, a CSV renamed .parquet, a truncated copy
+            why = (str(err).strip().splitlines() or [""])[0][:120]
+            raise DataError(f"{path} is not a Parquet file ({why}): re-export it as Parquet, or as "
+                            "JSON lines (.jsonl, one problem per line)") from None
         return
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, 1):
+    with open(path, "rb") as handle:
+        for line_no, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise DataError(f"{path}:{line_no} is not UTF-8 text: re-export the file as UTF-8 JSON lines") from None
             if not line.strip():
                 continue
             try:
@@ -344,16 +354,24 @@ def split_problems(task: str, rows: Iterable[dict[str, Any]], seed: int = DEFAUL
 
 # ------------------------------------------------------------------------------------- writing
 def _write_atomic(path: Path, lines: Iterator[str]) -> str:
-    """Write lines to a temp file, fsync, rename over path; returns the file's sha256."""
+    """Write lines to a temp file, fsync, rename over path; returns the file's sha256. A disk
+    that refuses the write is a DataError naming the file, and leaves no temp file."""
     tmp = path.with_name(f".{path.name}.tmp")
     digest = hashlib.sha256()
-    with open(tmp, "w", encoding="utf-8") as handle:
-        for line in lines:
-            handle.write(line)
-            digest.update(line.encode("utf-8"))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            for line in lines:
+                handle.write(line)
+                digest.update(line.encode("utf-8"))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no temp file behind
+        if isinstance(err, OSError):
+            raise DataError(f"cannot write {path}: {err.strerror}: free space there, or pass --out <a folder "
+                            "on another disk>, then run the command again") from None
+        raise
     return digest.hexdigest()
 
 
@@ -373,6 +391,9 @@ def prepare(task: str, from_path: str | Path | None = None, out: str | Path | No
         raise DataError(f"unknown task {task!r}: expected one of {list(SOURCES)}")
     source = SOURCES[task]
     out_dir = Path(out) if out is not None else default_out(task)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DataError(f"--out {out_dir} is a file, not a folder: pass a folder (created if absent) for "
+                        "train.jsonl, val.jsonl and meta.json")
     started = time.time()
     rows, origin = _read(source, Path(from_path) if from_path is not None else None)
     hasher = _RowHasher()

@@ -3,19 +3,22 @@
 A checkpoint is written into a hidden temp directory, fsynced, renamed to
 `checkpoints/step_XXXXXX/`, and only then marked COMPLETE; resume takes the newest
 directory with the marker, so a kill at any moment leaves either the previous checkpoint or
-the new one, never a half one. Adapters are saved in peft's format (one folder each), so
+the new one, never a half one. A write the disk refuses (full, read-only) removes the temp
+directory and is an OSError naming the checkpoint, whichever library wrote the file. Adapters are saved in peft's format (one folder each), so
 they load directly into peft or vLLM.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 from peft import set_peft_model_state_dict
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from gridrun.rundir import COMPLETE_MARKER, RunDir, atomic_write_text
@@ -44,12 +47,21 @@ def save(
     final = run_dir.checkpoint(step)
     tmp = final.parent / f".{final.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    if adapters:
-        model.save_pretrained(tmp / "adapters", selected_adapters=list(adapters))
-    torch.save({name: opt.state_dict() for name, opt in optimizers.items()}, tmp / "optimizers.pt")
-    torch.save(trainer_state, tmp / "trainer.pt")
-    _fsync_tree(tmp)
+    # The checkpoints folder only: a cell folder deleted under the run is not brought back.
+    final.parent.mkdir(exist_ok=True)
+    tmp.mkdir()
+    try:
+        if adapters:
+            model.save_pretrained(tmp / "adapters", selected_adapters=list(adapters))
+        _torch_save({name: opt.state_dict() for name, opt in optimizers.items()}, tmp / "optimizers.pt")
+        _torch_save(trainer_state, tmp / "trainer.pt")
+        _fsync_tree(tmp)
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)  # a full disk leaves nothing half-written
+        refused = _os_error(err)
+        if refused is not None:
+            raise OSError(refused.errno, refused.strerror, str(final)) from err
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -57,6 +69,32 @@ def save(
     for _, old in run_dir.complete_checkpoints()[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    """torch.save through a Python file, whose OSError (a full disk) torch's error keeps as
+    its context; given a path, torch's own writer reports no errno."""
+    with open(path, "wb") as handle:
+        torch.save(obj, handle)
+
+
+# How Rust's std::io::Error displays ("No space left on device (os error 28)"): safetensors'
+# writer, under peft's save_pretrained, reports no errno otherwise.
+_RUST_IO_ERROR = re.compile(r"(\w[^:()]*) \(os error (\d+)\)")
+
+
+def _os_error(err: BaseException) -> OSError | None:
+    """The operating system's refusal behind a failed write, if that is what it was: the
+    error itself, one it was raised from or during, or one safetensors printed."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno:
+            return seen
+        found = _RUST_IO_ERROR.search(str(seen)) if isinstance(seen, SafetensorError) else None
+        if found:
+            return OSError(int(found.group(2)), found.group(1))
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def adapter_dir(checkpoint: Path, adapter: str) -> Path:

@@ -33,7 +33,7 @@ from gridrun import cellstate
 from gridrun.mechanisms import RESPONSE_CAP, MechanismWatch, alert_flags
 from gridrun.registry import Workflow
 from gridrun.runconfig import GRPOSpec, ModelSpec, RunConfig, load_config
-from gridrun.rundir import RunDir, atomic_write_text, first_peak, val_accuracy
+from gridrun.rundir import RUN_DISK_FIXES, RunDir, atomic_write_text, disk_error, first_peak, val_accuracy
 from gridrun.tasks import make_task
 from gridrun.tasks.base import Problem
 from gridrun.tasks.sandbox import SandboxUnavailable
@@ -422,10 +422,12 @@ def run_cell(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int:
             record(cellstate.failed(str(refused)))
             log.error("%s", refused)
             return 1
-        except Exception:  # noqa: BLE001 - any failure is recorded in state.json, then the exit code says it
-            tail = traceback.format_exc().strip().splitlines()[-12:]
+        except Exception as err:  # noqa: BLE001 - any failure is recorded in state.json, then the exit code says it
+            # A full or read-only disk is one line naming the file and the fix; a bug, its traceback's tail.
+            disk = disk_error(err, RUN_DISK_FIXES) if isinstance(err, OSError) else None
+            tail = [disk] if disk else traceback.format_exc().strip().splitlines()[-12:]
             record(cellstate.failed("\n".join(tail)))
-            log.error("run failed:\n%s", "\n".join(tail))
+            log.error("run failed:%s%s", " " if disk else "\n", "\n".join(tail))
             return 1
         finally:
             for sig, handler in previous.items():

@@ -99,10 +99,24 @@ def test_a_directory_that_is_not_a_run_dir(gridrun: Gridrun, tmp_path: Path) -> 
         (["run", str(tmp_path)], "pass a cell directory such as results/<sweep>/cells/<cell_id>"),
         (["show", str(tmp_path)], "pass a cell directory such as results/<sweep>/cells/<cell_id>"),
         (["run", str(tmp_path / "missing")], "plan it with `gridrun plan conf=<sweep>`"),
+        # A file is no cell (it was called one that "does not exist").
+        (["show", "/etc/passwd"], "/etc/passwd is a file, not a cell directory: pass one such as results/"),
+        (["run", "/etc/passwd"], "/etc/passwd is a file, not a cell directory"),
     ):
         result = gridrun(*args)
         assert result.code == 2 and result.err.startswith("gridrun: error: ") and expected in result.err, result.err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_misspelt_axis_in_a_sweep_file_is_named(gridrun: Gridrun, results: Path, tmp_path: Path) -> None:
+    # Before: "axes.task is missing", with no word of the `tsak` that was there.
+    sweep = tmp_path / "typo.yaml"
+    smoke = (Path(__file__).resolve().parents[2] / "sweeps" / "smoke.yaml").read_text()
+    assert "\n  task:" in smoke
+    sweep.write_text(smoke.replace("\n  task:", "\n  tsak:", 1))
+    result = gridrun("plan", f"conf={sweep}")
+    assert result.code == 2 and result.err == f"gridrun: error: {sweep}: unknown axis 'tsak' (did you mean 'task'?)\n"
+    assert not results.exists()
 
 
 def test_resubmit_needs_a_selection(gridrun: Gridrun, results: Path) -> None:

@@ -24,6 +24,7 @@ def add_cell(
     data["cells"].append({"id": cell_id, "kind": kind, "coords": coords, "fingerprint": "x", "total_steps": 20})
     run_dir = sweep.cell(cell_id)
     run_dir.root.mkdir(parents=True)
+    run_dir.config_yaml.write_text(f"cell:\n  id: {cell_id}\n")  # a planned cell has one (else: missing)
     put_state(run_dir, state=state, step=max(accs, default=0), total_steps=20, attempt=1)
     train = [
         {"step": s, "split": "train", **{f"role/{role}/grad_share": v for role, v in shares.items()}}
@@ -182,6 +183,22 @@ def test_no_figure_for_a_sweep_without_metrics(gridrun: Gridrun, results: Path) 
     assert result.code == 0, result.err
     assert not sweep.figures_dir.exists() or not any(sweep.figures_dir.iterdir())
     assert "no figures (no cell has metrics yet)" in result.out
+    assert "No figure: no cell has metrics yet." in sweep.report("md").read_text()
+
+
+def test_a_sweep_of_one_sa_rl_cell_has_metrics_but_no_figure_to_draw(gridrun: Gridrun, results: Path) -> None:
+    # It said "no cell has metrics yet" though the cell had three validations.
+    sweep = SweepDir(results, "solo")
+    data: dict = {"name": "solo", "cells": [], "plans": []}
+    add_cell(sweep, data, "sa_rl-1.7b-math-s0", "sa_rl", coords("single"), "done", {0: 0.35, 10: 0.5, 20: 0.45})
+    sweep.write(data)
+    result = gridrun("collect", "conf=solo")
+    assert result.code == 0, result.err
+    why = "none of Figures 2-6 applies to these cells (they draw multi-agent train cells)"
+    # The one figure is the early warning's validation curve, which every cell has.
+    assert "(1 figures)" in " ".join(result.out.split())
+    assert [p.name for p in sweep.figures_dir.iterdir()] == ["early_warning-math-1.7b.png"]
+    assert f"No figure: {why}." in sweep.report("md").read_text()
 
 
 def test_the_peak_has_one_definition_read_off_metrics(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from gridrun import cellstate
@@ -105,6 +106,7 @@ def test_removing_a_damaged_state_json_makes_the_cell_dispatchable(gridrun: Grid
 def test_a_writer_moves_a_damaged_state_json_aside(tmp_path: Path) -> None:
     run_dir = RunDir(tmp_path / "cell")
     run_dir.root.mkdir()
+    run_dir.config_yaml.write_text("{}\n")
     run_dir.state_json.write_bytes(DAMAGE["null"])
     # A damaged record has no state to judge a transition from: the writer records what it
     # knows (here a run starting) over an empty record, nothing merged from the damage.
@@ -153,6 +155,35 @@ def test_damaged_metrics_rows_are_skipped_and_named(gridrun: Gridrun, smoke: Swe
     collected = gridrun("collect", "conf=smoke")
     assert collected.code == 0, collected.err
     assert squeezed(f"damaged: {run_dir.metrics_jsonl} line 2") in squeezed(collected.out)
+
+
+def test_an_impossible_accuracy_is_a_damaged_row_named_in_every_output(gridrun: Gridrun, smoke: SweepDir) -> None:
+    # Before: NaN and Infinity were dropped silently (the final accuracy fell back to step 10),
+    # 1e308 crashed Figure 3 after a Table 1 with `inf`, and 5.0 showed as 500%.
+    bad = {"voting-ip-toy-arith-s0": "NaN", "voting-sp-toy-arith-s0": "Infinity",
+           "eval_opt-ip-toy-arith-s0": "1e308", "eval_opt-sp-toy-arith-s0": "5.0"}
+    for cell_id in smoke.cell_ids():
+        run_dir = smoke.cell(cell_id)
+        put_state(run_dir, state="done", step=20, attempt=1)
+        final = bad.get(cell_id, "0.5")
+        run_dir.metrics_jsonl.write_text(
+            '{"split": "val", "step": 0, "val/acc": 0.25}\n{"split": "val", "step": 10, "val/acc": 0.375}\n'
+            f'{{"split": "val", "step": 20, "val/acc": {final}}}\n'
+        )
+    collected = gridrun("collect", "conf=smoke")
+    assert collected.code == 0, collected.err
+    reasons = {"NaN": "nan", "Infinity": "inf", "1e308": "1e+308", "5.0": "5.0"}
+    cells = pd.read_parquet(smoke.cells_parquet).set_index("cell")
+    for cell_id, value in bad.items():
+        file = smoke.cell(cell_id).metrics_jsonl
+        why = f"{file} line 3 is damaged (val/acc is {reasons[value]}, not an accuracy in [0, 1])"
+        assert squeezed(f"damaged: {why}") in squeezed(collected.out)
+        assert cells.loc[cell_id, "state"] == "damaged" and cells.loc[cell_id, "damage"].startswith(why)
+    assert set(cells.loc[~cells.index.isin(list(bad)), "state"]) == {"done"}
+    for output in (smoke.table1("md"), smoke.table1("csv"), smoke.report("md")):
+        text = output.read_text()
+        assert "inf" not in text.replace("Infinity", "") and "nan" not in text.lower().split() and "500" not in text
+    assert "damaged" in smoke.report("md").read_text()
 
 
 def test_a_torn_last_metrics_line_is_not_damage(tmp_path: Path) -> None:

@@ -38,18 +38,20 @@ def test_a_cell_that_lost_its_config_is_refused_then_moved_aside(gridrun: Gridru
     put_state(run_dir, state="done", step=20, peak_val_acc=0.5)
     run_dir.append_metrics([{"step": 20, "split": "val", "val/acc": 0.5}])
     run_dir.config_yaml.unlink()
-    before = tree(results)
+    before, state_json = tree(results), run_dir.state_json.read_bytes()
     refused = gridrun("plan", "conf=smoke")
     assert refused.code == 2
     assert f"{cell_id}: config.yaml is missing but the folder holds a run" in refused.err
     assert "re-plan with --replace to move their old runs to replaced/" in refused.err
-    assert tree(results) == before and run_dir.read_state()["state"] == "done"
+    assert tree(results) == before and run_dir.state_json.read_bytes() == state_json
+    assert run_dir.read_state()["state"] == "missing"
     # --replace moves the whole folder aside (never deletes it) and plans the cell afresh.
     replaced = gridrun("plan", "conf=smoke", "--replace")
     assert replaced.code == 0 and "0new,10unchanged,1replaced" in "".join(replaced.out.split())
     (aside,) = (results / "smoke" / "replaced").iterdir()
     assert aside.name.startswith(f"{cell_id}.")
-    assert RunDir(aside).read_state()["peak_val_acc"] == 0.5 and RunDir(aside).read_metrics()[0]["step"] == 20
+    assert json.loads((aside / "state.json").read_text())["peak_val_acc"] == 0.5
+    assert RunDir(aside).read_metrics()[0]["step"] == 20
     assert run_dir.read_state()["state"] == "planned" and run_dir.config_yaml.is_file()
 
 
@@ -60,7 +62,8 @@ def test_a_running_cell_that_lost_its_config_is_not_moved(gridrun: Gridrun, resu
     put_state(run_dir, state="running", pid=os.getpid(), node=socket.gethostname(), launcher="local",
                          job_id=f"{os.getpid()}@{socket.gethostname()}", started_at=time.time())
     run_dir.config_yaml.unlink()
-    refused = gridrun("plan", "conf=smoke", "--replace")
+    with run_dir.hold():  # the lock, not state.json, says a process still runs in the folder
+        refused = gridrun("plan", "conf=smoke", "--replace")
     assert refused.code == 2 and "are queued or running" in refused.err and "cancel them first" in refused.err
     assert not (results / "smoke" / "replaced").exists()
 
@@ -136,8 +139,11 @@ def test_a_read_only_results_root_is_one_line(gridrun: Gridrun, results: Path, t
     """, tmp_path)
     assert done.returncode == 0, done.stderr
     assert (out / "codes").read_text().split() == ["2"] * 5
-    for name in ("plan", "sweep", "resubmit", "collect", "run"):
+    for name in ("plan", "sweep", "resubmit", "collect"):
         one_line_error(out / name, "Read-only file system: pass --results-dir <a writable directory>")
+    # `gridrun run` takes no --results-dir (it did suggest it).
+    one_line_error(out / "run", "Read-only file system: remount it read-write, or copy the cell's folder to a disk "
+                   "you can write and run it there")
     assert tree(results) == before
 
 
@@ -209,3 +215,105 @@ def test_a_disk_filling_up_while_cells_train_leaves_them_resumable(toy_world: Pa
     after = json.loads((out / "after").read_text())
     assert {row["cell"]: row["state"] for row in after} == dict.fromkeys(between, "done")
     assert all(row["step"] == 4 and row["attempt"] == 2 for row in after), after
+
+
+@needs_mounts
+def test_collect_on_a_full_disk_is_one_line_naming_the_file_and_leaves_no_temp_file(
+    gridrun: Gridrun, results: Path, tmp_path: Path
+) -> None:
+    # Before: the error named no file, gave the cells' checkpoint advice, and left a 0-byte
+    # figures/.fig2_delta.png.<pid>.tmp behind.
+    assert gridrun("plan", "conf=smoke").code == 0
+    sweep = SweepDir(results, "smoke")
+    for cell_id in sweep.cell_ids():
+        put_state(sweep.cell(cell_id), state="done", step=20, attempt=1)
+        sweep.cell(cell_id).append_metrics([{"step": s, "split": "val", "val/acc": 0.25 + s / 100} for s in (0, 10, 20)])
+    disk, out = tmp_path / "disk", tmp_path / "out"
+    disk.mkdir()
+    out.mkdir()
+    done = in_namespace(f"""
+        mount -t tmpfs -o size=4m tmpfs {disk}
+        cp -r {results} {disk}/results
+        dd if=/dev/zero of={disk}/filler bs=4k > /dev/null 2>&1
+        gridrun collect conf=smoke --results-dir {disk}/results > /dev/null 2> out/collect_full; echo $? >> out/codes
+        find {disk} -name '*.tmp' > out/temp_files
+        rm {disk}/filler
+        gridrun collect conf=smoke --results-dir {disk}/results > /dev/null 2> out/collect; echo $? >> out/codes
+        stat -c '%a %n' {disk}/results/smoke/cells.parquet {disk}/results/smoke/metrics.parquet \\
+            {disk}/results/smoke/table1.md > out/modes
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (out / "codes").read_text().split() == ["2", "0"], (out / "collect").read_text()
+    one_line_error(out / "collect_full", f"gridrun: error: cannot write {disk}/results/smoke/")
+    one_line_error(out / "collect_full", "No space left on device: free space there (or pass --results-dir on "
+                   "another disk), then re-run the same command\n")
+    assert (out / "temp_files").read_text() == ""
+    # Colleagues on shared storage read the parquet files as they read the tables (0600 before).
+    modes = {line.split()[0] for line in (out / "modes").read_text().splitlines()}
+    assert len(modes) == 1, (out / "modes").read_text()
+
+
+@needs_mounts
+@pytest.mark.slow
+def test_a_checkpoint_on_a_full_disk_is_one_line_leaves_no_temp_and_a_rerun_resumes(
+    gridrun: Gridrun, toy_world: Path, results: Path, tmp_path: Path
+) -> None:
+    # Before: a 20-line traceback (SafetensorError ... No space left on device) stored as the
+    # cell's error, and checkpoints/.step_XXXXXX.tmp left behind until a rerun.
+    disk, out = tmp_path / "disk", tmp_path / "out"
+    disk.mkdir()
+    out.mkdir()
+    plan = ("gridrun plan conf=smoke kind=sa_rl train.total_steps=6 train.save_every=2 train.val_every=2 "
+            "train.batch_problems=4 train.ppo_mini_batch=4 grpo.n=2 train.val_problems=16 train.val_samples=2")
+    cell = disk / "smoke" / "cells" / "sa_rl-toy-arith-s0"
+    # The run is frozen once its step-2 checkpoint is complete; the disk is then filled but
+    # for 256 KiB (room for metric rows and state.json, not for a 2 MB checkpoint).
+    done = in_namespace(f"""
+        mount -t tmpfs -o size=64m tmpfs {disk}
+        {plan} --results-dir {disk} > /dev/null
+        gridrun run {cell} > /dev/null 2> out/run_full & pid=$!
+        for i in $(seq 3000); do [ -e {cell}/checkpoints/step_000002/COMPLETE ] && break; sleep 0.05; done
+        kill -STOP $pid
+        dd if=/dev/zero of={disk}/reserve bs=4k count=64 > /dev/null 2>&1
+        dd if=/dev/zero of={disk}/filler bs=4k > /dev/null 2>&1
+        rm {disk}/reserve
+        kill -CONT $pid; wait $pid; echo $? >> out/codes
+        find {disk} -name '*.tmp' > out/temp_files
+        cp {cell}/state.json out/state_full.json
+        rm {disk}/filler
+        gridrun run {cell} > /dev/null 2> out/run_again; echo $? >> out/codes
+        cp {cell}/state.json out/state_after.json
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (out / "codes").read_text().split() == ["1", "0"], (out / "run_again").read_text()[-3000:]
+    full = json.loads((out / "state_full.json").read_text())
+    assert full["state"] == "failed"
+    assert full["error"] == (
+        f"cannot write {cell}/checkpoints/step_000004: No space left on device: free space there, then run the "
+        "cell again: it resumes from its newest complete checkpoint"
+    )
+    assert f"ERROR gridrun: run failed: {full['error']}\n" in (out / "run_full").read_text()
+    assert (out / "temp_files").read_text() == ""
+    after = json.loads((out / "state_after.json").read_text())
+    assert (after["state"], after["step"]) == ("done", 6)
+    assert f"resumed from {cell}/checkpoints/step_000002" in (out / "run_again").read_text()
+
+
+@needs_mounts
+def test_data_prepare_on_a_full_disk_is_one_line_and_leaves_no_temp_file(tmp_path: Path) -> None:
+    disk, out = tmp_path / "disk", tmp_path / "out"
+    disk.mkdir()
+    out.mkdir()
+    fixture = REPO / "tests" / "fixtures" / "deepcoder_sample.jsonl"
+    done = in_namespace(f"""
+        mount -t tmpfs -o size=64k tmpfs {disk}
+        mkdir {disk}/code
+        dd if=/dev/zero of={disk}/filler bs=4k > /dev/null 2>&1
+        GRIDRUN_LOG=WARNING gridrun data prepare code --from {fixture} --val-size 2 --out {disk}/code > /dev/null 2> out/prepare; echo $? >> out/codes
+        find {disk} -name '*.tmp' > out/temp_files
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (out / "codes").read_text().split() == ["2"]
+    one_line_error(out / "prepare", f"gridrun: error: cannot write {disk}/code/train.jsonl: No space left on device: "
+                   "free space there, or pass --out <a folder on another disk>, then run the command again\n")
+    assert (out / "temp_files").read_text() == ""

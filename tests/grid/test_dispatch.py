@@ -79,14 +79,15 @@ def test_a_rerun_skips_done_queued_and_running_cells(gridrun: Gridrun, smoke: Sw
     put_state(smoke.cell(ids[2]), state="queued", launcher="record", job_id="rec-1")
     put_state(smoke.cell(ids[3]), state="failed", attempt=1)
     put_state(smoke.cell(ids[4]), state="cancelled", attempt=1)
-    assert runnable(smoke, ids) == ids[3:]
-    result = gridrun("sweep", "conf=smoke", "grid.launcher.name=record")
-    assert result.code == 0 and "skipping 3 done, queued or running" in result.out
-    assert submissions(smoke)[-1]["ids"] == ids[3:]
-    assert smoke.cell(ids[3]).read_state()["attempt"] == 2
-    # Nothing left to do: a third run submits nothing.
-    again = gridrun("sweep", "conf=smoke", "grid.launcher.name=record")
-    assert again.code == 0 and "dispatching 0 cells" in again.out
+    with smoke.cell(ids[1]).hold():  # its run holds the lock (without it, it reads lost)
+        assert runnable(smoke, ids) == ids[3:]
+        result = gridrun("sweep", "conf=smoke", "grid.launcher.name=record")
+        assert result.code == 0 and "skipping 3 done, queued or running" in result.out
+        assert submissions(smoke)[-1]["ids"] == ids[3:]
+        assert smoke.cell(ids[3]).read_state()["attempt"] == 2
+        # Nothing left to do: a third run submits nothing.
+        again = gridrun("sweep", "conf=smoke", "grid.launcher.name=record")
+        assert again.code == 0 and "dispatching 0 cells" in again.out
 
 
 def test_resubmit_counts_attempts_and_keeps_their_history(gridrun: Gridrun, smoke: SweepDir) -> None:
@@ -150,7 +151,9 @@ def test_cancel_stops_running_local_cells_and_unstarted_ones(gridrun: Gridrun, s
     put_state(running, state="running", launcher="local", pid=sleeper.pid, node=HOST, started_at=time.time())
     queued = smoke.cell("voting-sp-toy-arith-s0")
     put_state(queued, state="queued", launcher="local", job_id=f"{os.getpid()}@{HOST}", queued_at=time.time())
-    result = gridrun("cancel", "conf=smoke", "--cells", "voting-ip-toy-arith-s0", "voting-sp-toy-arith-s0", "sa_rl-toy-arith-s0")
+    with running.hold():  # as the sleeper's `gridrun run` would
+        result = gridrun("cancel", "conf=smoke", "--cells", "voting-ip-toy-arith-s0", "voting-sp-toy-arith-s0",
+                         "sa_rl-toy-arith-s0")
     assert result.code == 0
     assert f"sent SIGTERM to process {sleeper.pid}" in result.out
     assert "skip sa_rl-toy-arith-s0: planned" in result.out
@@ -166,6 +169,28 @@ def test_a_cell_that_finished_since_cancel_read_it_stays_done(smoke: SweepDir) -
     (line,) = make_launcher({"name": "local"}).cancel(smoke, [cell_id])
     assert line == f"{cell_id}: not cancelled: cancelled from done is refused: only an active cell is cancelled"
     assert smoke.cell(cell_id).read_state()["state"] == "done"
+
+
+def test_resubmit_failed_names_the_cancelled_cells_it_leaves(gridrun: Gridrun, smoke: SweepDir) -> None:
+    # After a SIGTERM to the sweep every cell reads cancelled: --failed took none, silently.
+    for cell_id in ("voting-ip-toy-arith-s0", "sa_rl-toy-arith-s0"):
+        put_state(smoke.cell(cell_id), state="cancelled", attempt=1, error="stopped by SIGTERM")
+    result = gridrun("resubmit", "conf=smoke", "--failed")
+    assert result.code == 0 and " ".join(result.out.split()) == (
+        "not resubmitting 2 cancelled cell(s); to resume them too: gridrun resubmit conf=smoke --cells "
+        "voting-ip-toy-arith-s0 sa_rl-toy-arith-s0 nothing to resubmit")
+    assert submissions(smoke) == []
+
+
+def test_a_clock_ahead_of_this_one_never_shows_a_negative_elapsed_time(gridrun: Gridrun, smoke: SweepDir) -> None:
+    # The node's clock is an hour ahead: its cell started "in the future".
+    ahead = time.time() + 3600
+    put_state(smoke.cell("voting-ip-toy-arith-s0"), state="failed", started_at=ahead, finished_at=ahead + 60)
+    put_state(smoke.cell("voting-sp-toy-arith-s0"), state="running", started_at=ahead, node="elsewhere")
+    rows = {row["cell"]: row for row in json.loads(gridrun("status", "--json").out)}
+    assert rows["voting-ip-toy-arith-s0"]["elapsed_s"] == 60  # its own clock's difference stands
+    assert rows["voting-sp-toy-arith-s0"]["elapsed_s"] == 0
+    assert "-" not in "".join(line.split("│")[7] for line in gridrun("status").out.splitlines() if "toy-arith-s0" in line)
 
 
 def test_status_json_lists_every_cell_with_its_fields(gridrun: Gridrun, smoke: SweepDir) -> None:

@@ -2,7 +2,8 @@
 
 The smoke sweep runs every cell through the local launcher; a cell killed with -9 is
 recorded as failed (or read as lost when its launcher died too) and `gridrun resubmit
---failed` resumes it from its newest complete checkpoint; Ctrl-C cancels cleanly. Runs
+--failed` resumes it from its newest complete checkpoint; Ctrl-C cancels cleanly; a cell
+deleted while it trains ends `missing` and the others finish. Runs
 are shrunk (a few steps, tiny batches) so that each cell takes seconds once the toy world
 loads (the shipped one: nothing is built).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -173,3 +175,26 @@ def test_transfer_cells_wait_for_their_sa_rl_a_failed_one_blocks_them_and_resubm
     # The analysis reads a sweep holding transfer cells.
     proc = gridrun(results, "collect", "conf=smoke", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_cell_deleted_while_it_trains_is_missing_and_the_others_finish(results: Path) -> None:
+    # The probe, on the real trainer: before, the sweep died with a traceback
+    # (IllegalTransition from the launcher) and the queued cells read lost without running.
+    args = ["conf=smoke", "workflow=eval_opt,voting", "kind=train", "train.total_steps=2", *TINY, "--max-parallel", "1"]
+    launcher = start(results, "sweep", *args)
+    cells = results / "smoke" / "cells"
+
+    def training() -> Path | None:
+        return next((p.parent for p in cells.glob("*/state.json") if RunDir(p.parent).read_state().get("step")), None)
+
+    deleted = wait_until(training, "a cell at step 1", 900)
+    shutil.rmtree(deleted)
+    out, _ = launcher.communicate(timeout=900)
+    assert launcher.returncode == 1, out
+    assert f"missing   {deleted.name}  its folder is gone (deleted?): `gridrun plan conf=smoke` plans the cell again" in out
+    rows = status(results)
+    assert rows.pop(deleted.name)["state"] == "missing"
+    assert len(rows) == 3 and {row["state"] for row in rows.values()} == {"done"}
+    # Its trainer's last records were refused: nothing brought the folder back, or at most
+    # what it wrote outside state.json (a validation's samples), which a plan moves aside.
+    assert not (deleted / "state.json").exists() and not (deleted / "config.yaml").exists()

@@ -201,6 +201,7 @@ def test_a_requeue_opens_the_next_attempt_once(tmp_path: Path) -> None:
     from gridrun.rundir import RunDir
 
     run_dir = RunDir(tmp_path)
+    run_dir.config_yaml.write_text("{}\n")  # a planned cell (without it, it reads missing)
     put_state(run_dir, state="running", attempt=1, job_id="7_2", launcher="slurm", step=3)
     job = CellJob(str(tmp_path), time_min=30, signal_delay_s=60)
     job._record_requeue(run_dir, 0, "preempted (SIGUSR2) and requeued")
@@ -215,6 +216,7 @@ def test_every_rank_decides_alike_whether_the_job_runs_the_cell(tmp_path: Path) 
     from gridrun.rundir import RunDir
 
     run_dir = RunDir(tmp_path)
+    run_dir.config_yaml.write_text("{}\n")  # a planned cell (without it, it reads missing)
     job = CellJob(str(tmp_path), time_min=30, signal_delay_s=60)
     put_state(run_dir, state="queued", attempt=1, job_id="7_2")
     assert job._should_run(run_dir, "7_2", 0, record=False)

@@ -107,7 +107,9 @@ def _figure_lines(path: Path, root: Path) -> list[str]:
             f"![{title}]({path.relative_to(root).as_posix()})", ""]
 
 
-def report_markdown(sweep: SweepDir, cells: pd.DataFrame, tables: list[Table], figures: list[Path]) -> str:
+def report_markdown(sweep: SweepDir, cells: pd.DataFrame, tables: list[Table], figures: list[Path],
+                    no_figures: str = "no cell has metrics yet") -> str:
+    """The report; `no_figures` says why, when there is no figure."""
     by_name: dict[str, list[Table]] = {}
     for t in tables:  # a sweep with variants has one table per variant: <name>-<variant>
         by_name.setdefault(t.name.split("-", 1)[0], []).append(t)
@@ -131,7 +133,7 @@ def report_markdown(sweep: SweepDir, cells: pd.DataFrame, tables: list[Table], f
     for path in main:
         lines += _figure_lines(path, sweep.root)
     if not main:
-        lines += ["No figure yet: no cell has metrics.", ""]
+        lines += [f"No figure: {no_figures}.", ""]
     lines += ["## Appendix", ""]
     for name in ("table4", "table5", "table6"):
         lines += [line for t in by_name.get(name, []) for line in (t.markdown(heading="###"), "")]
@@ -155,8 +157,9 @@ def report_html(markdown: str, root: Path, title: str) -> str:
             f"<style>{STYLE}</style></head><body>\n{body}</body></html>\n")
 
 
-def write_report(sweep: SweepDir, cells: pd.DataFrame, tables: list[Table], figures: list[Path]) -> tuple[Path, Path]:
-    markdown = report_markdown(sweep, cells, tables, figures)
+def write_report(sweep: SweepDir, cells: pd.DataFrame, tables: list[Table], figures: list[Path],
+                 no_figures: str = "no cell has metrics yet") -> tuple[Path, Path]:
+    markdown = report_markdown(sweep, cells, tables, figures, no_figures)
     atomic_write_text(sweep.report("md"), markdown)
     atomic_write_text(sweep.report("html"), report_html(markdown, sweep.root, f"gridrun report — {sweep.name}"))
     return sweep.report("md"), sweep.report("html")

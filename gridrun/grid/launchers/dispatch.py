@@ -12,7 +12,10 @@ A launcher turns queued cells into jobs that each run `gridrun run <run_dir>`:
     reconcile(states) -> {id: (state, why)}  cells whose state.json says queued/running but
                                          whose job is gone (killed, lost node, preempted); a
                                          result equal to the cell's state is no change, only
-                                         the scheduler's word for it (shown by `gridrun status`)
+                                         the scheduler's word for it (shown by `gridrun status`).
+                                         Before it, `live_state` reads a cell running on this
+                                         host whose run lock is free as failed (lost), for
+                                         every launcher and for cells run by hand
     cancel(sweep, ids)                   under the lock; the cells end as cancelled
 
 Dependencies. A cell may need others done before it starts (a transfer cell its sa_rl cell:
@@ -38,16 +41,18 @@ from __future__ import annotations
 
 import importlib
 import logging
+import socket
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gridrun import cellstate
-from gridrun.cellstate import ACTIVE_STATES, BLOCKING_STATES
+from gridrun.cellstate import ACTIVE_STATES, BLOCKING_STATES, UNREADABLE_STATES
 from gridrun.grid.errors import GridError
 
 if TYPE_CHECKING:
     from gridrun.grid.sweepdir import SweepDir
+    from gridrun.rundir import RunDir
 
 # name -> "module:Class"; imported only when a cell of that launcher is touched.
 LAUNCHERS: dict[str, str] = {
@@ -56,10 +61,14 @@ LAUNCHERS: dict[str, str] = {
 }
 
 log = logging.getLogger("gridrun")
+HOST = socket.gethostname()
 
 
 class Launcher(ABC):
     name: ClassVar[str]
+    # Whether a free run lock means the cell's job is over (`live_state`); False for a
+    # scheduler that may requeue a killed job, whose own word `reconcile` asks for.
+    lock_is_liveness: ClassVar[bool] = True
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         self.settings = dict(settings)
@@ -96,6 +105,29 @@ def launcher_class(name: str) -> type[Launcher]:
 def make_launcher(settings: Mapping[str, Any]) -> Launcher:
     """The launcher named by settings['name'] (conf/launcher/<name>.yaml, as in sweep.json)."""
     return launcher_class(str(settings.get("name", "local")))(settings)
+
+
+def live_state(run_dir: RunDir) -> dict[str, Any]:
+    """The cell's state.json, except that a cell reading running on this host whose run lock
+    no process holds reads failed and lost: its process ended without saying so (kill -9,
+    out of memory), whoever started it (the local launcher, or `gridrun run` by hand). The
+    lock is the truth, not the pid (recycled) or state.json (a dead process cannot update
+    it); a scheduler that may requeue the job (`lock_is_liveness` False) is asked instead."""
+    state = run_dir.read_state()
+    if state["state"] != "running" or state.get("node") != HOST or run_dir.held():
+        return state
+    launcher = state.get("launcher")
+    if launcher in LAUNCHERS and not launcher_class(launcher).lock_is_liveness:
+        return state
+    again = run_dir.read_state()  # it may have finished (and let go) since the first read
+    if again["state"] != "running":
+        return again
+    return {
+        **state, "state": "failed", "lost": True,
+        "error": f"lost: its process {state.get('pid')} on {HOST} ended without recording a final state "
+                 f"(killed, or out of memory?) and holds no lock on {run_dir.run_lock}; resume it with "
+                 "`gridrun resubmit conf=<sweep> --failed`",
+    }
 
 
 def observe(
@@ -167,22 +199,22 @@ def observe_cells(sweep: SweepDir, ids: list[str]) -> dict[str, dict[str, Any]]:
     """`observe` for these cells of a sweep (the states of what they need are read too)."""
     needs = sweep_needs(sweep)
     wanted = set(ids) | {need for cell_id in ids for need in needs.get(cell_id, [])}
-    observed = observe({cell_id: sweep.cell(cell_id).read_state() for cell_id in wanted}, needs)
+    observed = observe({cell_id: live_state(sweep.cell(cell_id)) for cell_id in wanted}, needs)
     return {cell_id: observed[cell_id] for cell_id in ids}
 
 
 def runnable(sweep: SweepDir, ids: list[str]) -> list[str]:
-    """The cells a (re-run) sweep dispatches: all but those done, queued, running or damaged
-    (a damaged cell waits for its file to be fixed: its message says how)."""
+    """The cells a (re-run) sweep dispatches: all but those done, queued, running, damaged or
+    missing (an unreadable cell waits for its files to be fixed: its message says how)."""
     states = observe_cells(sweep, ids)
-    return [cell_id for cell_id in ids if states[cell_id].get("state") not in ("done", "damaged", *ACTIVE_STATES)]
+    return [cell_id for cell_id in ids if states[cell_id].get("state") not in ("done", *UNREADABLE_STATES, *ACTIVE_STATES)]
 
 
 def queue(sweep: SweepDir, ids: list[str], launcher: Launcher) -> list[str]:
     """Mark cells queued (a new attempt) and submit them. Call under `sweep.lock()`.
 
     Cells blocked on one of `ids` come along (after it). Skips cells that are queued,
-    running or damaged, those whose needs will not be done (named in a warning), and those the launcher
+    running, damaged or missing, those whose needs will not be done (named in a warning), and those the launcher
     does not admit; returns the ids submitted, each after the cells it needs."""
     needs = sweep_needs(sweep)
     every = sweep.cell_ids() if needs else ids
@@ -194,7 +226,7 @@ def queue(sweep: SweepDir, ids: list[str], launcher: Launcher) -> list[str]:
     ]
     ids = [*ids, *released]
     run_dirs = {cell_id: sweep.cell(cell_id) for cell_id in ids}
-    todo = [cell_id for cell_id in ids if states[cell_id].get("state") not in ("damaged", *ACTIVE_STATES)]
+    todo = [cell_id for cell_id in ids if states[cell_id].get("state") not in (*UNREADABLE_STATES, *ACTIVE_STATES)]
     todo = _needs_first(todo, needs, states, sweep.name)
     todo = launcher.admit(sweep, todo) if todo else todo
     for cell_id in todo:

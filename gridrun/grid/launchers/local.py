@@ -13,8 +13,10 @@ A cell that needs others (a transfer cell its sa_rl cell) starts once they are d
 whatever process ran them; when one ends otherwise, the pool gives it up (it reads blocked).
 
 A cell whose process dies without recording a final state (kill -9, out of memory) is
-marked failed by this launcher if it is still running, and otherwise read as failed ("lost")
-by `reconcile`: its pid is dead on this host, or it is a recycled pid started after the cell.
+marked failed by this launcher if it is still running, and otherwise read as failed ("lost"):
+a running cell whose run lock no process holds (gridrun/grid/launchers/dispatch.py's
+`live_state`, for cells run by hand too), a queued one whose gridrun process exited
+(`reconcile`). A cell whose folder was deleted under it ends `missing`; the others go on.
 
 Left out: other hosts (a local cell can only be checked or cancelled from its own host),
 GPU placement (one cell per machine on GPUs; use a scheduler for more).
@@ -34,10 +36,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gridrun import cellstate
-from gridrun.cellstate import BLOCKING_STATES, FINAL_STATES
+from gridrun.cellstate import ACTIVE_STATES, BLOCKING_STATES
 from gridrun.grid.console import console
 from gridrun.grid.errors import GridError
-from gridrun.grid.launchers.dispatch import Launcher, observe, sweep_needs
+from gridrun.grid.launchers.dispatch import Launcher, live_state, observe, sweep_needs
 from gridrun.grid.launchers.process import cell_env, log_tail, start_cell
 from gridrun.rundir import DamagedFile, RunDir
 
@@ -154,28 +156,21 @@ class LocalLauncher(Launcher):
 
     @classmethod
     def reconcile(cls, states: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
+        # A running cell is judged by its run lock before this (dispatch.live_state); a queued
+        # one, by the gridrun process that queued it and would start it.
         lost: dict[str, tuple[str, str]] = {}
         for cell_id, state in states.items():
             launcher_pid, host = _job_pid(state.get("job_id"))
-            if state.get("state") == "running":
-                host = state.get("node") or host
-                dead = host == HOST and not alive(state.get("pid"), state.get("started_at"))
-                why = (
-                    f"lost: its process {state.get('pid')} on {host} ended without recording a final state "
-                    "(killed, or out of memory?); resume it with `gridrun resubmit --failed`"
-                )
-            else:
-                dead = (
-                    host == HOST
-                    and launcher_pid is not None
-                    and not alive(state.get("pid"))
-                    and not alive(launcher_pid, state.get("queued_at"))
-                )
-                why = (
-                    f"lost: the gridrun process that queued it ({launcher_pid}) exited before running it; "
-                    "start it with `gridrun resubmit --failed`"
-                )
+            dead = (
+                state.get("state") == "queued"
+                and host == HOST
+                and launcher_pid is not None
+                and not alive(state.get("pid"))
+                and not alive(launcher_pid, state.get("queued_at"))
+            )
             if dead:
+                why = (f"lost: the gridrun process that queued it ({launcher_pid}) exited before running it; "
+                       "start it with `gridrun resubmit --failed`")
                 lost[cell_id] = ("failed", why)
         return lost
 
@@ -213,6 +208,7 @@ class _Pool:
         self.needs = sweep_needs(sweep)
         self.running: dict[str, subprocess.Popen[bytes]] = {}
         self.stopping = False
+        self.stop_signal = 0
         self.killing = False
         self.outcomes: dict[str, str] = {}
 
@@ -247,19 +243,20 @@ class _Pool:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         if self.stopping:
-            return 130
+            return 128 + self.stop_signal  # the shell's code for it: 130 Ctrl-C, 143 SIGTERM
         return 0 if all(state == "done" for state in self.outcomes.values()) else 1
 
     def _on_stop(self, signum: int, frame: Any) -> None:
         self.killing = self.stopping
         self.stopping = True
+        self.stop_signal = self.stop_signal or signum
 
     # --- starting ------------------------------------------------------------------------
     def _next(self) -> str | None:
         """The first pending cell whose needs are done (cells given up on are finished here)."""
         for cell_id in list(self.pending):
             # Observed, not as written: a need whose own process died reads failed, not running.
-            needed = observe({need: self.sweep.cell(need).read_state() for need in self.needs.get(cell_id, [])})
+            needed = observe({need: live_state(self.sweep.cell(need)) for need in self.needs.get(cell_id, [])})
             states = {need: state.get("state") for need, state in needed.items()}
             given_up = [need for need, state in states.items() if state in BLOCKING_STATES]
             if given_up:
@@ -304,8 +301,9 @@ class _Pool:
             del self.running[cell_id]
             run_dir = self.sweep.cell(cell_id)
             state = run_dir.read_state()
-            if state.get("state") not in FINAL_STATES:
-                # It died before it could record why: record it here.
+            if state.get("state") in (*ACTIVE_STATES, "damaged"):
+                # It died before it could record why: record it here. A cell whose folder was
+                # deleted (missing) or re-planned (planned) under it ends as it reads now.
                 terminated = self.stopping or code in (-signal.SIGTERM, -signal.SIGINT, 143, 130)
                 tail = log_tail(run_dir.stderr_log)
                 why = f"{_describe_exit(code)} without recording a final state; see {run_dir.stderr_log}"
@@ -323,8 +321,11 @@ class _Pool:
         if state.get("peak_val_acc") is not None:
             line += f"  peak val acc {100 * state['peak_val_acc']:.1f}% @ step {state.get('peak_step')}"
         if outcome != "done" and state.get("error"):
-            line += f"  {str(state['error']).strip().splitlines()[-1][:160]}"
-        color = {"done": "green", "failed": "red"}.get(outcome, "yellow")
+            # The cell's folder is on its line already: its message goes on without it.
+            error = str(state["error"]).replace(str(self.sweep.cell(cell_id).root), "its folder")
+            error = error.replace("conf=<sweep>", f"conf={self.sweep.name}")
+            line += f"  {error.strip().splitlines()[-1][:160]}"
+        color = {"done": "green", "failed": "red", "missing": "red", "damaged": "red"}.get(outcome, "yellow")
         self.progress.console.print(f"[{color}]{line}[/]", highlight=False)
 
     def _draw(self) -> None:

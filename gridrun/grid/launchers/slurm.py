@@ -291,6 +291,8 @@ def chunks(items: list[Any], size: int) -> list[list[Any]]:
 # --- the launcher ---------------------------------------------------------------------------
 class SlurmLauncher(Launcher):
     name = "slurm"
+    # A killed job may be requeued by SLURM: sacct, not a free run lock, says whether it is lost.
+    lock_is_liveness = False
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
