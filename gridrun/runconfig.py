@@ -222,7 +222,8 @@ class TrainSpec:
     val_every: int = 10
     # Checkpoint every this many steps (resume takes the newest complete one).
     save_every: int = 5
-    # Complete checkpoints kept on disk (older ones are deleted).
+    # Newest complete checkpoints kept on disk (older ones are deleted, except the peak
+    # validation's: it is kept until a higher peak replaces it).
     keep_checkpoints: int = 2
     # Limit validation to the first N problems (None: the whole split).
     val_problems: int | None = None

@@ -2,7 +2,8 @@
 
 The loop reads top to bottom: rollout -> reward -> advantages -> update -> log ->
 validate -> checkpoint, each a call into a module that is tested alone. A `base` cell only
-validates at step 0. Resuming takes the newest complete checkpoint and replays from there,
+validates at step 0. Checkpoints: every `save_every` steps and at each new validation peak;
+the newest `keep_checkpoints` and the peak's survive (gridrun/train/checkpoint.py). Resuming takes the newest complete checkpoint and replays from there,
 so an interrupted run ends with the same adapters and metric rows as an uninterrupted one
 (on CPU; `time/` keys aside).
 
@@ -169,9 +170,13 @@ class Trainer:
                     self.run_dir.record(cellstate.progressed(step=0))
             for step in range(start + 1, self.total_steps + 1):
                 self.log_row(self.train_step(step))
+                peaked = False
                 if step % self.config.train.val_every == 0 or step == self.total_steps:
                     self.validate(step)
-                saved = step % self.config.train.save_every == 0 or step == self.total_steps
+                    peaked = self.peak_step() == step
+                # A new peak is checkpointed whatever save_every says: it is the model
+                # behind the cell's Table 1 number, kept until a higher peak replaces it.
+                saved = step % self.config.train.save_every == 0 or step == self.total_steps or peaked
                 if saved:
                     self.save(step)
                 if main:
@@ -316,6 +321,11 @@ class Trainer:
         self.val_acc.update(val_accuracy([row]))
         self.metrics.write({**row, **alert_flags(self.mechanism_alerts)} if row["split"] == "train" else row)
 
+    def peak_step(self) -> int | None:
+        """The step of the best validation so far (ties: the earliest), as Table 1's peak."""
+        peak = first_peak(self.val_acc)
+        return None if peak is None else peak[0]
+
     def peak_fields(self) -> dict[str, Any]:
         """state.json's copy of the peak, derived from the rows metrics.jsonl holds as
         `gridrun collect` derives it (so a resume that replays validations cannot leave a
@@ -336,8 +346,10 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         }
+        peak = self.peak_step()
         checkpoint.save(
-            self.run_dir, step, self.model, self.routing.trainable, self.optimizers, state, self.config.train.keep_checkpoints
+            self.run_dir, step, self.model, self.routing.trainable, self.optimizers, state, self.config.train.keep_checkpoints,
+            roles=self.routing.role_adapter, protect=frozenset() if peak is None else frozenset({peak}),
         )
 
     def resume(self) -> int:

@@ -1,0 +1,217 @@
+"""`gridrun export`: a cell's adapters at one step, in the standard form others load.
+
+A trained cell's checkpoint holds one peft folder per adapter (Isolated-Policy: one per
+role; Shared-Policy and SA-RL: one) and its role -> adapter map. `export` copies them out,
+unchanged, next to a model card (README.md: the cell's coordinates, preset, base model,
+step, the validation accuracy there, the commit) and `roles.json` (role -> adapter folder,
+null for a role on the base model). Each folder loads with `PeftModel.from_pretrained(base,
+folder)` and serves with vLLM's `LoRARequest(name, id, folder)`. `--merged` also writes the
+base model with the adapter merged in (`merged/`), for a cell with one adapter only.
+
+The step is `peak` (the first step of the highest validation accuracy, as Table 1's peak;
+the trainer never deletes its checkpoint), `last` (the newest complete checkpoint) or a
+number. It imports no torch unless `merged` is asked for, so the grid half calls it too
+(`gridrun collect --export-peaks`). Left out: the base model's own files (the card names
+them), and adapters of cells that train none (base, transfer, eval cells).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gridrun.runconfig import ConfigError, RunConfig, load_config
+from gridrun.rundir import ROLES_FILE, DamagedFile, RunDir, adapter_dir, first_peak, val_accuracy
+
+STEP_CHOICES = "peak, last or a step number"
+
+
+class ExportError(ValueError):
+    """What cannot be exported, and the fix, in one line."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint of a cell, with what its run says about that step."""
+
+    run_dir: RunDir
+    step: int
+    path: Path
+    # Validation accuracy at this step (None: not validated here).
+    val_acc: float | None
+
+    def roles(self) -> dict[str, str | None]:
+        """role -> adapter of this checkpoint (None: the base model)."""
+        try:
+            roles = json.loads((self.path / ROLES_FILE).read_text())
+        except FileNotFoundError:
+            raise ExportError(
+                f"{self.path} has no {ROLES_FILE} (written by a gridrun before role maps were recorded): "
+                "re-run the cell to write its checkpoints again"
+            ) from None
+        except ValueError:
+            raise ExportError(f"{self.path / ROLES_FILE} is damaged (not JSON): re-run the cell") from None
+        return roles
+
+    def adapters(self) -> dict[str, Path]:
+        """adapter name -> its peft folder, in the role map's order."""
+        names = dict.fromkeys(a for a in self.roles().values() if a is not None)
+        found = {name: adapter_dir(self.path, name) for name in names}
+        for name, folder in found.items():
+            if not (folder / "adapter_config.json").is_file():
+                raise ExportError(f"{self.path} lacks adapter '{name}': the checkpoint is damaged, re-run the cell")
+        return found
+
+
+def find_checkpoint(run_dir: RunDir, which: str | int = "peak") -> Checkpoint:
+    """The complete checkpoint at `which` (peak, last or a step); ExportError naming the steps
+    on disk when it is not there."""
+    on_disk = dict(run_dir.complete_checkpoints())
+    steps = ", ".join(map(str, on_disk)) or "none"
+    name = run_dir.root.name
+    acc = val_accuracy(run_dir.read_metrics())
+    if which == "peak":
+        peak = first_peak(acc)
+        if peak is None:
+            raise ExportError(f"{name} has no validation yet, so no peak: export a step instead (on disk: {steps})")
+        step = peak[0]
+        if step == 0:
+            raise ExportError(
+                f"{name} peaked at step 0, the base model before any update: there is no trained adapter to "
+                f"export there; pass --step last or a step (on disk: {steps})"
+            )
+    elif which == "last":
+        if not on_disk:
+            raise ExportError(f"{name} has no complete checkpoint: run it first (`gridrun run {run_dir.root}`)")
+        step = max(on_disk)
+    else:
+        try:
+            step = int(which)
+        except ValueError:
+            raise ExportError(f"--step {which!r} is not {STEP_CHOICES}") from None
+    if step not in on_disk:
+        raise ExportError(f"{name} has no checkpoint at step {step} on disk (steps on disk: {steps})")
+    return Checkpoint(run_dir, step, on_disk[step], acc.get(step))
+
+
+def _config(run_dir: RunDir) -> RunConfig:
+    try:
+        return load_config(run_dir.config_yaml)
+    except ConfigError as err:
+        raise ExportError(str(err)) from None
+
+
+def preset_of(config: RunConfig) -> str:
+    """The cell's preset: the whole-run `preset` where the schema has one, else GRPO's."""
+    preset = getattr(config, "preset", None) or getattr(config.grpo, "preset", None)
+    return str(preset) if preset else "unknown"
+
+
+def export(run_dir: RunDir, which: str | int = "peak", out: Path | None = None, merged: bool = False) -> Path:
+    """Write the cell's adapters at `which` into `out` (default: the run dir's exports/
+    folder); returns `out`. Refuses an `out` that already exists (nothing is overwritten)."""
+    config = _config(run_dir)
+    if not config.trains:
+        raise ExportError(
+            f"{run_dir.root.name} is a {config.cell.kind} cell: it trains no adapter, so there is nothing to export"
+        )
+    found = find_checkpoint(run_dir, which)
+    adapters = found.adapters()
+    out = out if out is not None else run_dir.export(found.step)
+    if merged and len(adapters) != 1:
+        raise ExportError(
+            f"--merged writes one merged model, but {run_dir.root.name} has {len(adapters)} adapters "
+            f"({', '.join(adapters)}, one per role): load them with peft instead"
+        )
+    if out.exists():
+        raise ExportError(f"{out} already exists: remove it or pass another --out")
+    tmp = out.parent / f".{out.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        for name, folder in adapters.items():
+            shutil.copytree(folder, tmp / name)
+        (tmp / ROLES_FILE).write_text(json.dumps(found.roles(), indent=1) + "\n")
+        (tmp / "README.md").write_text(model_card(config, found, adapters, merged))
+        if merged:
+            _write_merged(config, tmp / next(iter(adapters)), tmp / "merged")
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _record(run_dir: RunDir) -> dict[str, Any]:
+    try:
+        return run_dir.read_record() or {}
+    except DamagedFile:
+        return {}
+
+
+def model_card(config: RunConfig, found: Checkpoint, adapters: dict[str, Path], merged: bool) -> str:
+    """README.md of an export: what the adapters are and how to load them."""
+    record = _record(found.run_dir)
+    git = record.get("git") or {}
+    commit = git.get("commit") or "unknown (no cell.json)"
+    if git.get("dirty"):
+        commit += " (with uncommitted changes)"
+    model = config.model.name_or_path
+    if config.model.toy is not None:
+        model += f" (gridrun's toy world, recipe {json.dumps(vars(config.model.toy))})"
+    acc = "not validated at this step" if found.val_acc is None else f"{100 * found.val_acc:.1f}%"
+    peak = first_peak(val_accuracy(found.run_dir.read_metrics()))
+    peak_note = " (the cell's peak)" if peak is not None and peak[0] == found.step else ""
+    roles = found.roles()
+    first = next(iter(adapters))
+    lines = [
+        f"# {config.cell.id} at step {found.step}",
+        "",
+        "LoRA adapters exported by `gridrun export` from a multi-agent GRPO cell.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| cell | `{config.cell.id}` ({config.cell.kind}) |",
+        f"| workflow | {config.workflow.name} |",
+        f"| task | {config.task.name} |",
+        f"| policy | {config.policy.name} |",
+        f"| seed | {config.cell.seed} |",
+        f"| preset | {preset_of(config)} |",
+        f"| base model | {model}, {config.model.dtype} |",
+        f"| step | {found.step} of {config.train.total_steps}{peak_note} |",
+        f"| validation accuracy at this step | {acc} |",
+        f"| commit | {commit} |",
+        "",
+        f"Roles and their adapter folders (`{ROLES_FILE}`; none = the base model):",
+        "",
+        *[f"- {role}: {adapter or 'none'}" for role, adapter in roles.items()],
+        "",
+        "Load with peft, or serve with vLLM:",
+        "",
+        "```python",
+        "from peft import PeftModel",
+        f'model = PeftModel.from_pretrained(base_model, "{first}")',
+        "from vllm.lora.request import LoRARequest",
+        f'request = LoRARequest("{first}", 1, "{first}")',
+        "```",
+        "",
+    ]
+    if merged:
+        lines += ["`merged/` holds the base model with the adapter merged in (loads with transformers alone).", ""]
+    return "\n".join(lines)
+
+
+def _write_merged(config: RunConfig, adapter: Path, out: Path) -> None:
+    """The base model with `adapter` merged in, saved with its tokenizer (loads the model)."""
+    from peft import PeftModel
+
+    from gridrun.cellrun import model_files
+    from gridrun.train.model import load_base
+
+    base, tokenizer = load_base(config.model, model_files(config.model))
+    PeftModel.from_pretrained(base, str(adapter)).merge_and_unload().save_pretrained(out)
+    tokenizer.save_pretrained(out)
