@@ -8,9 +8,7 @@ null for a role on the base model). Each folder loads with `PeftModel.from_pretr
 folder)` and serves with vLLM's `LoRARequest(name, id, folder)`. `--merged` also writes the
 base model with the adapter merged in (`merged/`), for a cell with one adapter only.
 
-The step is `peak` (the first step of the highest validation accuracy, as Table 1's peak;
-the trainer never deletes its checkpoint), `last` (the newest complete checkpoint) or a
-number. It imports no torch unless `merged` is asked for, so the grid half calls it too
+The step is `peak`, `last` or a number, as gridrun/adapters.py resolves it. It imports no torch unless `merged` is asked for, so the grid half calls it too
 (`gridrun collect --export-peaks`). Left out: the base model's own files (the card names
 them), and adapters of cells that train none (base, transfer, eval cells).
 """
@@ -20,82 +18,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gridrun.adapters import AdapterSourceError, Checkpoint, find_checkpoint
 from gridrun.runconfig import ConfigError, RunConfig, load_config
-from gridrun.rundir import ROLES_FILE, DamagedFile, RunDir, adapter_dir, first_peak, val_accuracy
-
-STEP_CHOICES = "peak, last or a step number"
+from gridrun.rundir import ROLES_FILE, DamagedFile, RunDir, first_peak, val_accuracy
 
 
 class ExportError(ValueError):
     """What cannot be exported, and the fix, in one line."""
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A complete checkpoint of a cell, with what its run says about that step."""
-
-    run_dir: RunDir
-    step: int
-    path: Path
-    # Validation accuracy at this step (None: not validated here).
-    val_acc: float | None
-
-    def roles(self) -> dict[str, str | None]:
-        """role -> adapter of this checkpoint (None: the base model)."""
-        try:
-            roles = json.loads((self.path / ROLES_FILE).read_text())
-        except FileNotFoundError:
-            raise ExportError(
-                f"{self.path} has no {ROLES_FILE} (written by a gridrun before role maps were recorded): "
-                "re-run the cell to write its checkpoints again"
-            ) from None
-        except ValueError:
-            raise ExportError(f"{self.path / ROLES_FILE} is damaged (not JSON): re-run the cell") from None
-        return roles
-
-    def adapters(self) -> dict[str, Path]:
-        """adapter name -> its peft folder, in the role map's order."""
-        names = dict.fromkeys(a for a in self.roles().values() if a is not None)
-        found = {name: adapter_dir(self.path, name) for name in names}
-        for name, folder in found.items():
-            if not (folder / "adapter_config.json").is_file():
-                raise ExportError(f"{self.path} lacks adapter '{name}': the checkpoint is damaged, re-run the cell")
-        return found
-
-
-def find_checkpoint(run_dir: RunDir, which: str | int = "peak") -> Checkpoint:
-    """The complete checkpoint at `which` (peak, last or a step); ExportError naming the steps
-    on disk when it is not there."""
-    on_disk = dict(run_dir.complete_checkpoints())
-    steps = ", ".join(map(str, on_disk)) or "none"
-    name = run_dir.root.name
-    acc = val_accuracy(run_dir.read_metrics())
-    if which == "peak":
-        peak = first_peak(acc)
-        if peak is None:
-            raise ExportError(f"{name} has no validation yet, so no peak: export a step instead (on disk: {steps})")
-        step = peak[0]
-        if step == 0:
-            raise ExportError(
-                f"{name} peaked at step 0, the base model before any update: there is no trained adapter to "
-                f"export there; pass --step last or a step (on disk: {steps})"
-            )
-    elif which == "last":
-        if not on_disk:
-            raise ExportError(f"{name} has no complete checkpoint: run it first (`gridrun run {run_dir.root}`)")
-        step = max(on_disk)
-    else:
-        try:
-            step = int(which)
-        except ValueError:
-            raise ExportError(f"--step {which!r} is not {STEP_CHOICES}") from None
-    if step not in on_disk:
-        raise ExportError(f"{name} has no checkpoint at step {step} on disk (steps on disk: {steps})")
-    return Checkpoint(run_dir, step, on_disk[step], acc.get(step))
 
 
 def _config(run_dir: RunDir) -> RunConfig:
@@ -119,8 +51,11 @@ def export(run_dir: RunDir, which: str | int = "peak", out: Path | None = None, 
         raise ExportError(
             f"{run_dir.root.name} is a {config.cell.kind} cell: it trains no adapter, so there is nothing to export"
         )
-    found = find_checkpoint(run_dir, which)
-    adapters = found.adapters()
+    try:
+        found = find_checkpoint(run_dir, which)
+        adapters = found.adapters()
+    except AdapterSourceError as err:
+        raise ExportError(str(err)) from None
     out = out if out is not None else run_dir.export(found.step)
     if merged and len(adapters) != 1:
         raise ExportError(

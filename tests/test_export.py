@@ -137,7 +137,7 @@ def test_export_names_the_steps_on_disk_and_refuses_to_overwrite(peaked_cell: tu
     assert find_checkpoint(run_dir, "28").step == 28
     with pytest.raises(ExportError, match=r"no checkpoint at step 20 on disk \(steps on disk: 10, 28, 30\)"):
         export(run_dir, 20)
-    with pytest.raises(ExportError, match="--step 'best' is not peak, last or a step number"):
+    with pytest.raises(ExportError, match="step 'best' is not peak, last or a step number"):
         export(run_dir, "best")
     out = export(run_dir, "last")
     assert out == cell / "exports" / "step_000030" and (out / "shared" / "adapter_model.safetensors").is_file()

@@ -9,6 +9,10 @@
               as its train / sa_rl     x task x scale x seed                     shuffled-sa_rl-1.7b-math-s0
               twin on rewards permuted
               within each step
+    eval      adapters trained         (single + workflow) x task x scale x seed eval-voting-1.7b-math-s0
+              elsewhere (the sweep's
+              policy.adapters) in a
+              workflow, evaluated
 
 Ids are built from the coordinates alone, so the same axes always give the same ids. The
 toy world pairs scale=toy with task=arith only; any other pairing with either is refused.
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 AXES = ("workflow", "task", "scale", "policy", "seed", "kind")
-KINDS = ("train", "sa_rl", "base", "transfer", "shuffled")
+KINDS = ("train", "sa_rl", "base", "transfer", "shuffled", "eval")
 POLICY_TAGS = {"isolated": "ip", "shared": "sp"}
 TOY_SCALE = "toy"
 
@@ -35,7 +39,7 @@ class Cell:
     workflow: str
     task: str
     scale: str
-    # None where the kind has no such axis (sa_rl, base, transfer, shuffled sa_rl: policy;
+    # None where the kind has no such axis (sa_rl, base, transfer, eval, shuffled sa_rl: policy;
     # base: seed).
     policy: str | None = None
     seed: int | None = None
@@ -47,8 +51,8 @@ class Cell:
             return f"{self.workflow}-{tag}-{self.scale}-{self.task}-s{self.seed}"
         if self.kind == "sa_rl":
             return f"sa_rl-{self.scale}-{self.task}-s{self.seed}"
-        if self.kind == "transfer":
-            return f"transfer-{self.workflow}-{self.scale}-{self.task}-s{self.seed}"
+        if self.kind in ("transfer", "eval"):
+            return f"{self.kind}-{self.workflow}-{self.scale}-{self.task}-s{self.seed}"
         if self.kind == "shuffled":
             twin = Cell("sa_rl" if self.workflow == "single" else "train", self.workflow, self.task, self.scale,
                         self.policy, self.seed)
@@ -74,7 +78,7 @@ class Cell:
     def group_choices(self) -> list[str]:
         """Hydra group overrides selecting this cell's options (controls run `shared`:
         one role, or no training at all, so the routing makes no difference)."""
-        policy = "transfer" if self.kind == "transfer" else self.policy or "shared"
+        policy = "transfer" if self.kind in ("transfer", "eval") else self.policy or "shared"
         return [
             f"workflow={self.workflow}",
             f"task={self.task}",
@@ -109,6 +113,9 @@ def expand(axes: dict[str, list[Any]], restrict: dict[str, dict[str, list[Any]]]
     if "transfer" in kinds:
         for workflow, task, scale, seed in itertools.product(axes["workflow"], axes["task"], axes["scale"], axes["seed"]):
             cells.append(Cell("transfer", workflow, task, scale, None, seed))
+    if "eval" in kinds:
+        for workflow, task, scale, seed in itertools.product(["single", *axes["workflow"]], axes["task"], axes["scale"], axes["seed"]):
+            cells.append(Cell("eval", workflow, task, scale, None, seed))
     if "shuffled" in kinds:
         for workflow, task, scale, seed in itertools.product(["single", *axes["workflow"]], axes["task"], axes["scale"], axes["seed"]):
             policies = [None] if workflow == "single" else axes["policy"]

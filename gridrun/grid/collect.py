@@ -102,9 +102,9 @@ def _read_all(cells: Sequence[tuple[str, str | None, str | None]], description: 
 
 
 def base_id(kind: str, coords: dict[str, Any]) -> str | None:
-    """The id of the base control that a cell's step 0 must match (none for base and transfer
-    cells: a transfer cell's generator is not the base model)."""
-    if kind in ("base", "transfer"):
+    """The id of the base control that a cell's step 0 must match (none for base, transfer and
+    eval cells: their adapters are not the base model)."""
+    if kind in ("base", "transfer", "eval"):
         return None
     workflow = "single" if kind == "sa_rl" else coords["workflow"]
     return Cell(kind="base", workflow=workflow, task=coords["task"], scale=coords["scale"]).id

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from gridrun import cellstate
+from gridrun.adapters import AdapterSourceError
 from gridrun.mechanisms import MECHANISMS, MechanismWatch, alert_flags
 from gridrun.registry import Workflow
 from gridrun.runconfig import GRPOSpec, ModelSpec, RunConfig, load_config
@@ -121,10 +122,11 @@ class Trainer:
         torch.manual_seed(seed)
         self.task = make_task(config.task)
         self.workflow = config.workflow_entry()
+        # Adapters trained elsewhere (transfer, eval) are found first: a missing one fails fast.
+        self.routing = routing_for(config, self.workflow, run_dir.root)
         # On a GPU node each rank trains on its own device; CPU runs stay where they are.
         base, self.tokenizer = load_base(config.model, model_files, self.dist.device)
-        self.routing = routing_for(config, self.workflow)
-        self.model = attach_adapters(base, config, self.routing, run_dir.root)
+        self.model = attach_adapters(base, config, self.routing)
         if config.train.gradient_checkpointing:
             self.model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # The update runs in training mode (checkpointing acts only there; LoRA and Qwen3 have
@@ -282,7 +284,7 @@ class Trainer:
 
     def validate(self, step: int) -> None:
         cfg = self.config
-        problems = self.task.val_problems()
+        problems = self.task.val_problems() if cfg.train.val_split == "val" else self.task.train_problems()
         if cfg.train.val_problems is not None:
             problems = problems[: cfg.train.val_problems]
         started = time.time()
@@ -422,7 +424,7 @@ def run_cell(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int:
             record(cellstate.preempted(str(stop)))
             log.info("%s", stop)
             return 75
-        except SandboxUnavailable as refused:  # a fix for the user (install bubblewrap), not a bug: one line
+        except (SandboxUnavailable, AdapterSourceError) as refused:  # a fix for the user, not a bug: one line
             record(cellstate.failed(str(refused)))
             log.error("%s", refused)
             return 1

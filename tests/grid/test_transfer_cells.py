@@ -52,7 +52,7 @@ def test_a_transfer_cell_is_its_workflows_base_cell_with_the_sa_rl_adapter_on_th
     base = load_config(cells / "base-voting-toy-arith" / "config.yaml")
     assert (transfer.cell.kind, transfer.cell.seed, transfer.policy.name) == ("transfer", 0, "transfer")
     # Named relative to the cell's own run dir, so the fingerprint ignores the results root.
-    assert (transfer.policy.transfer_adapter, transfer.policy.transfer_role) == (f"../{SA_RL}", "generator")
+    assert transfer.policy.adapters == {"generator": f"../{SA_RL}"}
     assert not transfer.trains
     # Evaluated like the base cell: same workflow, lengths, rounds and validation.
     for part in ("workflow", "lengths", "task", "engine", "model"):
@@ -182,3 +182,24 @@ def test_cancel_takes_blocked_cells_too(gridrun: Gridrun, smoke: SweepDir) -> No
     assert {smoke.cell(t).read_state()["state"] for t in TRANSFERS} == {"cancelled"}
     # A cell the user cancelled stays cancelled: it is no longer read as blocked.
     assert {rows(gridrun)[t]["state"] for t in TRANSFERS} == {"cancelled"}
+
+
+# ---------------------------------------------------------------- eval cells
+def test_eval_cells_take_the_sweeps_adapters_with_their_own_coordinates_filled_in(composer: Composer) -> None:
+    # One setting names every seed's own source: {seed} and {scale} are the eval cell's.
+    # (Hydra's `+` adds a key to the empty map; quotes keep the braces a string.)
+    source = "+policy.adapters.generator='voting-ip-{scale}-{task}-s{seed}@peak'"
+    spec = load_spec("smoke", ["kind=eval", "workflow=voting", "seed=0,1", source,
+                               "sampling.val_temperature=0", "train.val_problems=null"], composer)
+    plan = make_plan(spec, composer)
+    by_id = {pc.id: pc.config for pc in plan.cells}
+    # The single workflow too (an SA-RL adapter re-scored), as base cells add it.
+    assert sorted(by_id) == ["eval-single-toy-arith-s0", "eval-single-toy-arith-s1",
+                             "eval-voting-toy-arith-s0", "eval-voting-toy-arith-s1"]
+    config = by_id["eval-voting-toy-arith-s1"]
+    assert config.policy.adapters == {"generator": "voting-ip-toy-arith-s1@peak"}
+    assert (config.policy.name, config.trains, config.steps_to_train) == ("transfer", False, 0)
+    assert (config.sampling.val_temperature, config.train.val_problems) == (0.0, None)
+    bad = load_spec("smoke", ["kind=eval", "workflow=voting", "+policy.adapters.generator='x-s{sed}'"], composer)
+    with pytest.raises(GridError, match=r"policy.adapters may name \{workflow\}, \{task\}, \{scale\} and \{seed\}, not 'sed'"):
+        make_plan(bad, composer)

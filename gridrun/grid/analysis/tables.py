@@ -111,7 +111,7 @@ def entry(frame: pd.DataFrame, column: str, scale: float = 1.0) -> Entry:
 
 
 def several_seeds(cells: pd.DataFrame) -> bool:
-    seeded = cells[cells["kind"].isin(["train", "sa_rl", "transfer", "shuffled"])]
+    seeded = cells[cells["kind"].isin(["train", "sa_rl", "transfer", "shuffled", "eval"])]
     keys = ["kind", "workflow", "task", "scale", "policy"]
     return bool(len(seeded)) and int(seeded.groupby(keys, dropna=False).size().max()) > 1
 
