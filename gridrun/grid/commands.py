@@ -262,7 +262,8 @@ def _collect(args: argparse.Namespace) -> int:
     skipped: list[str] = []
     for name in names:
         try:
-            collect(SweepDir(results, name), console, tolerance_pp=args.base_tolerance)
+            collect(SweepDir(results, name), console, tolerance_pp=args.base_tolerance,
+                    export_to=Path(args.export_peaks) if args.export_peaks else None)
         except SweepDamaged as err:
             if conf:
                 raise
@@ -333,6 +334,10 @@ def add_commands(sub: Any) -> None:
     collect.add_argument(
         "--base-tolerance", type=float, default=1.0, metavar="PP",
         help="flag a cell whose step-0 accuracy differs from its base control by more (points; default 1.0)",
+    )
+    collect.add_argument(
+        "--export-peaks", metavar="DIR",
+        help="also export every done cell's peak (`gridrun export`) into DIR/<sweep>/<cell>-step_XXXXXX",
     )
     results_option(collect)
     collect.set_defaults(func=_guarded(_collect))
