@@ -91,6 +91,15 @@ class Cell:
         return {"id": self.id, "kind": self.kind, "seed": self.seed or 0}
 
 
+def base_control(kind: str, coords: dict[str, Any]) -> str | None:
+    """The id of the base control a cell is measured against: its workflow's (SA-RL's is
+    `single`'s) at its task and scale; None for a base cell."""
+    if kind == "base":
+        return None
+    workflow = "single" if kind == "sa_rl" else coords["workflow"]
+    return Cell(kind="base", workflow=workflow, task=coords["task"], scale=coords["scale"]).id
+
+
 def expand(axes: dict[str, list[Any]], restrict: dict[str, dict[str, list[Any]]] | None = None) -> list[Cell]:
     """Every cell of the sweep, train first, in axis order (the toy pairing is checked per
     composed cell, gridrun/grid/plan.py, where the task's registry entry is known).

@@ -43,7 +43,7 @@ from gridrun import registry
 from gridrun.grid.analysis.findings import alerts_table, findings_table
 from gridrun.grid.analysis.summary import MetricColumns, alert_summary, cell_hours, cell_summary
 from gridrun.grid.analysis.tables import Table, base_mismatch_notes, flags, signature_tables, table1, table2, table3
-from gridrun.grid.cells import Cell
+from gridrun.grid.cells import base_control
 from gridrun.grid.console import track
 from gridrun.grid.status import sweep_rows
 from gridrun.grid.sweepdir import SweepDir
@@ -108,10 +108,7 @@ def _read_all(cells: Sequence[tuple[str, str | None, str | None]], description: 
 def base_id(kind: str, coords: dict[str, Any]) -> str | None:
     """The id of the base control that a cell's step 0 must match (none for base, transfer and
     eval cells: their adapters are not the base model)."""
-    if kind in EVALUATES:
-        return None
-    workflow = "single" if kind == "sa_rl" else coords["workflow"]
-    return Cell(kind="base", workflow=workflow, task=coords["task"], scale=coords["scale"]).id
+    return None if kind in EVALUATES else base_control(kind, coords)
 
 
 def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
