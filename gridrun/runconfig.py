@@ -32,6 +32,8 @@ from gridrun.registry import ConfigError, EngineParams, OptionParams, TaskParams
 
 # Cell kinds whose roles run on frozen adapters trained elsewhere (policy.adapters).
 EVALUATES_ADAPTERS = ("transfer", "eval")
+# policy.adapters' key for every role the map does not name.
+ALL_ROLES = "all_roles"
 
 
 @dataclass
@@ -99,7 +101,8 @@ class PolicySpec:
     # transfer only: role -> where its adapter is, resolved when the cell runs
     # (gridrun/adapters.py): a run dir, an export or a peft folder, relative paths taken from
     # this cell's run dir, or a cell id of the same sweep; `@peak`, `@last` (the default) or
-    # `@N` picks a run's step. A transfer cell's is {generator: ../<sa_rl cell id>}.
+    # `@N` picks a run's step. `all_roles`: every role not named takes its adapter for that
+    # role from this source. A transfer cell's is {generator: ../<sa_rl cell id>}.
     adapters: dict[str, str] = field(default_factory=dict)
 
 
@@ -310,7 +313,7 @@ class RunConfig:
         # A transfer cell's generator may be missing (Orch-Workers has none: the paper ran it
         # wholly on the base model); an eval cell names the roles it means.
         if self.cell.kind == "eval":
-            self._check_roles("policy.adapters", self.policy.adapters, roles)
+            self._check_roles("policy.adapters", self.policy.adapters, (*roles, ALL_ROLES))
         task = registry.task(self.task.name, self.task.plugin)
         missing = [p for p in workflow.prompt_names() if p not in task.prompt_names()]
         if missing:

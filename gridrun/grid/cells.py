@@ -9,10 +9,10 @@
               as its train / sa_rl     x task x scale x seed                     shuffled-sa_rl-1.7b-math-s0
               twin on rewards permuted
               within each step
-    eval      adapters trained         (single + workflow) x task x scale x seed eval-voting-1.7b-math-s0
-              elsewhere (the sweep's
-              policy.adapters) in a
-              workflow, evaluated
+    eval      adapters trained         (single + workflow x policy)              eval-voting-ip-1.7b-math-s0
+              elsewhere (the sweep's   x task x scale x seed                     eval-single-1.7b-math-s0
+              policy.adapters) in a    (policy: the sources', for the id and
+              workflow, evaluated      the {policy} of policy.adapters)
 
 Ids are built from the coordinates alone, so the same axes always give the same ids. The
 toy world pairs scale=toy with task=arith only; any other pairing with either is refused.
@@ -47,17 +47,23 @@ class Cell:
     @property
     def id(self) -> str:
         if self.kind == "train":
-            tag = POLICY_TAGS.get(self.policy or "", self.policy)
-            return f"{self.workflow}-{tag}-{self.scale}-{self.task}-s{self.seed}"
+            return f"{self.workflow}-{self.policy_tag}-{self.scale}-{self.task}-s{self.seed}"
         if self.kind == "sa_rl":
             return f"sa_rl-{self.scale}-{self.task}-s{self.seed}"
-        if self.kind in ("transfer", "eval"):
+        if self.kind == "transfer" or (self.kind == "eval" and not self.policy):
             return f"{self.kind}-{self.workflow}-{self.scale}-{self.task}-s{self.seed}"
+        if self.kind == "eval":
+            return f"eval-{self.workflow}-{self.policy_tag}-{self.scale}-{self.task}-s{self.seed}"
         if self.kind == "shuffled":
             twin = Cell("sa_rl" if self.workflow == "single" else "train", self.workflow, self.task, self.scale,
                         self.policy, self.seed)
             return f"shuffled-{twin.id}"
         return f"base-{self.workflow}-{self.scale}-{self.task}"
+
+    @property
+    def policy_tag(self) -> str:
+        """The policy as cell ids write it (ip, sp), "" for none."""
+        return POLICY_TAGS.get(self.policy or "", self.policy or "")
 
     @property
     def needs(self) -> list[Cell]:
@@ -124,7 +130,8 @@ def expand(axes: dict[str, list[Any]], restrict: dict[str, dict[str, list[Any]]]
             cells.append(Cell("transfer", workflow, task, scale, None, seed))
     if "eval" in kinds:
         for workflow, task, scale, seed in itertools.product(["single", *axes["workflow"]], axes["task"], axes["scale"], axes["seed"]):
-            cells.append(Cell("eval", workflow, task, scale, None, seed))
+            policies = [None] if workflow == "single" else axes["policy"]
+            cells.extend(Cell("eval", workflow, task, scale, policy, seed) for policy in policies)
     if "shuffled" in kinds:
         for workflow, task, scale, seed in itertools.product(["single", *axes["workflow"]], axes["task"], axes["scale"], axes["seed"]):
             policies = [None] if workflow == "single" else axes["policy"]

@@ -166,14 +166,18 @@ def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
 
 def _cell_sources(cell: Cell, sources: dict[str, Any]) -> dict[str, str]:
     """An eval cell's adapter sources with its coordinates filled in: one sweep setting
-    (`policy.adapters={generator: '{workflow}-ip-{scale}-{task}-s{seed}@peak'}`) names each
-    cell's own source."""
-    fields = {**cell.coords(), "seed": cell.seed or 0}
+    (`+policy.adapters.all_roles='../../../smoke/cells/{cell}@peak'`) names each cell's own
+    source. {cell} is the id of the trained cell at the eval cell's coordinates (train, or
+    sa_rl for `single`); {policy} is written as ids write it (ip, sp)."""
+    trained = Cell("sa_rl" if cell.workflow == "single" else "train", cell.workflow, cell.task, cell.scale,
+                   cell.policy, cell.seed)
+    fields = {**cell.coords(), "seed": cell.seed or 0, "policy": cell.policy_tag, "cell": trained.id}
     try:
         return {role: str(source).format(**fields) for role, source in sources.items()}
     except (KeyError, IndexError, ValueError) as err:
         raise GridError(
-            f"cell {cell.id}: policy.adapters may name {{workflow}}, {{task}}, {{scale}} and {{seed}}, not {err}"
+            f"cell {cell.id}: policy.adapters may name {{cell}}, {{workflow}}, {{policy}}, {{task}}, {{scale}} "
+            f"and {{seed}}, not {err}"
         ) from None
 
 

@@ -4,9 +4,9 @@
 - isolated (IP): one adapter per role *type*; same-role slots (3 voters, 3 workers) share it.
 - single-agent RL (kind sa_rl): the generator -> one adapter.
 - base (kind base): every role -> the base model, no adapter.
-- transfer (kinds transfer and eval): each role named in `policy.adapters` -> a trained
-  adapter loaded frozen, found when the cell runs (gridrun/adapters.py); every other role ->
-  the base model. Roles whose sources resolve to the same folder share one adapter, named
+- transfer (kinds transfer and eval): each role named in `policy.adapters` (or every role,
+  through its `all_roles` key) -> a trained adapter loaded frozen, found when the cell runs
+  (gridrun/adapters.py); every other role -> the base model. Roles whose sources resolve to the same folder share one adapter, named
   after the first of them. Table 3's transfer cell names the SA-RL run for the generator;
   a workflow without that role (Orch-Workers has no generator) runs wholly on the base
   model, as the paper's did: its text lists worker and synthesizer among the base roles.
@@ -28,7 +28,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 
 from gridrun.adapters import resolve
 from gridrun.registry import Workflow
-from gridrun.runconfig import RunConfig
+from gridrun.runconfig import ALL_ROLES, RunConfig
 
 SHARED = "shared"
 TRANSFER = "transfer"
@@ -65,12 +65,14 @@ def routing_for(config: RunConfig, workflow: Workflow, run_dir: Path | None = No
 
 
 def _frozen_routing(config: RunConfig, workflow: Workflow, run_dir: Path | None) -> Routing:
-    missing = [role for role in config.policy.adapters if role not in workflow.roles]
+    missing = [role for role in config.policy.adapters if role not in (*workflow.roles, ALL_ROLES)]
     if missing:
         # As the paper's Table 3: its Orch-Workers has no generator, so every role there
         # (orchestrator, workers, synthesizer) fell through to the base model.
         log.warning("%s: %s has no %s role, so it runs on the base model", config.cell.kind, workflow.name, " or ".join(missing))
-    folders = {role: resolve(source, role, run_dir) for role, source in config.policy.adapters.items() if role in workflow.roles}
+    named = config.policy.adapters
+    sources = {r: named.get(r, named.get(ALL_ROLES)) for r in workflow.roles}
+    folders = {role: resolve(source, role, run_dir) for role, source in sources.items() if source is not None}
     names: dict[Path, str] = {}
     for role in workflow.roles:
         if role in folders:

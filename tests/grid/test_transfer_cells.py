@@ -186,20 +186,26 @@ def test_cancel_takes_blocked_cells_too(gridrun: Gridrun, smoke: SweepDir) -> No
 
 # ---------------------------------------------------------------- eval cells
 def test_eval_cells_take_the_sweeps_adapters_with_their_own_coordinates_filled_in(composer: Composer) -> None:
-    # One setting names every seed's own source: {seed} and {scale} are the eval cell's.
-    # (Hydra's `+` adds a key to the empty map; quotes keep the braces a string.)
-    source = "+policy.adapters.generator='voting-ip-{scale}-{task}-s{seed}@peak'"
-    spec = load_spec("smoke", ["kind=eval", "workflow=voting", "seed=0,1", source,
-                               "sampling.val_temperature=0", "train.val_problems=null"], composer)
-    plan = make_plan(spec, composer)
+    # sweeps/rescore.yaml: every role of each eval cell takes the peak adapter of the smoke
+    # cell at its coordinates ({cell}: the train cell, sa_rl for single), greedily, on the
+    # whole validation split. Two seeds: each eval cell names its own seed's cell.
+    plan = make_plan(load_spec("rescore", ["seed=0,1"], composer), composer)
     by_id = {pc.id: pc.config for pc in plan.cells}
-    # The single workflow too (an SA-RL adapter re-scored), as base cells add it.
-    assert sorted(by_id) == ["eval-single-toy-arith-s0", "eval-single-toy-arith-s1",
-                             "eval-voting-toy-arith-s0", "eval-voting-toy-arith-s1"]
-    config = by_id["eval-voting-toy-arith-s1"]
-    assert config.policy.adapters == {"generator": "voting-ip-toy-arith-s1@peak"}
+    # The single workflow too (an SA-RL adapter re-scored), as base cells add it; the policy
+    # axis says whose adapters a multi-agent eval cell takes.
+    assert len(by_id) == 2 * (1 + 3 * 2)
+    assert {"eval-single-toy-arith-s1", "eval-voting-ip-toy-arith-s0", "eval-orch_workers-sp-toy-arith-s1"} < set(by_id)
+    smoke = "../../../smoke/cells"
+    assert by_id["eval-voting-sp-toy-arith-s1"].policy.adapters == {"all_roles": f"{smoke}/voting-sp-toy-arith-s1@peak"}
+    assert by_id["eval-single-toy-arith-s0"].policy.adapters == {"all_roles": f"{smoke}/sa_rl-toy-arith-s0@peak"}
+    config = by_id["eval-voting-ip-toy-arith-s1"]
     assert (config.policy.name, config.trains, config.steps_to_train) == ("transfer", False, 0)
     assert (config.sampling.val_temperature, config.train.val_problems) == (0.0, None)
-    bad = load_spec("smoke", ["kind=eval", "workflow=voting", "+policy.adapters.generator='x-s{sed}'"], composer)
-    with pytest.raises(GridError, match=r"policy.adapters may name \{workflow\}, \{task\}, \{scale\} and \{seed\}, not 'sed'"):
+    # A one-role source from the command line, a cell id of the same sweep ({policy}: the tag).
+    one = load_spec("smoke", ["kind=eval", "workflow=voting", "policy=shared",
+                              "+policy.adapters.generator='{workflow}-{policy}-{scale}-{task}-s{seed}@5'"], composer)
+    assert make_plan(one, composer).cells[-1].config.policy.adapters == {"generator": "voting-sp-toy-arith-s0@5"}
+    bad = load_spec("smoke", ["kind=eval", "+policy.adapters.generator='{workflow}-s{sed}'"], composer)
+    with pytest.raises(GridError, match=r"may name \{cell\}, \{workflow\}, \{policy\}, \{task\}, \{scale\} and \{seed\}, "
+                                        r"not 'sed'"):
         make_plan(bad, composer)
