@@ -115,12 +115,17 @@ def _for_role(roles: dict[str, str | None], role: str, where: str) -> str:
 
 def resolve(source: str, role: str, run_dir: Path | None = None) -> Path:
     """The peft folder that serves `role`, from one `policy.adapters` source (see above)."""
-    where, _, step = source.rpartition("@") if "@" in source else (source, "", "last")
+    where, at, step = source.rpartition("@")
+    if not at or not (step in ("peak", "last") or step.isdigit()):
+        where, step = source, ""  # no step named (an "@" elsewhere in a path is the path's)
     named = Path(where)
     path = (run_dir / named) if run_dir is not None and not named.is_absolute() else named
     if run_dir is not None and not path.exists() and "/" not in where:
         path = run_dir.parent / where  # a cell id of the same sweep
     path = path.resolve()
+    exported = (path / PEFT_CONFIG).is_file() or (path / ROLES_FILE).is_file()
+    if exported and step:
+        raise AdapterSourceError(f"{source}: @{step} picks a step of a run, but {path} holds one adapter set: drop @{step}")
     if (path / PEFT_CONFIG).is_file():
         return path
     if (path / ROLES_FILE).is_file():
@@ -143,5 +148,5 @@ def resolve(source: str, role: str, run_dir: Path | None = None) -> Path:
         )
     if not source_dir.complete_checkpoints():
         raise AdapterSourceError(f"adapter source {path.name} is done but has no complete checkpoint: re-run it")
-    found = find_checkpoint(source_dir, step)
+    found = find_checkpoint(source_dir, step or "last")
     return found.adapters()[_for_role(found.roles(), role, f"{path.name} at step {found.step}")]

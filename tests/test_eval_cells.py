@@ -99,3 +99,11 @@ def test_an_eval_cell_whose_source_is_unfinished_fails_in_one_line(trained: Path
     assert run_cell(cell) == 1
     error = RunDir(cell).read_state()["error"]
     assert "\n" not in error and "is neither a run dir, an export nor a peft adapter folder" in error
+
+
+def test_a_step_is_for_runs_and_an_at_sign_inside_a_path_is_the_paths(trained: Path) -> None:
+    out = trained.parent / "by-at@home"
+    export(RunDir(trained), "4", out)
+    assert resolve(str(out), "generator") == out / "generator"
+    with pytest.raises(AdapterSourceError, match=r"@peak picks a step of a run, but .* holds one adapter set: drop @peak"):
+        resolve(f"{out}@peak", "generator")
