@@ -8,8 +8,9 @@ null for a role on the base model). Each folder loads with `PeftModel.from_pretr
 folder)` and serves with vLLM's `LoRARequest(name, id, folder)`. `--merged` also writes the
 base model with the adapter merged in (`merged/`), for a cell with one adapter only.
 
-The step is `peak`, `last` or a number, as gridrun/adapters.py resolves it. It imports no torch unless `merged` is asked for, so the grid half calls it too
-(`gridrun collect --export-peaks`). Left out: the base model's own files (the card names
+The step is `peak`, `last` or a number, as gridrun/adapters.py resolves it. It imports no
+torch unless `merged` is asked for, so the grid half calls it too (`gridrun collect
+--export-peaks`). Left out: the base model's own files (the card names
 them), and adapters of cells that train none (base, transfer, eval cells).
 """
 
@@ -98,7 +99,9 @@ def model_card(config: RunConfig, found: Checkpoint, adapters: dict[str, Path], 
     model = config.model.name_or_path
     if config.model.toy is not None:
         model += f" (gridrun's toy world, recipe {json.dumps(vars(config.model.toy))})"
-    acc = "not validated at this step" if found.val_acc is None else f"{100 * found.val_acc:.1f}%"
+    problems = "the whole split" if config.train.val_problems is None else f"{config.train.val_problems} problems"
+    acc = "not validated at this step" if found.val_acc is None else (
+        f"{100 * found.val_acc:.1f}% ({problems} of {config.train.val_split}, T={config.sampling.val_temperature})")
     peak = first_peak(val_accuracy(found.run_dir.read_metrics()))
     peak_note = " (the cell's peak)" if peak is not None and peak[0] == found.step else ""
     roles = found.roles()
@@ -106,7 +109,7 @@ def model_card(config: RunConfig, found: Checkpoint, adapters: dict[str, Path], 
     lines = [
         f"# {config.cell.id} at step {found.step}",
         "",
-        "LoRA adapters exported by `gridrun export` from a multi-agent GRPO cell.",
+        "LoRA adapters of a gridrun GRPO cell, exported by `gridrun export`.",
         "",
         "| | |",
         "|---|---|",
