@@ -99,9 +99,10 @@ def model_card(config: RunConfig, found: Checkpoint, adapters: dict[str, Path], 
     model = config.model.name_or_path
     if config.model.toy is not None:
         model += f" (gridrun's toy world, recipe {json.dumps(vars(config.model.toy))})"
-    problems = "the whole split" if config.train.val_problems is None else f"{config.train.val_problems} problems"
+    split = config.train.val_split
+    problems = f"every {split} problem" if config.train.val_problems is None else f"{config.train.val_problems} {split} problems"
     acc = "not validated at this step" if found.val_acc is None else (
-        f"{100 * found.val_acc:.1f}% ({problems} of {config.train.val_split}, T={config.sampling.val_temperature})")
+        f"{100 * found.val_acc:.1f}% ({problems}, T={config.sampling.val_temperature})")
     peak = first_peak(val_accuracy(found.run_dir.read_metrics()))
     peak_note = " (the cell's peak)" if peak is not None and peak[0] == found.step else ""
     roles = found.roles()

@@ -116,7 +116,7 @@ def test_export_at_the_peak_loads_with_peft_and_answers_as_the_trainer_did(
     assert json.loads((out / "roles.json").read_text()) == {"generator": "shared"}
     card = (out / "README.md").read_text()
     for fact in ("`sa_rl-toy-arith-s0` (sa_rl)", "| step | 10 of 30 (the cell's peak) |",
-                 "| validation accuracy at this step | 50.0% (4 problems of val, T=0.7) |", "| preset | released |",
+                 "| validation accuracy at this step | 50.0% (4 val problems, T=0.7) |", "| preset | released |",
                  "| task | arith |"):
         assert fact in card, fact
     # The exported folder is a plain peft adapter: a fresh base model loads it.
