@@ -3,8 +3,8 @@
 The reading side is the fast path (1000 cells well under half a second): sweep.json for the
 cell list, then one state.json per cell, which the trainer keeps current (step, last and
 peak validation accuracy, drift alerts), so no metrics file is parsed. Δ base is a cell's
-peak minus its done base control's accuracy, in points (`--sort delta` orders by it). Standard library
-only until a table is drawn; rich is imported to draw. Cells whose job died without saying
+peak minus its done base control's accuracy, in points (`--sort delta` orders by it).
+Standard library only until a table is drawn; rich is imported to draw. Cells whose job died without saying
 so are shown as their launcher reconciles them (`failed`, marked lost); a scheduler's word
 for an active cell's job (PENDING, RUNNING) is shown beside its job id. A queued cell held
 for a cell it needs shows `waiting: <its id>`, and `blocked` once that one failed. A cell

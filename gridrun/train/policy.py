@@ -6,8 +6,10 @@
 - base (kind base): every role -> the base model, no adapter.
 - transfer (kinds transfer and eval): each role named in `policy.adapters` (or every role,
   through its `all_roles` key) -> a trained adapter loaded frozen, found when the cell runs
-  (gridrun/adapters.py); every other role -> the base model. Roles whose sources resolve to the same folder share one adapter, named
-  after the first of them. Table 3's transfer cell names the SA-RL run for the generator;
+  (gridrun/adapters.py); every other role -> the base model. Roles whose sources resolve
+  to the same folder share one adapter, named after the first of them (so an eval cell
+  batches its roles as the trained cell did). Table 3's transfer cell names the SA-RL run
+  for the generator;
   a workflow without that role (Orch-Workers has no generator) runs wholly on the base
   model, as the paper's did: its text lists worker and synthesizer among the base roles.
 
