@@ -8,6 +8,10 @@ earliest step of the best accuracy is Table 1's peak). Training itself is real."
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +29,7 @@ from gridrun.train import trainer as trainer_module
 from gridrun.train.model import load_base
 from gridrun.train.policy import adapter_parameters
 from gridrun.train.trainer import Trainer
-from tests.conftest import make_cell
+from tests.conftest import make_cell, wait_until
 
 ACC = {0: 0.10, 10: 0.50, 20: 0.30, 30: 0.50}
 GREEDY_PROBLEMS = 5
@@ -103,6 +107,46 @@ def test_the_peak_checkpoint_survives_recency_retention_and_a_resume(peaked_cell
     assert (state["state"], state["peak_step"], state["peak_val_acc"]) == ("done", 10, 0.5)
     roles = json.loads((run_dir.checkpoint(10) / "roles.json").read_text())
     assert roles == {"generator": "shared"}
+
+
+# The validation accuracies of ACC, patched into a `gridrun run` in another process.
+FIXED_ACC_RUN = """
+import sys
+from pathlib import Path
+from gridrun.train import trainer
+ACC, seen = {acc!r}, [0]
+real_metrics, real_validate = trainer.validation_metrics, trainer.Trainer.validate
+def validate(self, step):
+    seen[0] = step
+    real_validate(self, step)
+trainer.Trainer.validate = validate
+trainer.validation_metrics = lambda *args: {{**real_metrics(*args), "val/acc": ACC[seen[0]]}}
+from gridrun.cellrun import run_cell
+sys.exit(run_cell(Path(sys.argv[1])))
+"""
+
+
+@pytest.mark.slow  # two processes of 30 steps: ~35 s on the shared two cores
+def test_the_peak_checkpoint_survives_a_kill_9_and_the_resume(tmp_path: Path) -> None:
+    cell = make_cell(tmp_path, "sa_rl-toy-arith-s0", cell={"kind": "sa_rl"},
+                     train={"total_steps": 30, "val_every": 10, "save_every": 4, "keep_checkpoints": 2,
+                            "batch_problems": 2, "ppo_mini_batch": 2, "val_problems": 4})
+    run_dir = RunDir(cell)
+    code = FIXED_ACC_RUN.format(acc=ACC)
+    proc = subprocess.Popen([sys.executable, "-c", code, str(cell)], env={**os.environ, "GRIDRUN_LOG": "WARNING"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: run_dir.read_state().get("step", 0) >= 21, "step 21", 120, poll=0.02)
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    at_kill = [s for s, _ in run_dir.complete_checkpoints()]
+    # Killed past step 21 and before the end: the peak (10) and the newest two are on disk.
+    assert run_dir.read_state()["state"] == "running" and at_kill[0] == 10 and 20 <= at_kill[-1] < 30, at_kill
+    resumed = subprocess.run([sys.executable, "-c", code, str(cell)], env={**os.environ, "GRIDRUN_LOG": "WARNING"},
+                             capture_output=True, text=True, check=False)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert [s for s, _ in run_dir.complete_checkpoints()] == [10, 28, 30]
+    assert (run_dir.read_state()["peak_step"], run_dir.read_state()["state"]) == (10, "done")
 
 
 def test_export_at_the_peak_loads_with_peft_and_answers_as_the_trainer_did(
