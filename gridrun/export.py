@@ -50,7 +50,8 @@ def export(run_dir: RunDir, which: str | int = "peak", out: Path | None = None, 
     config = _config(run_dir)
     if not config.trains:
         raise ExportError(
-            f"{run_dir.root.name} is a {config.cell.kind} cell: it trains no adapter, so there is nothing to export"
+            f"{run_dir.root.name} is of kind {config.cell.kind}: it trains no adapter, so there is nothing to export "
+            "(export the cell whose adapters it evaluates)"
         )
     try:
         found = find_checkpoint(run_dir, which)

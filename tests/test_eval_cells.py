@@ -13,7 +13,7 @@ import pytest
 
 from gridrun.adapters import AdapterSourceError, resolve
 from gridrun.cellrun import run_cell
-from gridrun.export import export
+from gridrun.export import ExportError, export
 from gridrun.runconfig import load_config
 from gridrun.rundir import RunDir
 from gridrun.tasks import make_task
@@ -107,3 +107,9 @@ def test_a_step_is_for_runs_and_an_at_sign_inside_a_path_is_the_paths(trained: P
     assert resolve(str(out), "generator") == out / "generator"
     with pytest.raises(AdapterSourceError, match=r"@peak picks a step of a run, but .* holds one adapter set: drop @peak"):
         resolve(f"{out}@peak", "generator")
+
+
+def test_an_eval_cell_has_nothing_to_export(trained: Path) -> None:
+    cell = eval_cell(trained.parent, "eval-export-refused", {"all_roles": f"{TRAINED}@peak"})
+    with pytest.raises(ExportError, match="is of kind eval: it trains no adapter, so there is nothing to export"):
+        export(RunDir(cell))
