@@ -129,17 +129,39 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     from gridrun.grid.show import find_cell
     from gridrun.grid.sweepdir import results_root
 
-    conf = None
-    for arg in args.conf:
-        if not arg.startswith("conf="):
-            raise UserError(f"gridrun plot takes a cell and conf=<sweep>, not '{arg}'")
-        conf = arg.split("=", 1)[1]
+    conf = _conf_arg(args.conf, "plot")
     try:
         path = plot_cell(find_cell(args.cell, results_root(args.results_dir), conf))
     except GridError as err:
         raise UserError(str(err)) from None
     print(path)
     return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from gridrun.export import ExportError, export
+    from gridrun.grid.errors import GridError
+    from gridrun.grid.show import find_cell
+    from gridrun.grid.sweepdir import results_root
+
+    conf = _conf_arg(args.conf, "export")
+    try:
+        run_dir = find_cell(args.cell, results_root(args.results_dir), conf)
+        out = export(run_dir, args.step, Path(args.out) if args.out else None, merged=args.merged)
+    except (GridError, ExportError) as err:
+        raise UserError(str(err)) from None
+    print(out)
+    return 0
+
+
+def _conf_arg(args: list[str], command: str) -> str | None:
+    """The sweep of `conf=SWEEP`, the only extra argument a one-cell command takes."""
+    conf = None
+    for arg in args:
+        if not arg.startswith("conf="):
+            raise UserError(f"gridrun {command} takes a cell and conf=<sweep>, not '{arg}'")
+        conf = arg.split("=", 1)[1]
+    return conf
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -199,6 +221,18 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("conf", nargs="*", metavar="conf=SWEEP", help="the sweep, when the id is in several")
     plot.add_argument("--results-dir", metavar="DIR", help="results root (default: $GRIDRUN_RESULTS or ./results)")
     plot.set_defaults(func=_cmd_plot)
+
+    export = sub.add_parser(
+        "export", help="a cell's adapters at a step as standard peft folders, a model card and the role map")
+    export.add_argument("cell", help="a cell id (voting-ip-1.7b-math-s0) or a cell directory")
+    export.add_argument("conf", nargs="*", metavar="conf=SWEEP", help="the sweep, when the id is in several")
+    export.add_argument("--step", default="peak", metavar="peak|last|N",
+                        help="the peak validation's checkpoint (default), the newest one, or step N")
+    export.add_argument("--out", metavar="DIR", help="where to write (default: <cell dir>/exports/step_XXXXXX)")
+    export.add_argument("--merged", action="store_true",
+                        help="also write the base model with the adapter merged in (cells with one adapter)")
+    export.add_argument("--results-dir", metavar="DIR", help="results root (default: $GRIDRUN_RESULTS or ./results)")
+    export.set_defaults(func=_cmd_export)
 
     # The orchestration half: plan, sweep, status, resubmit, cancel, collect, show.
     from gridrun.grid.commands import add_commands

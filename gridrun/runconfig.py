@@ -32,14 +32,20 @@ from gridrun.registry import ConfigError, EngineParams, OptionParams, TaskParams
 
 # The key of a per-role setting that names the workflow's parallel role, whatever it is called.
 PARALLEL = "parallel"
+# Cell kinds whose roles run on frozen adapters trained elsewhere (policy.adapters).
+EVALUATES_ADAPTERS = ("transfer", "eval")
+# policy.adapters' key for every role the map does not name.
+ALL_ROLES = "all_roles"
 
 
 @dataclass
 class CellSpec:
     id: str
     # shuffled: the reward control, trained as its train (or sa_rl, workflow single) twin with
-    # each step's episode rewards permuted across the step's episodes.
-    kind: Literal["train", "sa_rl", "base", "transfer", "shuffled"] = "train"
+    # each step's episode rewards permuted across the step's episodes. transfer and eval
+    # evaluate adapters trained elsewhere (policy.adapters): transfer is Table 3's (the SA-RL
+    # generator, planned by the grid), eval any adapters a sweep names.
+    kind: Literal["train", "sa_rl", "base", "transfer", "shuffled", "eval"] = "train"
     seed: int = 0
     # The sweep's variant this cell trains (a named bundle of overrides, gridrun/grid/spec.py);
     # None (and absent from config.yaml) for controls and sweeps without variants.
@@ -94,14 +100,15 @@ class LengthSpec:
 
 @dataclass
 class PolicySpec:
-    # shared: one adapter for every role; isolated: one per role type; transfer: a trained
-    # adapter plugged (frozen) into one role, other roles on the base model.
+    # shared: one adapter for every role; isolated: one per role type; transfer: trained
+    # adapters plugged (frozen) into the roles `adapters` names, other roles on the base model.
     name: Literal["shared", "isolated", "transfer"] = "shared"
-    # transfer only: the finished run dir whose adapter serves transfer_role (its newest
-    # complete checkpoint's, resolved at run time), or a peft adapter dir; a relative path
-    # is taken from this cell's run dir (the grid writes ../<sa_rl cell id>).
-    transfer_adapter: str | None = None
-    transfer_role: str = "generator"
+    # transfer only: role -> where its adapter is, resolved when the cell runs
+    # (gridrun/adapters.py): a run dir, an export or a peft folder, relative paths taken from
+    # this cell's run dir, or a cell id of the same sweep; `@peak`, `@last` (the default) or
+    # `@N` picks a run's step. `all_roles`: every role not named takes its adapter for that
+    # role from this source. A transfer cell's is {generator: ../<sa_rl cell id>}.
+    adapters: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -260,10 +267,14 @@ class TrainSpec:
     val_every: int = 10
     # Checkpoint every this many steps (resume takes the newest complete one).
     save_every: int = 5
-    # Complete checkpoints kept on disk (older ones are deleted).
+    # Newest complete checkpoints kept on disk (older ones are deleted, except the peak
+    # validation's: it is kept until a higher peak replaces it).
     keep_checkpoints: int = 2
     # Limit validation to the first N problems (None: the whole split).
     val_problems: int | None = None
+    # The task's split that validation draws its problems from (an eval cell may score the
+    # training problems).
+    val_split: Literal["val", "train"] = "val"
     # Validation episodes whose every turn goes to samples/step_XXXXXX.jsonl.
     val_samples: int = 8
 
@@ -339,13 +350,20 @@ class RunConfig:
             )
         if self.cell.kind == "train" and self.workflow.name == "single":
             raise ConfigError("workflow 'single' trains as cell.kind=sa_rl, not train")
-        if (self.cell.kind == "transfer") != (self.policy.name == "transfer"):
+        if (self.cell.kind in EVALUATES_ADAPTERS) != (self.policy.name == "transfer"):
             raise ConfigError(
-                f"cell.kind={self.cell.kind} with policy.name={self.policy.name}: a transfer cell evaluates a "
-                "transplanted adapter and nothing else does; set both to transfer or neither"
+                f"cell.kind={self.cell.kind} with policy.name={self.policy.name}: transfer and eval cells evaluate "
+                "adapters trained elsewhere and nothing else does; set policy.name=transfer with one of those "
+                "kinds, or neither"
             )
-        if self.policy.name == "transfer" and not self.policy.transfer_adapter:
-            raise ConfigError("policy.name=transfer needs policy.transfer_adapter=<run dir of a finished sa_rl cell>")
+        if self.policy.name == "transfer" and not self.policy.adapters:
+            raise ConfigError(
+                "policy.name=transfer needs policy.adapters={<role>: <run dir, export, peft folder or cell id>[@peak]}"
+            )
+        if self.policy.name != "transfer" and self.policy.adapters:
+            raise ConfigError(
+                f"policy.adapters is for transfer and eval cells (policy.name=transfer), not {self.policy.name}: drop it"
+            )
         if self.cell.kind == "transfer" and self.workflow.name == "single":
             raise ConfigError("a transfer cell plugs an adapter into a multi-agent workflow: set workflow.name to one")
         if self.grpo.clip_low <= 0 or self.grpo.clip_high <= 0:
@@ -361,12 +379,12 @@ class RunConfig:
             raise ConfigError("grpo.clip_ratio_c must be > 1 (verl uses 3.0), or null to turn dual-clip off")
         workflow = self.workflow_entry()
         roles = workflow.roles
-        for role in self.grpo.kl_beta:
-            if role not in roles:
-                close = difflib.get_close_matches(role, roles, n=1)
-                hint = f"did you mean '{close[0]}'?" if close else f"roles of {self.workflow.name}: {', '.join(roles)}"
-                raise ConfigError(f"grpo.kl_beta: '{role}' is not a role of {self.workflow.name} ({hint})")
+        self._check_roles("grpo.kl_beta", self.grpo.kl_beta, roles)
         self._check_role_strength(workflow)
+        # A transfer cell's generator may be missing (Orch-Workers has none: the paper ran it
+        # wholly on the base model); an eval cell names the roles it means.
+        if self.cell.kind == "eval":
+            self._check_roles("policy.adapters", self.policy.adapters, (*roles, ALL_ROLES))
         task = registry.task(self.task.name, self.task.plugin)
         missing = [p for p in workflow.prompt_names() if p not in task.prompt_names()]
         if missing:
@@ -434,6 +452,12 @@ class RunConfig:
         if self.grpo.multiplicity_norm == "steps":
             steps[self.workflow_entry().parallel_role] = 1
         return steps
+    def _check_roles(self, key: str, named: dict[str, Any], roles: tuple[str, ...]) -> None:
+        for role in named:
+            if role not in roles:
+                close = difflib.get_close_matches(role, roles, n=1)
+                hint = f"did you mean '{close[0]}'?" if close else f"roles of {self.workflow.name}: {', '.join(roles)}"
+                raise ConfigError(f"{key}: '{role}' is not a role of {self.workflow.name} ({hint})")
 
     def workflow_entry(self) -> registry.Workflow:
         """This cell's workflow: its roles, parallel role and program."""
@@ -450,8 +474,8 @@ class RunConfig:
 
     @property
     def trains(self) -> bool:
-        """Base and transfer cells only evaluate (step 0, n = 1)."""
-        return self.cell.kind not in ("base", "transfer")
+        """Base, transfer and eval cells only evaluate (step 0, n = 1)."""
+        return self.cell.kind not in ("base", *EVALUATES_ADAPTERS)
 
     @property
     def steps_to_train(self) -> int:

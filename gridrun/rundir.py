@@ -5,8 +5,8 @@ those paths. Both halves import it, so it imports only the standard library.
 
     cells/<cell_id>/
       config.yaml  cell.json  state.json  metrics.jsonl  .run.lock
-      checkpoints/step_XXXXXX/  (COMPLETE marker last)
-      samples/step_XXXXXX.jsonl  logs/  wandb/
+      checkpoints/step_XXXXXX/  adapters/<name>/ roles.json ... (COMPLETE marker last)
+      samples/step_XXXXXX.jsonl  logs/  wandb/  exports/step_XXXXXX/ (`gridrun export`)
 
 `RunDir.record` is the one writer of state.json: it applies a named transition of
 gridrun/cellstate.py, which refuses a change the cell's state machine does not allow.
@@ -38,6 +38,8 @@ from typing import Any
 from gridrun.cellstate import RECORDED, Transition
 
 COMPLETE_MARKER = "COMPLETE"
+# A checkpoint's role -> adapter map (null: the base model), beside its adapters/ folder.
+ROLES_FILE = "roles.json"
 
 _NUMBER = (int, float)
 # state.json's fields and the types a reader may rely on (None is always allowed).
@@ -229,6 +231,10 @@ class RunDir:
 
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints_dir / f"step_{step:06d}"
+
+    def export(self, step: int) -> Path:
+        """`gridrun export`'s default folder for the adapters of `step`."""
+        return self.root / "exports" / f"step_{step:06d}"
 
     @property
     def samples_dir(self) -> Path:
@@ -483,6 +489,12 @@ class RunDir:
     def latest_checkpoint(self) -> tuple[int, Path] | None:
         found = self.complete_checkpoints()
         return found[-1] if found else None
+
+
+def adapter_dir(checkpoint: Path, adapter: str) -> Path:
+    """A checkpoint's peft folder of one adapter (peft writes a non-"default" adapter into a
+    subfolder named after it)."""
+    return checkpoint / "adapters" / adapter
 
 
 def val_accuracy(rows: Iterable[Mapping[str, Any]]) -> dict[int, float]:

@@ -143,12 +143,14 @@ def test_one_of_two_tests_passed_scores_0_released_and_half_as_written(data_path
         "pass_rate", 6.0, 600.0)
     assert released_task.score(program, problem).reward == 0.0
     assert as_written_task.score(program, problem).reward == 0.5
-    # Released stops at the first failure: |a| - |b| fails "1 2", so "-1 1" never runs.
+    # Released stops at the first failure: |a| - |b| fails "1 2", so "-1 1" (which it would
+    # pass) never runs. One worker runs the tests in order; with several, each runs its own
+    # share and stops at its share's first failure or once another worker's failed.
     from gridrun.tasks.code_reward import score_code
 
     first_fails = fenced("a, b = map(int, input().split())\nprint(abs(a) - abs(b))\n")
     result = score_code(first_fails, list(problem.tests), released_task.mode, limits=released_task.limits,
-                        sandbox=released_task.sandbox)
+                        sandbox=released_task.sandbox, workers=1)
     assert (result.reward, result.passed, result.flags.get("skipped")) == (0.0, 0, 1)
 
 

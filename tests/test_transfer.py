@@ -13,20 +13,14 @@ import pytest
 import torch
 from peft import get_peft_model
 
+from gridrun.adapters import AdapterSourceError, resolve
 from gridrun.cellrun import model_files, run_cell
 from gridrun.registry import workflow as get_workflow
 from gridrun.runconfig import ConfigError, config_from_dict, load_config
 from gridrun.rundir import RunDir
 from gridrun.train import checkpoint
 from gridrun.train.model import load_base
-from gridrun.train.policy import (
-    SHARED,
-    TRANSFER,
-    TransferSourceError,
-    lora_config,
-    routing_for,
-    transfer_adapter_dir,
-)
+from gridrun.train.policy import SHARED, lora_config, routing_for
 from gridrun.train.trainer import Trainer
 from tests.conftest import TOY_CELL, make_cell, merge
 from tests.states import put_state
@@ -35,7 +29,7 @@ from tests.vllm.helpers import peft_logprobs, randomize_lora_b
 SA_RL = "sa_rl-toy-arith-s0"
 TRANSFER_CELL = {
     "cell": {"kind": "transfer"},
-    "policy": {"name": "transfer", "transfer_adapter": f"../{SA_RL}"},
+    "policy": {"name": "transfer", "adapters": {"generator": f"../{SA_RL}"}},
 }
 
 
@@ -61,7 +55,7 @@ def test_generator_turns_use_the_sa_rl_adapter_and_other_roles_the_base_model(to
     roles = set()
     for turn in (turn for episode in episodes for turn in episode.turns):
         served = torch.tensor(turn.logprobs)
-        adapter = peft_logprobs(trainer.model, TRANSFER, turn.prompt_ids, turn.completion_ids, temperature)
+        adapter = peft_logprobs(trainer.model, "generator", turn.prompt_ids, turn.completion_ids, temperature)
         base = peft_logprobs(trainer.model, None, turn.prompt_ids, turn.completion_ids, temperature)
         # The rollout's own log-probs say which weights sampled each turn: equal (float
         # noise) to one forward, far (> 0.01 nats somewhere) from the other.
@@ -89,28 +83,27 @@ def test_a_transfer_cell_evaluates_once_and_writes_no_checkpoint(toy_world: Path
 
 def test_an_unfinished_sa_rl_is_a_one_line_error_naming_the_fix(tmp_path: Path) -> None:
     cell = make_cell(tmp_path, "transfer-voting-toy-arith-s0", workflow={"name": "voting"}, **TRANSFER_CELL)
-    config = load_config(cell / "config.yaml")
-    with pytest.raises(TransferSourceError, match="neither a run dir nor a peft adapter dir: plan its sa_rl cell"):
-        transfer_adapter_dir(config, cell)
+    with pytest.raises(AdapterSourceError, match="neither a run dir, an export nor a peft adapter folder: plan the cell"):
+        resolve(f"../{SA_RL}", "generator", cell)
     source = RunDir(make_cell(tmp_path, SA_RL, cell={"kind": "sa_rl"}))
     put_state(source, state="failed", step=1, total_steps=2)
-    with pytest.raises(TransferSourceError) as err:
-        transfer_adapter_dir(config, cell)
+    with pytest.raises(AdapterSourceError) as err:
+        resolve(f"../{SA_RL}", "generator", cell)
     assert str(err.value) == (
-        f"transfer source {SA_RL} is failed at step 1/2, not done: finish it first (`gridrun resubmit --cells {SA_RL}`)"
+        f"adapter source {SA_RL} is failed at step 1/2, not done: finish it first (`gridrun resubmit --cells {SA_RL}`)"
     )
     put_state(source, state="done", step=2)
-    with pytest.raises(TransferSourceError, match="done but has no complete checkpoint: re-run it"):
-        transfer_adapter_dir(config, cell)
+    with pytest.raises(AdapterSourceError, match="done but has no complete checkpoint: re-run it"):
+        resolve(f"../{SA_RL}", "generator", cell)
 
 
 def test_the_adapter_is_the_newest_complete_checkpoints(toy_world: Path, tmp_path: Path) -> None:
     source = finished_sa_rl(tmp_path, step=1)
-    config = load_config(make_cell(tmp_path, "t", workflow={"name": "voting"}, **TRANSFER_CELL) / "config.yaml")
-    assert transfer_adapter_dir(config, tmp_path / "t") == source.checkpoint(1).resolve() / "adapters" / SHARED
+    make_cell(tmp_path, "t", workflow={"name": "voting"}, **TRANSFER_CELL)
+    assert resolve(f"../{SA_RL}", "generator", tmp_path / "t") == source.checkpoint(1).resolve() / "adapters" / SHARED
     # A newer checkpoint without its COMPLETE marker (a kill mid-save) does not count.
     (source.checkpoint(2) / "adapters" / SHARED).mkdir(parents=True)
-    assert transfer_adapter_dir(config, tmp_path / "t") == source.checkpoint(1).resolve() / "adapters" / SHARED
+    assert resolve(f"../{SA_RL}", "generator", tmp_path / "t") == source.checkpoint(1).resolve() / "adapters" / SHARED
 
 
 def test_transfer_kind_and_policy_go_together() -> None:
@@ -118,23 +111,36 @@ def test_transfer_kind_and_policy_go_together() -> None:
         config_from_dict(merge(TOY_CELL, {"workflow": {"name": "voting"}, **overrides}))
 
     config(**TRANSFER_CELL)  # accepted
-    with pytest.raises(ConfigError, match="cell.kind=train with policy.name=transfer: .* set both to transfer or neither"):
+    config(cell={"kind": "eval"}, policy=TRANSFER_CELL["policy"])  # accepted
+    with pytest.raises(ConfigError, match="cell.kind=train with policy.name=transfer: .* set policy.name=transfer"):
         config(policy=TRANSFER_CELL["policy"])
     with pytest.raises(ConfigError, match="cell.kind=transfer with policy.name=shared"):
         config(cell={"kind": "transfer"})
-    with pytest.raises(ConfigError, match="needs policy.transfer_adapter"):
+    with pytest.raises(ConfigError, match="cell.kind=eval with policy.name=shared"):
+        config(cell={"kind": "eval"})
+    with pytest.raises(ConfigError, match=r"needs policy.adapters=\{<role>: <run dir, export, peft folder or cell id>"):
         config(cell={"kind": "transfer"}, policy={"name": "transfer"})
+    with pytest.raises(ConfigError, match="policy.adapters is for transfer and eval cells .* not isolated: drop it"):
+        config(policy={"name": "isolated", "adapters": {"generator": "x"}})
     with pytest.raises(ConfigError, match="multi-agent workflow"):
         config(**TRANSFER_CELL, workflow={"name": "single"})
+    # An eval cell names the roles it means: a typo is refused with the closest role.
+    with pytest.raises(ConfigError, match="policy.adapters: 'agregator' is not a role of voting .did you mean 'aggregator'"):
+        config(cell={"kind": "eval"}, policy={"name": "transfer", "adapters": {"agregator": "x"}})
 
 
-def test_only_the_generator_is_routed_to_the_adapter_and_orch_workers_has_none() -> None:
+def test_only_the_generator_is_routed_to_the_adapter_and_orch_workers_has_none(toy_world: Path, tmp_path: Path) -> None:
+    source = finished_sa_rl(tmp_path)
+
     def routes(workflow: str) -> dict[str, str | None]:
         config = config_from_dict(merge(TOY_CELL, {"workflow": {"name": workflow}, **TRANSFER_CELL}))
-        return routing_for(config, get_workflow(workflow)).role_adapter
+        routing = routing_for(config, get_workflow(workflow), tmp_path / "transfer")
+        assert routing.frozen == ({"generator": source.checkpoint(2).resolve() / "adapters" / SHARED}
+                                  if "generator" in routing.role_adapter else {})
+        return routing.role_adapter
 
-    assert routes("eval_opt") == {"generator": TRANSFER, "evaluator": None}
-    assert routes("voting") == {"generator": TRANSFER, "aggregator": None}
+    assert routes("eval_opt") == {"generator": "generator", "evaluator": None}
+    assert routes("voting") == {"generator": "generator", "aggregator": None}
     # The paper's reading: Orch-Workers has no generator, so its orchestrator, workers and
     # synthesizer all "fall through to the base model" (Appendix A.2).
     assert routes("orch_workers") == {"orchestrator": None, "worker": None, "synthesizer": None}

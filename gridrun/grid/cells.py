@@ -9,6 +9,10 @@
               as its train / sa_rl     x task x scale x seed                     shuffled-sa_rl-1.7b-math-s0
               twin on rewards permuted
               within each step
+    eval      adapters trained         (single + workflow x policy)              eval-voting-ip-1.7b-math-s0
+              elsewhere (the sweep's   x task x scale x seed                     eval-single-1.7b-math-s0
+              policy.adapters) in a    (policy: the sources', for the id and
+              workflow, evaluated      the {policy} of policy.adapters)
 
 A sweep that names variants (bundles of overrides, gridrun/grid/spec.py) crosses its train
 cells and their shuffled twins with them, and the variant ends their ids
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 AXES = ("workflow", "task", "scale", "policy", "seed", "kind")
-KINDS = ("train", "sa_rl", "base", "transfer", "shuffled")
+KINDS = ("train", "sa_rl", "base", "transfer", "shuffled", "eval")
 # The kinds a sweep's variants cross: the trained cells and their reward twins.
 VARIANT_KINDS = ("train", "shuffled")
 POLICY_TAGS = {"isolated": "ip", "shared": "sp"}
@@ -43,7 +47,7 @@ class Cell:
     workflow: str
     task: str
     scale: str
-    # None where the kind has no such axis (sa_rl, base, transfer, shuffled sa_rl: policy;
+    # None where the kind has no such axis (sa_rl, base, transfer, eval, shuffled sa_rl: policy;
     # base: seed).
     policy: str | None = None
     seed: int | None = None
@@ -57,17 +61,23 @@ class Cell:
 
     def _axes_id(self) -> str:
         if self.kind == "train":
-            tag = POLICY_TAGS.get(self.policy or "", self.policy)
-            return f"{self.workflow}-{tag}-{self.scale}-{self.task}-s{self.seed}"
+            return f"{self.workflow}-{self.policy_tag}-{self.scale}-{self.task}-s{self.seed}"
         if self.kind == "sa_rl":
             return f"sa_rl-{self.scale}-{self.task}-s{self.seed}"
-        if self.kind == "transfer":
-            return f"transfer-{self.workflow}-{self.scale}-{self.task}-s{self.seed}"
+        if self.kind == "transfer" or (self.kind == "eval" and not self.policy):
+            return f"{self.kind}-{self.workflow}-{self.scale}-{self.task}-s{self.seed}"
+        if self.kind == "eval":
+            return f"eval-{self.workflow}-{self.policy_tag}-{self.scale}-{self.task}-s{self.seed}"
         if self.kind == "shuffled":
             twin = Cell("sa_rl" if self.workflow == "single" else "train", self.workflow, self.task, self.scale,
                         self.policy, self.seed)
             return f"shuffled-{twin._axes_id()}"
         return f"base-{self.workflow}-{self.scale}-{self.task}"
+
+    @property
+    def policy_tag(self) -> str:
+        """The policy as cell ids write it (ip, sp), "" for none."""
+        return POLICY_TAGS.get(self.policy or "", self.policy or "")
 
     @property
     def needs(self) -> list[Cell]:
@@ -92,7 +102,7 @@ class Cell:
     def group_choices(self) -> list[str]:
         """Hydra group overrides selecting this cell's options (controls run `shared`:
         one role, or no training at all, so the routing makes no difference)."""
-        policy = "transfer" if self.kind == "transfer" else self.policy or "shared"
+        policy = "transfer" if self.kind in ("transfer", "eval") else self.policy or "shared"
         return [
             f"workflow={self.workflow}",
             f"task={self.task}",
@@ -106,6 +116,15 @@ class Cell:
         if self.variant:
             node["variant"] = self.variant
         return node
+
+
+def base_control(kind: str, coords: dict[str, Any]) -> str | None:
+    """The id of the base control a cell is measured against: its workflow's (SA-RL's is
+    `single`'s) at its task and scale; None for a base cell."""
+    if kind == "base":
+        return None
+    workflow = "single" if kind == "sa_rl" else coords["workflow"]
+    return Cell(kind="base", workflow=workflow, task=coords["task"], scale=coords["scale"]).id
 
 
 def expand(
@@ -159,6 +178,10 @@ def _expand_axes(axes: dict[str, list[Any]]) -> list[Cell]:
     if "transfer" in kinds:
         for workflow, task, scale, seed in itertools.product(axes["workflow"], axes["task"], axes["scale"], axes["seed"]):
             cells.append(Cell("transfer", workflow, task, scale, None, seed))
+    if "eval" in kinds:
+        for workflow, task, scale, seed in itertools.product(["single", *axes["workflow"]], axes["task"], axes["scale"], axes["seed"]):
+            policies = [None] if workflow == "single" else axes["policy"]
+            cells.extend(Cell("eval", workflow, task, scale, policy, seed) for policy in policies)
     if "shuffled" in kinds:
         for workflow, task, scale, seed in itertools.product(["single", *axes["workflow"]], axes["task"], axes["scale"], axes["seed"]):
             policies = [None] if workflow == "single" else axes["policy"]

@@ -5,7 +5,8 @@ sweeps) and writes, under results/<sweep>/:
 
     cells.parquet     one row per cell: coordinates, kind, state, attempt, cost (wall_h,
                       gpu_h), the per-cell statistics of grid/analysis/summary.py, the
-                      step-0 check against the base control, drift alerts and mechanism flags
+                      step-0 check against the base control, drift alerts and mechanism
+                      flags, and where its peak's checkpoint is (`peak_checkpoint`)
     metrics.parquet   every numeric metric of every cell in long form:
                       cell, split, step, metric, value
     table1 .. table6  (and table1_final) as md, csv and tex: grid/analysis/tables.py
@@ -50,13 +51,16 @@ from gridrun.grid.analysis.findings import alerts_table, findings_table
 from gridrun.grid.analysis.summary import MetricColumns, alert_summary, cell_hours, cell_summary
 from gridrun.grid.analysis.tables import Table, base_mismatch_notes, flags, signature_tables, table1, table2, table3
 from gridrun.grid.analysis.warning import early_warning_jobs, early_warning_table, warning_columns
-from gridrun.grid.cells import Cell
+from gridrun.grid.cells import base_control
 from gridrun.grid.console import track
 from gridrun.grid.status import sweep_rows
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.mechanisms import ALERTS
-from gridrun.rundir import RunDir, atomic_write_bytes, atomic_write_text
+from gridrun.runconfig import EVALUATES_ADAPTERS
+from gridrun.rundir import COMPLETE_MARKER, RunDir, atomic_write_bytes, atomic_write_text
 
+# Kinds that train nothing: no base check, no peak checkpoint.
+EVALUATES = ("base", *EVALUATES_ADAPTERS)
 # Below this many cells, worker processes cost more to start than they save.
 PARALLEL_FROM_CELLS = 200
 INT_COLUMNS = ("seed", "peak_step", "final_step", "cliff_step", "peak_drop_step", "peak_drop_peak_step",
@@ -112,12 +116,9 @@ def _read_all(cells: Sequence[tuple[str, str | None, str | None]], description: 
 
 
 def base_id(kind: str, coords: dict[str, Any]) -> str | None:
-    """The id of the base control that a cell's step 0 must match (none for base and transfer
-    cells: a transfer cell's generator is not the base model)."""
-    if kind in ("base", "transfer"):
-        return None
-    workflow = "single" if kind == "sa_rl" else coords["workflow"]
-    return Cell(kind="base", workflow=workflow, task=coords["task"], scale=coords["scale"]).id
+    """The id of the base control that a cell's step 0 must match (none for base, transfer and
+    eval cells: their adapters are not the base model)."""
+    return None if kind in EVALUATES else base_control(kind, coords)
 
 
 def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
@@ -148,12 +149,26 @@ def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
             **summary,
         })
     frame = pd.DataFrame.from_records(records)
+    frame["peak_checkpoint"] = [peak_checkpoint(sweep.cell(c), k, p) for c, k, p in
+                                zip(frame["cell"], frame["kind"], frame.get("peak_step", [None] * len(frame)))]
     _check_base(frame, tolerance_pp)
     frame["flags"] = ["; ".join(flags(r)) for _, r in frame.iterrows()]
     for column in INT_COLUMNS:
         if column in frame:
             frame[column] = pd.array([None if pd.isna(v) else int(v) for v in frame[column]], dtype="Int64")
     return SweepData(frame, columns)
+
+
+def peak_checkpoint(run_dir: RunDir, kind: str, peak_step: Any) -> str | None:
+    """Where the checkpoint of a training cell's peak is, "deleted" when it is not on disk (a
+    run older than peak retention), "base model" for a peak at step 0; None for cells that
+    train nothing or have no peak yet."""
+    if kind in EVALUATES or peak_step is None or pd.isna(peak_step):
+        return None
+    if int(peak_step) == 0:
+        return "base model"
+    path = run_dir.checkpoint(int(peak_step))
+    return str(path) if (path / COMPLETE_MARKER).exists() else "deleted"
 
 
 def _check_base(frame: pd.DataFrame, tolerance_pp: float) -> None:
@@ -238,8 +253,36 @@ def for_variant(table: Table, variant: str | None) -> Table:
     return dataclasses.replace(table, name=f"{table.name}-{variant}", title=f"{table.title} — variant `{variant}`")
 
 
-def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0) -> list[Table]:
-    """Write every output (see the module docstring); print Table 1 and where the rest went."""
+def export_peaks(sweep: SweepDir, cells: pd.DataFrame, out: Path, console: Any) -> list[Path]:
+    """`gridrun export` of every done cell's peak into out/<sweep>/<cell>-step_XXXXXX (one
+    already there is kept: a checkpoint never changes); returns the folders written."""
+    from gridrun.export import ExportError, export
+
+    written, kept, missing = [], 0, []
+    done = cells[(cells["state"] == "done") & cells["peak_checkpoint"].notna()]
+    for cell, where, step in zip(done["cell"], done["peak_checkpoint"], done["peak_step"]):
+        if where == "base model":
+            continue
+        if where == "deleted":
+            missing.append(cell)
+            continue
+        target = out / sweep.name / f"{cell}-step_{int(step):06d}"
+        if target.exists():
+            kept += 1
+            continue
+        try:
+            written.append(export(sweep.cell(cell), "peak", target))
+        except ExportError as err:
+            missing.append(f"{cell} ({err})")
+    console.print(f"exported {len(written)} peaks to {out / sweep.name}" + (f", {kept} already there" if kept else ""))
+    if missing:
+        console.print(f"[yellow]peaks not on disk:[/] {', '.join(missing)}", highlight=False)
+    return written
+
+
+def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0, export_to: Path | None = None) -> list[Table]:
+    """Write every output (see the module docstring); print Table 1 and where the rest went;
+    with `export_to`, export every done cell's peak there too."""
     from gridrun.grid.analysis.figures import paper_figure_jobs
     from gridrun.grid.analysis.report import write_report
     from gridrun.grid.figures import figure_jobs, render
@@ -287,5 +330,7 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0) -> list[Ta
         f"{sweep.cells_parquet}, metrics.parquet, tables 1-6 and findings (md, csv, tex), "
         + (f"{sweep.figures_dir}/ ({len(figures)} figures)" if figures else f"no figures ({no_figures})")
     )
+    if export_to is not None:
+        export_peaks(sweep, cells, export_to, console)
     console.print(f"report: {sweep.report('html')}")
     return tables

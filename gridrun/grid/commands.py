@@ -133,7 +133,7 @@ def _status(args: argparse.Namespace) -> int:
         SweepDir(results, conf).read()  # a missing sweep fails here with the fix
     skipped: list[str] = []
     if args.json:
-        print(status.to_json(status.all_rows(results, conf, skipped)))
+        print(status.to_json(status.sorted_rows(status.all_rows(results, conf, skipped), args.sort)))
         _warn(skipped)
         return 0
     console = make_console()
@@ -145,7 +145,7 @@ def _status(args: argparse.Namespace) -> int:
         from rich.console import Group
 
         skipped.clear()
-        rows = status.all_rows(results, conf, skipped)
+        rows = status.sorted_rows(status.all_rows(results, conf, skipped), args.sort)
         return Group(*(status.failures(rows) if args.failed else status.tables(rows)))
 
     if not args.watch:
@@ -271,7 +271,8 @@ def _collect(args: argparse.Namespace) -> int:
     skipped: list[str] = []
     for name in names:
         try:
-            collect(SweepDir(results, name), console, tolerance_pp=args.base_tolerance)
+            collect(SweepDir(results, name), console, tolerance_pp=args.base_tolerance,
+                    export_to=Path(args.export_peaks) if args.export_peaks else None)
         except SweepDamaged as err:
             if conf:
                 raise
@@ -319,6 +320,8 @@ def add_commands(sub: Any) -> None:
     status.add_argument("--interval", type=float, default=2.0, help="seconds between redraws (--watch)")
     status.add_argument("--failed", action="store_true", help="only failed cells, with their error tails")
     status.add_argument("--json", action="store_true", help="a JSON list of cells instead of the table")
+    status.add_argument("--sort", choices=("plan", "delta"), default="plan",
+                        help="the plan's order (default), or by Δ vs base: peak minus the base control, largest first")
     results_option(status)
     status.set_defaults(func=_guarded(_status))
 
@@ -342,6 +345,10 @@ def add_commands(sub: Any) -> None:
     collect.add_argument(
         "--base-tolerance", type=float, default=1.0, metavar="PP",
         help="flag a cell whose step-0 accuracy differs from its base control by more (points; default 1.0)",
+    )
+    collect.add_argument(
+        "--export-peaks", metavar="DIR",
+        help="also export every done cell's peak (`gridrun export`) into DIR/<sweep>/<cell>-step_XXXXXX",
     )
     results_option(collect)
     collect.set_defaults(func=_guarded(_collect))

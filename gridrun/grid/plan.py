@@ -14,9 +14,10 @@ still vouches for the planned fingerprint is repaired (both written again), and 
 sweep.json is moved aside and written again.
 
 The fingerprint is a hash of the resolved config.yaml content. A transfer cell names its
-SA-RL cell's run dir relative to its own (`policy.transfer_adapter: ../<sa_rl id>`), so its
+SA-RL cell's run dir relative to its own (`policy.adapters: {generator: ../<sa_rl id>}`), so its
 fingerprint does not depend on where the results live; the adapter inside is found when the
-cell runs. Its sa_rl cell must be in the plan or already in the sweep; `needs` in sweep.json
+cell runs. An eval cell's `policy.adapters` come from the sweep's settings, each with the
+cell's coordinates filled in (`{seed}` names the seed's own source). Its sa_rl cell must be in the plan or already in the sweep; `needs` in sweep.json
 and cell.json records the dependency for the launchers.
 """
 
@@ -141,7 +142,9 @@ def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
         tree = composed[choices, variant]
         if cell.kind == "transfer":
             (source,) = cell.needs
-            tree = {**tree, "policy": {**tree["policy"], "transfer_adapter": sibling_cell(source.id)}}
+            tree = {**tree, "policy": {**tree["policy"], "adapters": {"generator": sibling_cell(source.id)}}}
+        elif cell.kind == "eval":
+            tree = {**tree, "policy": {**tree["policy"], "adapters": _cell_sources(cell, tree["policy"].get("adapters") or {})}}
         try:
             config = run_config(tree, cell.cell_node())
         except ConfigError as err:
@@ -160,6 +163,23 @@ def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
         raise GridError(_unused_message(min(unused), [pc.config for pc in cells], composer))
     assert grid is not None, "expand() yields at least one cell for non-empty axes"
     return Plan(spec=spec, cells=cells, launcher=grid["launcher"], cluster=grid["cluster"])
+
+
+def _cell_sources(cell: Cell, sources: dict[str, Any]) -> dict[str, str]:
+    """An eval cell's adapter sources with its coordinates filled in: one sweep setting
+    (`+policy.adapters.all_roles='../../../smoke/cells/{cell}@peak'`) names each cell's own
+    source. {cell} is the id of the trained cell at the eval cell's coordinates (train, or
+    sa_rl for `single`); {policy} is written as ids write it (ip, sp)."""
+    trained = Cell("sa_rl" if cell.workflow == "single" else "train", cell.workflow, cell.task, cell.scale,
+                   cell.policy, cell.seed)
+    fields = {**cell.coords(), "seed": cell.seed or 0, "policy": cell.policy_tag, "cell": trained.id}
+    try:
+        return {role: str(source).format(**fields) for role, source in sources.items()}
+    except (KeyError, IndexError, ValueError) as err:
+        raise GridError(
+            f"cell {cell.id}: policy.adapters may name {{cell}}, {{workflow}}, {{policy}}, {{task}}, {{scale}} "
+            f"and {{seed}}, not {err}"
+        ) from None
 
 
 def _compose_cell(

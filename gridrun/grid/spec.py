@@ -175,7 +175,7 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
             raise GridError(f"restrict.{kind}.{axis}: name an axis ({', '.join(axes_named)}){closest(axis, axes_named)}")
         listed = values if isinstance(values, list) else [values]
         # The kinds that add workflow `single` to the sweep's may be restricted to it.
-        restrict.setdefault(kind, {})[axis] = _checked_axis(axis, listed, composer, single_ok=kind in ("base", "shuffled"))
+        restrict.setdefault(kind, {})[axis] = _checked_axis(axis, listed, composer, single_ok=kind in ("base", "shuffled", "eval"))
     return SweepSpec(
         name=path.stem, source=path, axes=axes, settings=_last_wins(settings, composer), restrict=restrict,
         argv=list(overrides), variants=_chosen_variants(path, variants, chosen),
@@ -280,7 +280,7 @@ def _checked_axis(axis: str, values: list[Any], composer: Composer, single_ok: b
             composer.check_choice(axis, value)
             if axis == "workflow" and value == "single" and not single_ok:
                 raise GridError(
-                    "workflow 'single' is not a multi-agent workflow: the sa_rl, base and shuffled kinds already "
+                    "workflow 'single' is not a multi-agent workflow: the sa_rl, base, shuffled and eval kinds already "
                     "run it; drop it from workflow="
                 )
         if value in checked:

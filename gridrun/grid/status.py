@@ -2,11 +2,12 @@
 
 The reading side is the fast path (1000 cells well under half a second): sweep.json for the
 cell list, then one state.json per cell, which the trainer keeps current (step, last and
-peak validation accuracy, drift alerts), so no metrics file is parsed. Standard library
-only until a table is drawn; rich is imported to draw. A cell reading running on this host
-whose run lock no process holds is shown `failed (lost)`, and so are cells whose job died
-without saying so as their launcher reconciles them; a cell whose folder is gone shows
-`missing` with the command that plans it again; a scheduler's word
+peak validation accuracy, drift alerts), so no metrics file is parsed. Δ base is a cell's
+peak minus its done base control's accuracy, in points (`--sort delta` orders by it).
+Standard library only until a table is drawn; rich is imported to draw. A cell reading
+running on this host whose run lock no process holds is shown `failed (lost)`, and so are
+cells whose job died without saying so as their launcher reconciles them; a cell whose
+folder is gone shows `missing` with the command that plans it again; a scheduler's word
 for an active cell's job (PENDING, RUNNING) is shown beside its job id. A queued cell held
 for a cell it needs shows `waiting: <its id>`, and `blocked` once that one failed. A cell
 whose state.json is damaged shows as `damaged` with the file and the fix; a sweep whose
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gridrun.cellstate import STATES, UNREADABLE_STATES
+from gridrun.grid.cells import base_control
 from gridrun.grid.launchers.dispatch import live_state, needs_of, observe
 from gridrun.grid.sweepdir import SweepDamaged, SweepDir, planned_sweeps
 
@@ -43,6 +45,7 @@ def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
     cells = sweep.read()["cells"]
     # state.json only (cell.json's damage is `show`'s to report and `plan`'s to repair): the fast path.
     states = observe({cell["id"]: live_state(sweep.cell(cell["id"])) for cell in cells}, needs_of(cells))
+    base_acc = {cell_id: s.get("peak_val_acc") for cell_id, s in states.items() if s.get("state") == "done"}
     now = time.time()
     rows = []
     for cell in cells:
@@ -77,8 +80,22 @@ def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
                 "lost": bool(state.get("lost")),
                 # The cell a queued or blocked cell waits for (a transfer cell's sa_rl cell).
                 "waiting": state.get("waiting"),
+                # Peak minus the done base control's accuracy, in points (None without both).
+                "delta_pp": _delta_pp(state.get("peak_val_acc"), base_acc.get(base_control(cell["kind"], cell["coords"]))),
             }
         )
+    return rows
+
+
+def _delta_pp(peak: float | None, base: float | None) -> float | None:
+    return None if peak is None or base is None else 100 * (peak - base)
+
+
+def sorted_rows(rows: list[dict[str, Any]], by: str) -> list[dict[str, Any]]:
+    """`gridrun status --sort`: "plan" keeps the plan's order; "delta" orders by Δ vs base,
+    largest first, cells without one last (in plan order)."""
+    if by == "delta":
+        return sorted(rows, key=lambda row: (row["delta_pp"] is None, -(row["delta_pp"] or 0.0)))
     return rows
 
 
@@ -151,6 +168,7 @@ def tables(rows: list[dict[str, Any]]) -> list[Any]:
             ("step", "right"),
             ("val acc %", "right"),
             ("peak %", "right"),
+            ("Δ base", "right"),
             ("elapsed", "right"),
             ("attempt", "right"),
             ("job", "left"),
@@ -174,6 +192,7 @@ def tables(rows: list[dict[str, Any]]) -> list[Any]:
                 f"{row['step']}/{row['total_steps']}",
                 _pct(row["last_val_acc"]),
                 peak,
+                "" if row["delta_pp"] is None else f"{row['delta_pp']:+.1f}",
                 _duration(row["elapsed_s"]),
                 str(row["attempt"]),
                 " ".join(str(part) for part in (row["job_id"], row["scheduler"]) if part),

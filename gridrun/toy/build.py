@@ -51,7 +51,7 @@ from gridrun.train.padding import pad_rows
 log = logging.getLogger("gridrun")
 
 # Bump when anything below changes what gets built: it is part of the cache key.
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 VOCAB_SIZE = 384
 MODEL = {
@@ -113,6 +113,7 @@ def recipe(spec: ToySpec) -> dict:
         "strategies": transcripts.STRATEGIES,
         "mistakes": [transcripts.P_WRONG_SUM, transcripts.P_WRONG_CHECK, transcripts.P_WRONG_PICK,
                      transcripts.P_REPEATED_STRATEGY],
+        "full_context": transcripts.P_FULL_CONTEXT,
         "eval": [EVAL_EVERY, EVAL_FROM, EVAL_PROBLEMS],
         "parallel": [MICRO_BATCHES, WARM_RANKS],
     }

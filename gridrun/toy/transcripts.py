@@ -29,6 +29,9 @@ ROLE_MIX: dict[str, float] = {
     "worker": 0.22,
     "synthesizer": 0.10,
 }
+# Share of evaluator and revision examples shown the whole conversation so far (Eval-Opt's
+# released protocol, protocol.eval_opt_context=full) instead of the latest answer alone.
+P_FULL_CONTEXT = 0.5
 # Deliberate mistake rates.
 P_WRONG_SUM = 0.15
 P_WRONG_CHECK = 0.10
@@ -94,12 +97,34 @@ def evaluator_response(a: int, b: int, proposed: int, rng: random.Random) -> str
     return f"{a} + {b} = {computed}, not {proposed}. \\boxed{{Incorrect}}"
 
 
+def _said(text: str) -> dict[str, str]:
+    return {"role": "assistant", "content": text}
+
+
+def _rejected_rounds(problem: Problem, rng: random.Random, rounds: int) -> Messages:
+    """The conversation of Eval-Opt under the full context after `rounds` rejected answers:
+    the generator's prompt, then each wrong answer and the critique that rejected it."""
+    a, b = _operands(problem)
+    history = _PROMPTS.generator(problem.question)
+    for _ in range(rounds):
+        wrong = _maybe_wrong(a + b, rng, 1.0)
+        history = history + [_said(f"{a} + {b} = {wrong}. \\boxed{{{wrong}}}"),
+                             _said(f"{a} + {b} = {a + b}, not {wrong}. \\boxed{{Incorrect}}")]
+    return history
+
+
 def evaluator_example(problem: Problem, rng: random.Random) -> Example:
     a, b = _operands(problem)
     # Half the judged solutions are wrong, so a constant verdict is only 50% right.
     proposed = a + b if rng.random() < 0.5 else _maybe_wrong(a + b, rng, 1.0)
     shown = f"{a} + {b} = {proposed}. \\boxed{{{proposed}}}"
-    return _PROMPTS.evaluator(problem.question, shown), evaluator_response(a, b, proposed, rng)
+    if rng.random() < P_FULL_CONTEXT:
+        # The 1st to 3rd judged answer, after the rounds that rejected the earlier ones.
+        history = _rejected_rounds(problem, rng, rng.randrange(3)) + [_said(shown)]
+        prompt = history + _PROMPTS.evaluator_followup(problem.question, shown)
+    else:
+        prompt = _PROMPTS.evaluator(problem.question, shown)
+    return prompt, evaluator_response(a, b, proposed, rng)
 
 
 def revision_example(problem: Problem, rng: random.Random) -> Example:
@@ -107,7 +132,12 @@ def revision_example(problem: Problem, rng: random.Random) -> Example:
     wrong = _maybe_wrong(a + b, rng, 1.0)
     previous = f"{a} + {b} = {wrong}. \\boxed{{{wrong}}}"
     critique = f"{a} + {b} = {a + b}, not {wrong}. \\boxed{{Incorrect}}"
-    return _PROMPTS.revision(problem.question, previous, critique), solution(a, b, rng)
+    if rng.random() < P_FULL_CONTEXT:
+        history = _rejected_rounds(problem, rng, rng.randrange(2)) + [_said(previous), _said(critique)]
+        prompt = history + _PROMPTS.revision_followup(problem.question, previous, critique)
+    else:
+        prompt = _PROMPTS.revision(problem.question, previous, critique)
+    return prompt, solution(a, b, rng)
 
 
 def aggregator_example(problem: Problem, rng: random.Random) -> Example:

@@ -4,12 +4,17 @@ A checkpoint is written into a hidden temp directory, fsynced, renamed to
 `checkpoints/step_XXXXXX/`, and only then marked COMPLETE; resume takes the newest
 directory with the marker, so a kill at any moment leaves either the previous checkpoint or
 the new one, never a half one. A write the disk refuses (full, read-only) removes the temp
-directory and is an OSError naming the checkpoint, whichever library wrote the file. Adapters are saved in peft's format (one folder each), so
-they load directly into peft or vLLM.
+directory and is an OSError naming the checkpoint, whichever library wrote the file.
+Adapters are saved in peft's format (one folder each), so they load directly into peft or
+vLLM, beside `roles.json` (role -> adapter folder), which `gridrun export` reads.
+
+Retention: the newest `keep` complete checkpoints, plus the steps in `protect` (the trainer
+passes its peak validation's step, so the model behind Table 1's number is never deleted).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -21,7 +26,7 @@ from peft import set_peft_model_state_dict
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from gridrun.rundir import COMPLETE_MARKER, RunDir, atomic_write_text
+from gridrun.rundir import COMPLETE_MARKER, ROLES_FILE, RunDir, adapter_dir, atomic_write_text
 
 
 class CorruptCheckpoint(RuntimeError):
@@ -43,7 +48,11 @@ def save(
     optimizers: dict[str, torch.optim.Optimizer],
     trainer_state: dict[str, Any],
     keep: int,
+    roles: dict[str, str | None] | None = None,
+    protect: frozenset[int] = frozenset(),
 ) -> Path:
+    """Write the checkpoint of `step`, then delete every complete one that is neither among
+    the newest `keep` nor in `protect`. `roles`: each role's adapter (None: the base model)."""
     final = run_dir.checkpoint(step)
     tmp = final.parent / f".{final.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -53,6 +62,8 @@ def save(
     try:
         if adapters:
             model.save_pretrained(tmp / "adapters", selected_adapters=list(adapters))
+        if roles is not None:
+            (tmp / ROLES_FILE).write_text(json.dumps(roles, indent=1) + "\n")
         _torch_save({name: opt.state_dict() for name, opt in optimizers.items()}, tmp / "optimizers.pt")
         _torch_save(trainer_state, tmp / "trainer.pt")
         _fsync_tree(tmp)
@@ -66,8 +77,9 @@ def save(
         shutil.rmtree(final)
     os.replace(tmp, final)
     atomic_write_text(final / COMPLETE_MARKER, f"{step}\n")
-    for _, old in run_dir.complete_checkpoints()[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    for old_step, old in run_dir.complete_checkpoints()[:-keep]:
+        if old_step not in protect:
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 
@@ -95,11 +107,6 @@ def _os_error(err: BaseException) -> OSError | None:
             return OSError(int(found.group(2)), found.group(1))
         seen = seen.__cause__ or seen.__context__
     return None
-
-
-def adapter_dir(checkpoint: Path, adapter: str) -> Path:
-    """peft writes a non-"default" adapter into a subfolder named after it."""
-    return checkpoint / "adapters" / adapter
 
 
 def load(

@@ -4,12 +4,14 @@
 - isolated (IP): one adapter per role *type*; same-role slots (3 voters, 3 workers) share it.
 - single-agent RL (kind sa_rl): the generator -> one adapter.
 - base (kind base): every role -> the base model, no adapter.
-- transfer (kind transfer): one role -> a trained adapter loaded frozen; every other role ->
-  the base model (the SA-RL generator transplanted into a workflow, the paper's Table 3).
-  A workflow without that role (Orch-Workers has no generator) runs wholly on the base
+- transfer (kinds transfer and eval): each role named in `policy.adapters` (or every role,
+  through its `all_roles` key) -> a trained adapter loaded frozen, found when the cell runs
+  (gridrun/adapters.py); every other role -> the base model. Roles whose sources resolve
+  to the same folder share one adapter, named after the first of them (so an eval cell
+  batches its roles as the trained cell did). Table 3's transfer cell names the SA-RL run
+  for the generator;
+  a workflow without that role (Orch-Workers has no generator) runs wholly on the base
   model, as the paper's did: its text lists worker and synthesizer among the base roles.
-  The adapter comes from a finished run dir, resolved when the cell runs
-  (`transfer_adapter_dir`): that run's newest complete checkpoint, its adapter for the role.
 
 Base weights are frozen. peft's `set_adapter` turns off requires_grad on inactive adapters,
 so the update code activates one adapter, forwards and backpropagates only its
@@ -19,17 +21,16 @@ sequences, then moves on: never one summed loss over two adapters.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
+from gridrun.adapters import resolve
 from gridrun.registry import Workflow
-from gridrun.runconfig import ConfigError, RunConfig, load_config
-from gridrun.rundir import RunDir
-from gridrun.train import checkpoint
+from gridrun.runconfig import ALL_ROLES, RunConfig
 
 SHARED = "shared"
 TRANSFER = "transfer"
@@ -43,6 +44,8 @@ class Routing:
     role_adapter: dict[str, str | None]
     # Adapters that learn (each gets its own optimizer).
     trainable: tuple[str, ...]
+    # Adapters loaded frozen from elsewhere (transfer and eval cells): name -> peft folder.
+    frozen: dict[str, Path] = field(default_factory=dict)
 
     def adapter(self, role: str) -> str | None:
         return self.role_adapter[role]
@@ -51,22 +54,33 @@ class Routing:
         return [r for r, a in self.role_adapter.items() if a == adapter]
 
 
-def routing_for(config: RunConfig, workflow: Workflow) -> Routing:
+def routing_for(config: RunConfig, workflow: Workflow, run_dir: Path | None = None) -> Routing:
+    """`run_dir`: the cell's own, from which relative adapter sources are taken (transfer)."""
     roles = workflow.roles
     if config.cell.kind == "base":
         return Routing({r: None for r in roles}, ())
-    if config.cell.kind == "transfer":
-        if config.policy.transfer_role not in roles:
-            # As the paper's Table 3: its Orch-Workers has no generator, so every role there
-            # (orchestrator, workers, synthesizer) fell through to the base model.
-            log.warning(
-                "transfer: %s has no %s role, so every role runs on the base model", workflow.name,
-                config.policy.transfer_role,
-            )
-        return Routing({r: TRANSFER if r == config.policy.transfer_role else None for r in roles}, ())
+    if config.policy.name == TRANSFER:
+        return _frozen_routing(config, workflow, run_dir)
     if config.policy.name == "shared" or len(roles) == 1:
         return Routing({r: SHARED for r in roles}, (SHARED,))
     return Routing({r: r for r in roles}, tuple(roles))
+
+
+def _frozen_routing(config: RunConfig, workflow: Workflow, run_dir: Path | None) -> Routing:
+    missing = [role for role in config.policy.adapters if role not in (*workflow.roles, ALL_ROLES)]
+    if missing:
+        # As the paper's Table 3: its Orch-Workers has no generator, so every role there
+        # (orchestrator, workers, synthesizer) fell through to the base model.
+        log.warning("%s: %s has no %s role, so it runs on the base model", config.cell.kind, workflow.name, " or ".join(missing))
+    named = config.policy.adapters
+    sources = {r: named.get(r, named.get(ALL_ROLES)) for r in workflow.roles}
+    folders = {role: resolve(source, role, run_dir) for role, source in sources.items() if source is not None}
+    names: dict[Path, str] = {}
+    for role in workflow.roles:
+        if role in folders:
+            names.setdefault(folders[role], role)
+    role_adapter = {r: names[folders[r]] if r in folders else None for r in workflow.roles}
+    return Routing(role_adapter, (), {name: folder for folder, name in names.items()})
 
 
 def lora_config(config: RunConfig) -> LoraConfig:
@@ -81,60 +95,18 @@ def lora_config(config: RunConfig) -> LoraConfig:
     )
 
 
-class TransferSourceError(ValueError):
-    """The adapter a transfer cell needs is missing or not finished; the message names the fix."""
-
-
-def transfer_adapter_dir(config: RunConfig, run_dir: Path | None = None) -> Path:
-    """The peft adapter dir that serves `policy.transfer_role`.
-
-    `policy.transfer_adapter` names a peft adapter dir, or the run dir of a finished cell
-    (relative paths from `run_dir`): then its newest complete checkpoint's adapter of that role."""
-    named = Path(str(config.policy.transfer_adapter))
-    path = (run_dir / named).resolve() if run_dir is not None and not named.is_absolute() else named
-    if (path / "adapter_config.json").is_file():
-        return path
-    source = RunDir(path)
-    if not source.config_yaml.is_file():
-        raise TransferSourceError(
-            f"transfer source {path} is neither a run dir nor a peft adapter dir: plan its sa_rl cell "
-            "(kind=sa_rl in the same sweep) or point policy.transfer_adapter at an adapter"
-        )
-    state = source.read_state()
-    if state.get("state") != "done":
-        raise TransferSourceError(
-            f"transfer source {path.name} is {state.get('state')} at step {state.get('step', 0)}/"
-            f"{state.get('total_steps', '?')}, not done: finish it first (`gridrun resubmit --cells {path.name}`)"
-        )
-    latest = source.latest_checkpoint()
-    if latest is None:
-        raise TransferSourceError(f"transfer source {path.name} is done but has no complete checkpoint: re-run it")
-    try:
-        source_config = load_config(source.config_yaml)
-    except ConfigError as err:
-        raise TransferSourceError(f"transfer source {path.name}: {err}") from None
-    role = config.policy.transfer_role
-    source_routing = routing_for(source_config, source_config.workflow_entry())
-    adapter = source_routing.role_adapter.get(role)
-    if adapter is None:
-        raise TransferSourceError(
-            f"transfer source {path.name} trained no adapter for role '{role}' "
-            f"(its roles: {', '.join(source_routing.role_adapter)}): point policy.transfer_adapter at a cell that did"
-        )
-    found = checkpoint.adapter_dir(latest[1], adapter)
-    if not (found / "adapter_config.json").is_file():
-        raise TransferSourceError(f"{latest[1]} lacks adapter '{adapter}': its checkpoint is damaged, re-run the cell")
-    return found
-
-
-def attach_adapters(base: Any, config: RunConfig, routing: Routing, run_dir: Path | None = None) -> Any:
-    """Wrap the base model with the routing's adapters; returns the model to roll out and train.
-    `run_dir` is the cell's own (a transfer cell's source is named relative to it)."""
-    if config.policy.name == "transfer":
-        found = transfer_adapter_dir(config, run_dir)
-        if routing.roles_of(TRANSFER):
-            log.info("transfer: %s runs on the adapter in %s, other roles on the base model", config.policy.transfer_role, found)
-        return PeftModel.from_pretrained(base, str(found), adapter_name=TRANSFER, is_trainable=False)
+def attach_adapters(base: Any, config: RunConfig, routing: Routing) -> Any:
+    """Wrap the base model with the routing's adapters; returns the model to roll out and train."""
+    if routing.frozen:
+        model = None
+        for name, folder in routing.frozen.items():
+            for role in routing.roles_of(name):
+                log.info("%s: %s runs on the adapter in %s", config.cell.kind, role, folder)
+            if model is None:
+                model = PeftModel.from_pretrained(base, str(folder), adapter_name=name, is_trainable=False)
+            else:
+                model.load_adapter(str(folder), adapter_name=name, is_trainable=False)
+        return model
     if not routing.trainable:
         return base
     torch.manual_seed(config.cell.seed)  # LoRA A init: same per seed, whatever else ran before

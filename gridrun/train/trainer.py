@@ -2,7 +2,8 @@
 
 The loop reads top to bottom: rollout -> reward -> advantages -> update -> log ->
 validate -> checkpoint, each a call into a module that is tested alone. A `base` cell only
-validates at step 0. Resuming takes the newest complete checkpoint and replays from there,
+validates at step 0. Checkpoints: every `save_every` steps and at each new validation peak;
+the newest `keep_checkpoints` and the peak's survive (gridrun/train/checkpoint.py). Resuming takes the newest complete checkpoint and replays from there,
 so an interrupted run ends with the same adapters and metric rows as an uninterrupted one
 (on CPU; `time/` keys aside).
 
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 
 from gridrun import cellstate
+from gridrun.adapters import AdapterSourceError
 from gridrun.mechanisms import RESPONSE_CAP, MechanismWatch, alert_flags
 from gridrun.registry import Workflow
 from gridrun.runconfig import GRPOSpec, ModelSpec, RunConfig, load_config
@@ -121,10 +123,11 @@ class Trainer:
         torch.manual_seed(seed)
         self.task = make_task(config.task)
         self.workflow = config.workflow_entry()
+        # Adapters trained elsewhere (transfer, eval) are found first: a missing one fails fast.
+        self.routing = routing_for(config, self.workflow, run_dir.root)
         # On a GPU node each rank trains on its own device; CPU runs stay where they are.
         base, self.tokenizer = load_base(config.model, model_files, self.dist.device)
-        self.routing = routing_for(config, self.workflow)
-        self.model = attach_adapters(base, config, self.routing, run_dir.root)
+        self.model = attach_adapters(base, config, self.routing)
         if config.train.gradient_checkpointing:
             self.model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # The update runs in training mode (checkpointing acts only there; LoRA and Qwen3 have
@@ -170,9 +173,13 @@ class Trainer:
                     self.run_dir.record(cellstate.progressed(step=0))
             for step in range(start + 1, self.total_steps + 1):
                 self.log_row(self.train_step(step))
+                peaked = False
                 if step % self.config.train.val_every == 0 or step == self.total_steps:
                     self.validate(step)
-                saved = step % self.config.train.save_every == 0 or step == self.total_steps
+                    peaked = self.peak_step() == step
+                # A new peak is checkpointed whatever save_every says: it is the model
+                # behind the cell's Table 1 number, kept until a higher peak replaces it.
+                saved = step % self.config.train.save_every == 0 or step == self.total_steps or peaked
                 if saved:
                     self.save(step)
                 if main:
@@ -287,7 +294,7 @@ class Trainer:
 
     def validate(self, step: int) -> None:
         cfg = self.config
-        problems = self.task.val_problems()
+        problems = self.task.val_problems() if cfg.train.val_split == "val" else self.task.train_problems()
         if cfg.train.val_problems is not None:
             problems = problems[: cfg.train.val_problems]
         started = time.time()
@@ -325,6 +332,11 @@ class Trainer:
         self.val_acc.update(val_accuracy([row]))
         self.metrics.write({**row, **alert_flags(self.mechanism_alerts)} if row["split"] == "train" else row)
 
+    def peak_step(self) -> int | None:
+        """The step of the best validation so far (ties: the earliest), as Table 1's peak."""
+        peak = first_peak(self.val_acc)
+        return None if peak is None else peak[0]
+
     def peak_fields(self) -> dict[str, Any]:
         """state.json's copy of the peak, derived from the rows metrics.jsonl holds as
         `gridrun collect` derives it (so a resume that replays validations cannot leave a
@@ -346,8 +358,10 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         }
+        peak = self.peak_step()
         checkpoint.save(
-            self.run_dir, step, self.model, self.routing.trainable, self.optimizers, state, self.config.train.keep_checkpoints
+            self.run_dir, step, self.model, self.routing.trainable, self.optimizers, state, self.config.train.keep_checkpoints,
+            roles=self.routing.role_adapter, protect=frozenset() if peak is None else frozenset({peak}),
         )
 
     def resume(self) -> int:
@@ -418,7 +432,7 @@ def run_cell(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int:
             record(cellstate.preempted(str(stop)))
             log.info("%s", stop)
             return 75
-        except SandboxUnavailable as refused:  # a fix for the user (install bubblewrap), not a bug: one line
+        except (SandboxUnavailable, AdapterSourceError) as refused:  # a fix for the user, not a bug: one line
             record(cellstate.failed(str(refused)))
             log.error("%s", refused)
             return 1

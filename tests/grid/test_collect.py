@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from gridrun.grid.sweepdir import SweepDir
+from tests.conftest import TOY_CELL, merge
 from tests.grid.conftest import Gridrun
 from tests.states import put_state
 
@@ -68,11 +71,14 @@ def test_table1_values_and_residuals(gridrun: Gridrun, hand: SweepDir) -> None:
     rows = read_csv(hand.table1("csv"))
     assert list(next(iter(rows.values()))) == [
         "task", "scale", "workflow", "base", "sa_rl", "ip", "sp", "ip_minus_sa", "sp_minus_sa",
+        "sa_rl_peak_checkpoint", "ip_peak_checkpoint", "sp_peak_checkpoint",
     ]
-    # Peaks: IP 60, SP 52, SA-RL 50 (at step 10, not its final 45); residuals in points.
+    # Peaks: IP 60, SP 52, SA-RL 50 (at step 10, not its final 45); residuals in points. No
+    # cell here kept a checkpoint of its peak (made by hand, without any).
     assert rows["voting"] == {
         "task": "math", "scale": "1.7b", "workflow": "voting", "base": "40.0", "sa_rl": "50.0",
         "ip": "60.0", "sp": "52.0", "ip_minus_sa": "10.0", "sp_minus_sa": "2.0",
+        "sa_rl_peak_checkpoint": "deleted", "ip_peak_checkpoint": "deleted", "sp_peak_checkpoint": "deleted",
     }
     # No base control planned, SP still running: words, never numbers; its residual is n/a.
     assert rows["eval_opt"]["base"] == "missing"
@@ -221,3 +227,42 @@ def test_the_peak_has_one_definition_read_off_metrics(tmp_path: Path) -> None:
     assert first_peak(val_acc) == (10, 0.5) and first_peak({}) is None
     summary = accuracy_summary(val_acc)
     assert (summary["peak_step"], summary["peak_val_acc"], summary["drop_from_peak"]) == (10, 0.5, -0.25)
+
+
+def peak_checkpoint_on_disk(sweep: SweepDir, cell_id: str, step: int, roles: dict[str, str | None]) -> Path:
+    """A complete checkpoint as the trainer writes it, its adapters' files stand-ins (collect
+    and export copy them, never load them), and the cell's config.yaml."""
+    run_dir = sweep.cell(cell_id)
+    path = run_dir.checkpoint(step)
+    for adapter in {a for a in roles.values() if a}:
+        folder = path / "adapters" / adapter
+        folder.mkdir(parents=True)
+        (folder / "adapter_config.json").write_text("{}")
+        (folder / "adapter_model.safetensors").write_bytes(adapter.encode())
+    (path / "roles.json").write_text(json.dumps(roles))
+    (path / "COMPLETE").write_text(f"{step}\n")
+    config = merge(TOY_CELL, {"cell": {"id": cell_id, "kind": "train"}, "workflow": {"name": "voting"},
+                              "policy": {"name": "isolated"}})
+    run_dir.config_yaml.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_the_peaks_checkpoint_is_named_and_exported(gridrun: Gridrun, hand: SweepDir, tmp_path: Path) -> None:
+    roles = {"generator": "generator", "aggregator": "aggregator"}
+    kept = peak_checkpoint_on_disk(hand, "voting-ip-1.7b-math-s0", 20, roles)
+    result = gridrun("collect", "conf=hand", "--export-peaks", str(tmp_path / "peaks"))
+    assert result.code == 0, result.err
+    assert read_csv(hand.table1("csv"))["voting"]["ip_peak_checkpoint"] == str(kept)
+    cells = pd.read_parquet(hand.cells_parquet).set_index("cell")
+    assert cells.loc["voting-ip-1.7b-math-s0", "peak_checkpoint"] == str(kept)
+    assert cells.loc["sa_rl-1.7b-math-s0", "peak_checkpoint"] == "deleted"
+    assert pd.isna(cells.loc["base-voting-1.7b-math", "peak_checkpoint"])  # a base cell trains nothing
+    # Only the done cell whose peak is on disk is exported; the others are named.
+    out = tmp_path / "peaks" / "hand" / "voting-ip-1.7b-math-s0-step_000020"
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "aggregator", "generator", "roles.json"]
+    assert (out / "generator" / "adapter_model.safetensors").read_bytes() == b"generator"
+    assert "exported 1 peaks to" in result.out and "peaks not on disk:" in result.out
+    assert "sa_rl-1.7b-math-s0" in result.out.split("peaks not on disk:")[1]
+    # Again: what is there is kept, nothing is overwritten.
+    again = gridrun("collect", "conf=hand", "--export-peaks", str(tmp_path / "peaks"))
+    assert "exported 0 peaks to" in again.out and "1 already there" in again.out

@@ -83,7 +83,11 @@ def test_a_rerun_skips_done_queued_and_running_cells(gridrun: Gridrun, smoke: Sw
         assert runnable(smoke, ids) == ids[3:]
         result = gridrun("sweep", "conf=smoke", "grid.launcher.name=record")
         assert result.code == 0 and "skipping 3 done, queued or running" in result.out
-        assert submissions(smoke)[-1]["ids"] == ids[3:]
+        # The plan lists train cells first; the base controls (cheap, the reference of every
+        # delta) are handed over first, the others in plan order.
+        bases = [cell_id for cell_id in ids[3:] if cell_id.startswith("base-")]
+        assert len(bases) == 4 and ids.index(bases[0]) > 3
+        assert submissions(smoke)[-1]["ids"] == bases + [cell_id for cell_id in ids[3:] if cell_id not in bases]
         assert smoke.cell(ids[3]).read_state()["attempt"] == 2
         # Nothing left to do: a third run submits nothing.
         again = gridrun("sweep", "conf=smoke", "grid.launcher.name=record")
@@ -207,6 +211,22 @@ def test_status_json_lists_every_cell_with_its_fields(gridrun: Gridrun, smoke: S
     assert (row["last_val_acc"], row["peak_val_acc"], row["alerts"]) == (0.41, 0.45, ["aggregator terse rate 0.12 < 0.5"])
     table = gridrun("status")
     assert "12/40" in table.out and "45.0 @10" in table.out and "aggregator terse rate" in table.out
+
+
+def test_status_shows_each_peak_against_its_base_control_and_sorts_by_it(gridrun: Gridrun, smoke: SweepDir) -> None:
+    # Voting's base control 30%: IP peaked at 45% (+15.0 points), SP at 28% (-2.0); SA-RL's
+    # base is `single`'s (done, 35%): SA-RL at 40% is +5.0. Eval-Opt's base is not done: no Δ.
+    for cell_id, state, peak in (("base-voting-toy-arith", "done", 0.30), ("voting-ip-toy-arith-s0", "running", 0.45),
+                                 ("voting-sp-toy-arith-s0", "done", 0.28), ("base-single-toy-arith", "done", 0.35),
+                                 ("sa_rl-toy-arith-s0", "done", 0.40), ("eval_opt-ip-toy-arith-s0", "done", 0.50)):
+        put_state(smoke.cell(cell_id), state=state, peak_val_acc=peak, peak_step=0 if cell_id.startswith("base") else 10)
+    rows = json.loads(gridrun("status", "--json", "--sort", "delta").out)
+    deltas = [(row["cell"], None if row["delta_pp"] is None else round(row["delta_pp"], 6)) for row in rows]
+    assert deltas[:3] == [("voting-ip-toy-arith-s0", 15.0), ("sa_rl-toy-arith-s0", 5.0), ("voting-sp-toy-arith-s0", -2.0)]
+    assert all(delta is None for _, delta in deltas[3:]) and len(deltas) == 11
+    assert dict(deltas)["eval_opt-ip-toy-arith-s0"] is None and dict(deltas)["base-voting-toy-arith"] is None
+    table = gridrun("status", "--sort", "delta").out
+    assert "Δ base" in table and "+15.0" in table and table.index("+15.0") < table.index("-2.0")
 
 
 def test_status_imports_nothing_heavy(smoke: SweepDir) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gridrun.grid.launchers.process import cell_env, log_tail, start_cell
+from gridrun.grid.launchers.process import cell_env, last_own_line, log_tail, start_cell
 
 
 def test_cell_env_sizes_every_thread_pool_and_names_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -43,3 +43,18 @@ def test_log_tail_reads_the_last_lines(tmp_path: Path) -> None:
     assert log_tail(log, 3) == "line 17\nline 18\nline 19"
     assert log_tail(log).splitlines()[0] == "line 12"  # 8 lines by default
     assert log_tail(tmp_path / "missing.log") == ""
+
+
+def test_a_cells_status_note_is_gridruns_own_line_never_a_third_party_bar(tmp_path: Path) -> None:
+    # What a cell's stderr holds while it loads its model: gridrun's line, then transformers'
+    # progress bar (carriage returns between its redraws) and a library warning after it.
+    log = tmp_path / "stderr.log"
+    log.write_text(
+        "2026-11-25 03:40:01,000 INFO gridrun: building the toy world (first use)\n"
+        "Loading weights:   0%|          | 0/46 [00:00<?, ?it/s]\rLoading weights: 100%|##########| 46/46\n"
+        "UserWarning: something a library says\n"
+    )
+    assert last_own_line(log) == "building the toy world (first use)"
+    log.write_text("Loading weights: 100%|##########| 46/46\n")
+    assert last_own_line(log) == ""
+    assert last_own_line(tmp_path / "absent.log") == ""

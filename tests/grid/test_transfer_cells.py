@@ -52,7 +52,7 @@ def test_a_transfer_cell_is_its_workflows_base_cell_with_the_sa_rl_adapter_on_th
     base = load_config(cells / "base-voting-toy-arith" / "config.yaml")
     assert (transfer.cell.kind, transfer.cell.seed, transfer.policy.name) == ("transfer", 0, "transfer")
     # Named relative to the cell's own run dir, so the fingerprint ignores the results root.
-    assert (transfer.policy.transfer_adapter, transfer.policy.transfer_role) == (f"../{SA_RL}", "generator")
+    assert transfer.policy.adapters == {"generator": f"../{SA_RL}"}
     assert not transfer.trains
     # Evaluated like the base cell: same workflow, lengths, rounds and validation.
     for part in ("workflow", "lengths", "task", "engine", "model"):
@@ -182,3 +182,30 @@ def test_cancel_takes_blocked_cells_too(gridrun: Gridrun, smoke: SweepDir) -> No
     assert {smoke.cell(t).read_state()["state"] for t in TRANSFERS} == {"cancelled"}
     # A cell the user cancelled stays cancelled: it is no longer read as blocked.
     assert {rows(gridrun)[t]["state"] for t in TRANSFERS} == {"cancelled"}
+
+
+# ---------------------------------------------------------------- eval cells
+def test_eval_cells_take_the_sweeps_adapters_with_their_own_coordinates_filled_in(composer: Composer) -> None:
+    # sweeps/rescore.yaml: every role of each eval cell takes the peak adapter of the smoke
+    # cell at its coordinates ({cell}: the train cell, sa_rl for single), greedily, on the
+    # whole validation split. Two seeds: each eval cell names its own seed's cell.
+    plan = make_plan(load_spec("rescore", ["seed=0,1"], composer), composer)
+    by_id = {pc.id: pc.config for pc in plan.cells}
+    # The single workflow too (an SA-RL adapter re-scored), as base cells add it; the policy
+    # axis says whose adapters a multi-agent eval cell takes.
+    assert len(by_id) == 2 * (1 + 3 * 2)
+    assert {"eval-single-toy-arith-s1", "eval-voting-ip-toy-arith-s0", "eval-orch_workers-sp-toy-arith-s1"} < set(by_id)
+    smoke = "../../../smoke/cells"
+    assert by_id["eval-voting-sp-toy-arith-s1"].policy.adapters == {"all_roles": f"{smoke}/voting-sp-toy-arith-s1@peak"}
+    assert by_id["eval-single-toy-arith-s0"].policy.adapters == {"all_roles": f"{smoke}/sa_rl-toy-arith-s0@peak"}
+    config = by_id["eval-voting-ip-toy-arith-s1"]
+    assert (config.policy.name, config.trains, config.steps_to_train) == ("transfer", False, 0)
+    assert (config.sampling.val_temperature, config.train.val_problems) == (0.0, None)
+    # A one-role source from the command line, a cell id of the same sweep ({policy}: the tag).
+    one = load_spec("smoke", ["kind=eval", "workflow=voting", "policy=shared",
+                              "+policy.adapters.generator='{workflow}-{policy}-{scale}-{task}-s{seed}@5'"], composer)
+    assert make_plan(one, composer).cells[-1].config.policy.adapters == {"generator": "voting-sp-toy-arith-s0@5"}
+    bad = load_spec("smoke", ["kind=eval", "+policy.adapters.generator='{workflow}-s{sed}'"], composer)
+    with pytest.raises(GridError, match=r"may name \{cell\}, \{workflow\}, \{policy\}, \{task\}, \{scale\} and \{seed\}, "
+                                        r"not 'sed'"):
+        make_plan(bad, composer)

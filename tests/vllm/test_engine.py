@@ -160,16 +160,16 @@ def test_transfer_routing_serves_base_roles_the_exact_base_model(closing, tmp_pa
     donor = get_peft_model(base, lora_config(donor_config))
     randomize_lora_b(donor, seed=4)
     donor.save_pretrained(str(tmp_path / "sa_rl"))
-    config = vllm_config(workflow={"name": "voting"},
-                         cell={"kind": "transfer"}, policy={"name": "transfer", "transfer_adapter": str(tmp_path / "sa_rl")})
+    config = vllm_config(workflow={"name": "voting"}, cell={"kind": "transfer"},
+                         policy={"name": "transfer", "adapters": {"generator": str(tmp_path / "sa_rl")}})
     model, tokenizer, routing = trainer_model(config)
-    assert routing.adapter("generator") == "transfer" and routing.adapter("aggregator") is None
+    assert routing.adapter("generator") == "generator" and routing.adapter("aggregator") is None
     engine = closing(VLLMEngine(config, model, tokenizer, routing.trainable))
     batch = [GenRequest(ids, routing.adapter(("aggregator", "generator")[i % 2]))
              for i, ids in enumerate(prompts(tokenizer, 6))]
     torch.manual_seed(0)
     for request, done in zip(batch, engine.generate(batch, SAMPLING)):
-        other = "transfer" if request.adapter is None else None
+        other = "generator" if request.adapter is None else None
         assert max_diff(model, request.adapter, request, done, 0.7) < TOL
         assert diff(model, other, request, done, 0.7) > WRONG
 

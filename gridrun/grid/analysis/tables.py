@@ -1,7 +1,8 @@
 """The paper's tables from cells.parquet's frame, each written as .md, .csv and .tex.
 
     table1        peak validation accuracy (%) per (task, scale, workflow): base, SA-RL, IP,
-                  SP and the residuals IP-SA, SP-SA (the ceiling)
+                  SP and the residuals IP-SA, SP-SA (the ceiling); its csv adds where the
+                  SA-RL, IP and SP peaks' checkpoints are (`peak_checkpoint`)
     table1_final  the same with each cell's final validation accuracy (the floor)
     table2        per-role peak-over-first-step ratios of chi2, perplexity and grad norm and
                   the chi2 peak step, on matched IP-vs-SP cells; under SP the shared adapter's
@@ -111,7 +112,7 @@ def entry(frame: pd.DataFrame, column: str, scale: float = 1.0) -> Entry:
 
 
 def several_seeds(cells: pd.DataFrame) -> bool:
-    seeded = cells[cells["kind"].isin(["train", "sa_rl", "transfer", "shuffled"])]
+    seeded = cells[cells["kind"].isin(["train", "sa_rl", "transfer", "shuffled", "eval"])]
     keys = ["kind", "workflow", "task", "scale", "policy"]
     return bool(len(seeded)) and int(seeded.groupby(keys, dropna=False).size().max()) > 1
 
@@ -150,23 +151,30 @@ def table1(cells: pd.DataFrame, value: str = "peak_val_acc") -> Table:
     columns = [*TABLE1_COLUMNS, *controls]
     if several:
         columns += [f"{name}_{suffix}" for name in headers for suffix in ("n", "ci95")]
+    # The ceiling's adapters: where each peak's checkpoint is (csv only; `gridrun export`).
+    trained = ("sa_rl", "ip", "sp") if value == "peak_val_acc" and "peak_checkpoint" in cells else ()
+    columns += [f"{name}_peak_checkpoint" for name in trained]
     rows, display = [], []
     for task, scale, workflow in blocks(cells, ("train", "base", "shuffled")):
         block = cells[(cells["task"] == task) & (cells["scale"] == scale)]
         train = block[(block["kind"] == "train") & (block["workflow"] == workflow)]
-        entries = {
+        frames = {
             # A base control evaluates once: its peak and final are the same number.
-            "base": entry(block[(block["kind"] == "base") & (block["workflow"] == workflow)], value, 100),
-            "sa_rl": entry(block[block["kind"] == "sa_rl"], value, 100),
-            "ip": entry(train[train["policy"] == "isolated"], value, 100),
-            "sp": entry(train[train["policy"] == "shared"], value, 100),
+            "base": block[(block["kind"] == "base") & (block["workflow"] == workflow)],
+            "sa_rl": block[block["kind"] == "sa_rl"],
+            "ip": train[train["policy"] == "isolated"],
+            "sp": train[train["policy"] == "shared"],
         }
+        entries = {name: entry(frame, value, 100) for name, frame in frames.items()}
         shuffled = block[block["kind"] == "shuffled"]
         twins = {"sa_rl_shuffled": shuffled[shuffled["workflow"] == "single"],
                  "ip_shuffled": shuffled[(shuffled["workflow"] == workflow) & (shuffled["policy"] == "isolated")],
                  "sp_shuffled": shuffled[(shuffled["workflow"] == workflow) & (shuffled["policy"] == "shared")]}
         csv_row = {"task": task, "scale": scale, "workflow": workflow}
         shown_row = [task, scale, workflow]
+        for name in trained:
+            done = frames[name][frames[name]["state"] == "done"]
+            csv_row[f"{name}_peak_checkpoint"] = " ".join(str(p) for p in done["peak_checkpoint"].dropna())
         for name, item in entries.items():
             csv_row[name] = number(item.mean) if item.mean is not None else item.word()
             csv_row[f"{name}_n"], csv_row[f"{name}_ci95"] = str(item.n), number(item.ci95)

@@ -215,8 +215,11 @@ def queue(sweep: SweepDir, ids: list[str], launcher: Launcher) -> list[str]:
 
     Cells blocked on one of `ids` come along (after it). Skips cells that are queued,
     running, damaged or missing, those whose needs will not be done (named in a warning), and those the launcher
-    does not admit; returns the ids submitted, each after the cells it needs."""
-    needs = sweep_needs(sweep)
+    does not admit; returns the ids submitted, each after the cells it needs, base controls
+    first (cheap, and the reference every other cell is compared with)."""
+    cells = sweep.read()["cells"]
+    needs = needs_of(cells)
+    base = {cell["id"] for cell in cells if cell["kind"] == "base"}
     every = sweep.cell_ids() if needs else ids
     states = observe_cells(sweep, every)
     released = [
@@ -227,7 +230,7 @@ def queue(sweep: SweepDir, ids: list[str], launcher: Launcher) -> list[str]:
     ids = [*ids, *released]
     run_dirs = {cell_id: sweep.cell(cell_id) for cell_id in ids}
     todo = [cell_id for cell_id in ids if states[cell_id].get("state") not in (*UNREADABLE_STATES, *ACTIVE_STATES)]
-    todo = _needs_first(todo, needs, states, sweep.name)
+    todo = _needs_first(sorted(todo, key=lambda cell_id: cell_id not in base), needs, states, sweep.name)
     todo = launcher.admit(sweep, todo) if todo else todo
     for cell_id in todo:
         run_dirs[cell_id].record(cellstate.queued(states[cell_id], launcher.name))

@@ -40,7 +40,7 @@ from gridrun.cellstate import ACTIVE_STATES, BLOCKING_STATES
 from gridrun.grid.console import console
 from gridrun.grid.errors import GridError
 from gridrun.grid.launchers.dispatch import Launcher, live_state, observe, sweep_needs
-from gridrun.grid.launchers.process import cell_env, log_tail, start_cell
+from gridrun.grid.launchers.process import cell_env, last_own_line, log_tail, start_cell
 from gridrun.rundir import DamagedFile, RunDir
 
 if TYPE_CHECKING:
@@ -343,8 +343,8 @@ class _Pool:
                 note += f"  val {100 * state['last_val_acc']:.1f}%"
             elif not state.get("step"):
                 # Before its first step a cell may build the toy world for minutes: say so.
-                last = log_tail(run_dir.stderr_log, 1).split(" gridrun: ", 1)[-1]
-                note += f"  {last[:70]}" if last and not last.startswith("---") else ""
+                last = last_own_line(run_dir.stderr_log)
+                note += f"  {last[:70]}" if last else ""
             total = max(int(state.get("total_steps") or 0), 1)
             self.progress.update(task, completed=int(state.get("step") or 0), total=total, note=note)
 

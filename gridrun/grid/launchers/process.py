@@ -88,3 +88,11 @@ def log_tail(path: Path, lines: int = 8) -> str:
     except OSError:
         return ""
     return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def last_own_line(path: Path) -> str:
+    """The message of the newest line gridrun's logger wrote to a log ("" if none in its
+    tail): third-party output there (transformers' "Loading weights" bar, warnings) is
+    never a cell's status."""
+    own = [line.split(" gridrun: ", 1)[1] for line in log_tail(path, 40).splitlines() if " gridrun: " in line]
+    return own[-1].strip() if own else ""

@@ -1,0 +1,152 @@
+"""Where a trained adapter is found: a cell's checkpoint at a step, an export, a peft folder.
+
+Both `gridrun export` (which copies a checkpoint's adapters out) and the evaluation cells
+(kinds `transfer` and `eval`, whose roles run on adapters trained elsewhere) resolve
+adapters here, so a step means the same thing to both: `peak` is the first step of the
+highest validation accuracy (Table 1's peak; the trainer keeps its checkpoint), `last` the
+newest complete checkpoint, a number that step.
+
+An evaluation cell names each role's source in `policy.adapters` (role -> source). A
+source is a path, taken from the cell's own run dir when relative, or the id of a cell of
+the same sweep, with an optional `@peak`, `@last` or `@N` (default: last):
+- a peft adapter folder (holds adapter_config.json): that adapter serves the role;
+- a `gridrun export` folder (holds roles.json): the adapter it gives the same role;
+- a run dir: the checkpoint at the step, its adapter for the same role.
+An export or run whose adapters are one (Shared-Policy, SA-RL) serves any role with it.
+A run dir must be done. Torch-free: paths and JSON only. Left out: loading the weights
+(gridrun/train/policy.py does).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from gridrun.rundir import ROLES_FILE, RunDir, adapter_dir, first_peak, val_accuracy
+
+STEP_CHOICES = "peak, last or a step number"
+PEFT_CONFIG = "adapter_config.json"
+
+
+class AdapterSourceError(ValueError):
+    """An adapter that cannot be found or used, and the fix, in one line."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint of a cell, with what its run says about that step."""
+
+    run_dir: RunDir
+    step: int
+    path: Path
+    # Validation accuracy at this step (None: not validated here).
+    val_acc: float | None
+
+    def roles(self) -> dict[str, str | None]:
+        """role -> adapter of this checkpoint (None: the base model). A checkpoint written
+        before role maps were recorded, holding one adapter: that adapter, for any role."""
+        try:
+            return json.loads((self.path / ROLES_FILE).read_text())
+        except FileNotFoundError:
+            folders = sorted(p.parent.name for p in (self.path / "adapters").glob(f"*/{PEFT_CONFIG}"))
+            if len(folders) == 1:
+                return {"*": folders[0]}
+            raise AdapterSourceError(
+                f"{self.path} has no {ROLES_FILE} (written by a gridrun before role maps were recorded): "
+                "re-run the cell to write its checkpoints again"
+            ) from None
+        except ValueError:
+            raise AdapterSourceError(f"{self.path / ROLES_FILE} is damaged (not JSON): re-run the cell") from None
+
+    def adapters(self) -> dict[str, Path]:
+        """adapter name -> its peft folder, in the role map's order."""
+        names = dict.fromkeys(a for a in self.roles().values() if a is not None)
+        found = {name: adapter_dir(self.path, name) for name in names}
+        for name, folder in found.items():
+            if not (folder / PEFT_CONFIG).is_file():
+                raise AdapterSourceError(f"{self.path} lacks adapter '{name}': the checkpoint is damaged, re-run the cell")
+        return found
+
+
+def find_checkpoint(run_dir: RunDir, which: str | int = "peak") -> Checkpoint:
+    """The complete checkpoint at `which` (peak, last or a step); AdapterSourceError naming
+    the steps on disk when it is not there."""
+    on_disk = dict(run_dir.complete_checkpoints())
+    steps = ", ".join(map(str, on_disk)) or "none"
+    name = run_dir.root.name
+    acc = val_accuracy(run_dir.read_metrics())
+    if which == "peak":
+        peak = first_peak(acc)
+        if peak is None:
+            raise AdapterSourceError(f"{name} has no validation yet, so no peak: name a step instead (on disk: {steps})")
+        step = peak[0]
+        if step == 0:
+            raise AdapterSourceError(
+                f"{name} peaked at step 0, the base model before any update: there is no trained adapter "
+                f"there; name the last step or a number (on disk: {steps})"
+            )
+    elif which == "last":
+        if not on_disk:
+            raise AdapterSourceError(f"{name} has no complete checkpoint: run it first (`gridrun run {run_dir.root}`)")
+        step = max(on_disk)
+    else:
+        try:
+            step = int(which)
+        except ValueError:
+            raise AdapterSourceError(f"step {which!r} is not {STEP_CHOICES}") from None
+    if step not in on_disk:
+        raise AdapterSourceError(f"{name} has no checkpoint at step {step} on disk (steps on disk: {steps})")
+    return Checkpoint(run_dir, step, on_disk[step], acc.get(step))
+
+
+def _for_role(roles: dict[str, str | None], role: str, where: str) -> str:
+    """The adapter a role map gives `role`; a map with one adapter gives it to any role."""
+    if roles.get(role) is not None:
+        return str(roles[role])
+    names = {a for a in roles.values() if a is not None}
+    if len(names) == 1:
+        return names.pop()
+    raise AdapterSourceError(
+        f"{where} has no adapter for role '{role}' (its roles: "
+        f"{', '.join(r for r, a in roles.items() if a is not None) or 'none'}): name another source for it"
+    )
+
+
+def resolve(source: str, role: str, run_dir: Path | None = None) -> Path:
+    """The peft folder that serves `role`, from one `policy.adapters` source (see above)."""
+    where, at, step = source.rpartition("@")
+    if not at or not (step in ("peak", "last") or step.isdigit()):
+        where, step = source, ""  # no step named (an "@" elsewhere in a path is the path's)
+    named = Path(where)
+    path = (run_dir / named) if run_dir is not None and not named.is_absolute() else named
+    if run_dir is not None and not path.exists() and "/" not in where:
+        path = run_dir.parent / where  # a cell id of the same sweep
+    path = path.resolve()
+    exported = (path / PEFT_CONFIG).is_file() or (path / ROLES_FILE).is_file()
+    if exported and step:
+        raise AdapterSourceError(f"{source}: @{step} picks a step of a run, but {path} holds one adapter set: drop @{step}")
+    if (path / PEFT_CONFIG).is_file():
+        return path
+    if (path / ROLES_FILE).is_file():
+        try:
+            roles = json.loads((path / ROLES_FILE).read_text())
+        except ValueError:
+            raise AdapterSourceError(f"{path / ROLES_FILE} is damaged (not JSON): export the cell again") from None
+        return path / _for_role(roles, role, str(path))
+    source_dir = RunDir(path)
+    if not source_dir.config_yaml.is_file():
+        raise AdapterSourceError(
+            f"adapter source {path} is neither a run dir, an export nor a peft adapter folder: plan the cell it "
+            "names, or point policy.adapters at an adapter"
+        )
+    state = source_dir.read_state()
+    if state.get("state") != "done":
+        raise AdapterSourceError(
+            f"adapter source {path.name} is {state.get('state')} at step {state.get('step', 0)}/"
+            f"{state.get('total_steps', '?')}, not done: finish it first (`gridrun resubmit --cells {path.name}`)"
+        )
+    if not source_dir.complete_checkpoints():
+        raise AdapterSourceError(f"adapter source {path.name} is done but has no complete checkpoint: re-run it")
+    found = find_checkpoint(source_dir, step or "last")
+    return found.adapters()[_for_role(found.roles(), role, f"{path.name} at step {found.step}")]

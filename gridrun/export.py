@@ -1,0 +1,157 @@
+"""`gridrun export`: a cell's adapters at one step, in the standard form others load.
+
+A trained cell's checkpoint holds one peft folder per adapter (Isolated-Policy: one per
+role; Shared-Policy and SA-RL: one) and its role -> adapter map. `export` copies them out,
+unchanged, next to a model card (README.md: the cell's coordinates, preset, base model,
+step, the validation accuracy there, the commit) and `roles.json` (role -> adapter folder,
+null for a role on the base model). Each folder loads with `PeftModel.from_pretrained(base,
+folder)` and serves with vLLM's `LoRARequest(name, id, folder)`. `--merged` also writes the
+base model with the adapter merged in (`merged/`), for a cell with one adapter only.
+
+The step is `peak`, `last` or a number, as gridrun/adapters.py resolves it. It imports no
+torch unless `merged` is asked for, so the grid half calls it too (`gridrun collect
+--export-peaks`). Left out: the base model's own files (the card names
+them), and adapters of cells that train none (base, transfer, eval cells).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from gridrun.adapters import AdapterSourceError, Checkpoint, find_checkpoint
+from gridrun.runconfig import ConfigError, RunConfig, load_config
+from gridrun.rundir import ROLES_FILE, DamagedFile, RunDir, first_peak, val_accuracy
+
+
+class ExportError(ValueError):
+    """What cannot be exported, and the fix, in one line."""
+
+
+def _config(run_dir: RunDir) -> RunConfig:
+    try:
+        return load_config(run_dir.config_yaml)
+    except ConfigError as err:
+        raise ExportError(str(err)) from None
+
+
+def preset_of(config: RunConfig) -> str:
+    """The cell's preset: the whole-run `preset` where the schema has one, else GRPO's."""
+    preset = getattr(config, "preset", None) or getattr(config.grpo, "preset", None)
+    return str(preset) if preset else "unknown"
+
+
+def export(run_dir: RunDir, which: str | int = "peak", out: Path | None = None, merged: bool = False) -> Path:
+    """Write the cell's adapters at `which` into `out` (default: the run dir's exports/
+    folder); returns `out`. Refuses an `out` that already exists (nothing is overwritten)."""
+    config = _config(run_dir)
+    if not config.trains:
+        raise ExportError(
+            f"{run_dir.root.name} is of kind {config.cell.kind}: it trains no adapter, so there is nothing to export "
+            "(export the cell whose adapters it evaluates)"
+        )
+    try:
+        found = find_checkpoint(run_dir, which)
+        adapters = found.adapters()
+    except AdapterSourceError as err:
+        raise ExportError(str(err)) from None
+    out = out if out is not None else run_dir.export(found.step)
+    if merged and len(adapters) != 1:
+        raise ExportError(
+            f"--merged writes one merged model, but {run_dir.root.name} has {len(adapters)} adapters "
+            f"({', '.join(adapters)}, one per role): load them with peft instead"
+        )
+    if out.exists():
+        raise ExportError(f"{out} already exists: remove it or pass another --out")
+    tmp = out.parent / f".{out.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        for name, folder in adapters.items():
+            shutil.copytree(folder, tmp / name)
+        (tmp / ROLES_FILE).write_text(json.dumps(found.roles(), indent=1) + "\n")
+        (tmp / "README.md").write_text(model_card(config, found, adapters, merged))
+        if merged:
+            _write_merged(config, tmp / next(iter(adapters)), tmp / "merged")
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _record(run_dir: RunDir) -> dict[str, Any]:
+    try:
+        return run_dir.read_record() or {}
+    except DamagedFile:
+        return {}
+
+
+def model_card(config: RunConfig, found: Checkpoint, adapters: dict[str, Path], merged: bool) -> str:
+    """README.md of an export: what the adapters are and how to load them."""
+    record = _record(found.run_dir)
+    git = record.get("git") or {}
+    commit = git.get("commit") or "unknown (no cell.json)"
+    if git.get("dirty"):
+        commit += " (with uncommitted changes)"
+    model = config.model.name_or_path
+    if config.model.toy is not None:
+        model += f" (gridrun's toy world, recipe {json.dumps(vars(config.model.toy))})"
+    split = config.train.val_split
+    problems = f"every {split} problem" if config.train.val_problems is None else f"{config.train.val_problems} {split} problems"
+    acc = "not validated at this step" if found.val_acc is None else (
+        f"{100 * found.val_acc:.1f}% ({problems}, T={config.sampling.val_temperature})")
+    peak = first_peak(val_accuracy(found.run_dir.read_metrics()))
+    peak_note = " (the cell's peak)" if peak is not None and peak[0] == found.step else ""
+    roles = found.roles()
+    first = next(iter(adapters))
+    lines = [
+        f"# {config.cell.id} at step {found.step}",
+        "",
+        "LoRA adapters of a gridrun GRPO cell, exported by `gridrun export`.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| cell | `{config.cell.id}` ({config.cell.kind}) |",
+        f"| workflow | {config.workflow.name} |",
+        f"| task | {config.task.name} |",
+        f"| policy | {config.policy.name} |",
+        f"| seed | {config.cell.seed} |",
+        f"| preset | {preset_of(config)} |",
+        f"| base model | {model}, {config.model.dtype} |",
+        f"| step | {found.step} of {config.train.total_steps}{peak_note} |",
+        f"| validation accuracy at this step | {acc} |",
+        f"| commit | {commit} |",
+        "",
+        f"Roles and their adapter folders (`{ROLES_FILE}`; none = the base model):",
+        "",
+        *[f"- {role}: {adapter or 'none'}" for role, adapter in roles.items()],
+        "",
+        "Load with peft, or serve with vLLM:",
+        "",
+        "```python",
+        "from peft import PeftModel",
+        f'model = PeftModel.from_pretrained(base_model, "{first}")',
+        "from vllm.lora.request import LoRARequest",
+        f'request = LoRARequest("{first}", 1, "{first}")',
+        "```",
+        "",
+    ]
+    if merged:
+        lines += ["`merged/` holds the base model with the adapter merged in (loads with transformers alone).", ""]
+    return "\n".join(lines)
+
+
+def _write_merged(config: RunConfig, adapter: Path, out: Path) -> None:
+    """The base model with `adapter` merged in, saved with its tokenizer (loads the model)."""
+    from peft import PeftModel
+
+    from gridrun.cellrun import model_files
+    from gridrun.train.model import load_base
+
+    base, tokenizer = load_base(config.model, model_files(config.model))
+    PeftModel.from_pretrained(base, str(adapter)).merge_and_unload().save_pretrained(out)
+    tokenizer.save_pretrained(out)
