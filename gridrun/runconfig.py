@@ -25,10 +25,12 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from gridrun import registry
 from gridrun.registry import ConfigError, EngineParams, OptionParams, TaskParams, WorkflowParams
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -373,6 +375,13 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if value not in allowed:
             raise ConfigError(f"{key}: {value!r} is not one of {list(allowed)}")
         return value
+    if tp is Any:
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        (item_tp,) = get_args(tp)
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
@@ -440,9 +449,19 @@ def run_defaults() -> dict[str, Any]:
     return defaults
 
 
+def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
+    """Build dataclass `cls` from a mapping by the run schema's rules (unknown keys named with
+    their closest valid one, types checked, nested dataclasses built); `prefix` is where the
+    mapping sits in its tree (`grid.cluster.`). The grid root's schema uses it too."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'the config'}: expected a mapping, got {data!r}")
+    built: T = _build(cls, data, prefix)
+    return built
+
+
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
     """Build and validate a RunConfig; raises ConfigError naming the offending key."""
-    return _build(RunConfig, data)
+    return from_dict(RunConfig, data)
 
 
 def load_config(path: Path) -> RunConfig:

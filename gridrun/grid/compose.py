@@ -66,7 +66,8 @@ ConfigStore.instance().store(group="toy_recipe", name="schema", node=ToySpec)
 class Composer:
     """Composes cell configs from one conf/ directory; cheap to call many times."""
 
-    def __init__(self, conf_dir: Path = CONF_DIR) -> None:
+    def __init__(self, conf_dir: Path | None = None) -> None:
+        conf_dir = conf_dir or CONF_DIR
         if not (conf_dir / f"{PRIMARY}.yaml").is_file():
             raise GridError(f"{conf_dir} holds no {PRIMARY}.yaml: run gridrun from its repository checkout")
         self.conf_dir = conf_dir

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from gridrun import cellstate
 from gridrun.cellstate import ACTIVE_STATES, BLOCKING_STATES
 from gridrun.grid.errors import GridError
+from gridrun.grid.gridconfig import LauncherSettings
 
 if TYPE_CHECKING:
     from gridrun.grid.sweepdir import SweepDir
@@ -60,6 +61,8 @@ log = logging.getLogger("gridrun")
 
 class Launcher(ABC):
     name: ClassVar[str]
+    # The settings its conf/launcher/<name>.yaml may hold, checked at plan time.
+    settings_type: ClassVar[type[LauncherSettings]] = LauncherSettings
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         self.settings = dict(settings)

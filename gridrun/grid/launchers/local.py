@@ -37,6 +37,7 @@ from gridrun import cellstate
 from gridrun.cellstate import BLOCKING_STATES, FINAL_STATES
 from gridrun.grid.console import console
 from gridrun.grid.errors import GridError
+from gridrun.grid.gridconfig import LocalSettings
 from gridrun.grid.launchers.dispatch import Launcher, observe, sweep_needs
 from gridrun.grid.launchers.process import cell_env, log_tail, start_cell
 from gridrun.rundir import DamagedFile, RunDir
@@ -125,6 +126,7 @@ def _cell_cpus(run_dir: RunDir) -> int | None:
 
 class LocalLauncher(Launcher):
     name = "local"
+    settings_type = LocalSettings
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
