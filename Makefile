@@ -62,6 +62,7 @@ table1: ## the analysis under results/<sweep>/: cells/metrics.parquet, tables 1-
 
 bench: ## benchmarks, one JSON line each
 	$(PY) bench/plan.py --json
+	$(PY) bench/composition.py --json
 	$(PY) bench/status.py --json
 	$(PY) bench/code_reward.py --json
 	$(PY) bench/rollout.py --json

@@ -148,6 +148,7 @@ class _Registry:
 _WORKFLOWS = _Registry("workflow")
 _TASKS = _Registry("task")
 _ENGINES = _Registry("engine")
+_REGISTRIES = {"workflow": _WORKFLOWS, "task": _TASKS, "engine": _ENGINES}
 _EXTRA_PROMPTS: dict[str, dict[str, Callable[..., Any]]] = {}
 _loaded_builtins = False
 _loaded_plugins: set[str] = set()
@@ -272,6 +273,12 @@ def task_names() -> list[str]:
     return sorted(_TASKS.entries)
 
 
+def params_classes(kind: str) -> dict[str, type[OptionParams]]:
+    """Every option of a kind loaded so far (the built-ins and the plugins imported), by name."""
+    _load_builtins()
+    return {name: entry.params for name, entry in _REGISTRIES[kind].entries.items()}
+
+
 def params_class(kind: str, node: dict[str, Any]) -> type[OptionParams]:
     """The params dataclass of the option a workflow/task/engine config node names."""
     name, plugin = node.get("name"), node.get("plugin")
@@ -279,5 +286,4 @@ def params_class(kind: str, node: dict[str, Any]) -> type[OptionParams]:
         raise ConfigError(f"{kind}.name: expected the name of a {kind}, got {name!r}")
     if plugin is not None and not isinstance(plugin, str):
         raise ConfigError(f"{kind}.plugin: expected a module name or .py path, got {plugin!r}")
-    registry = {"workflow": _WORKFLOWS, "task": _TASKS, "engine": _ENGINES}[kind]
-    return _lookup(registry, name, plugin).params
+    return _lookup(_REGISTRIES[kind], name, plugin).params
