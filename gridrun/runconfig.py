@@ -28,9 +28,11 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from gridrun import registry
-from gridrun.registry import ConfigError, EngineParams, OptionParams, TaskParams, WorkflowParams
+from gridrun.registry import ConfigError as ConfigError  # noqa: PLC0414 - re-exported: both halves catch it here
+from gridrun.registry import EngineParams, OptionParams, TaskParams, WorkflowParams
 
 T = TypeVar("T")
+P = TypeVar("P", bound=OptionParams)
 
 
 @dataclass
@@ -247,12 +249,12 @@ class RunConfig:
     model: ModelSpec = field(default_factory=lambda: ModelSpec(name_or_path="toy", toy=ToySpec()))
     # Each node: the params of the option it names (gridrun/registry.py), e.g. voting's
     # n_voters; absent, the option below with its defaults.
-    workflow: WorkflowParams = field(default_factory=lambda: _default_option("workflow", "single"))
-    task: TaskParams = field(default_factory=lambda: _default_option("task", "arith"))
+    workflow: WorkflowParams = field(default_factory=lambda: _default_option(WorkflowParams, "workflow", "single"))
+    task: TaskParams = field(default_factory=lambda: _default_option(TaskParams, "task", "arith"))
     lengths: LengthSpec = field(default_factory=LengthSpec)
     policy: PolicySpec = field(default_factory=PolicySpec)
     lora: LoraSpec = field(default_factory=LoraSpec)
-    engine: EngineParams = field(default_factory=lambda: _default_option("engine", "hf"))
+    engine: EngineParams = field(default_factory=lambda: _default_option(EngineParams, "engine", "hf"))
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     grpo: GRPOSpec = field(default_factory=GRPOSpec)
     optim: OptimSpec = field(default_factory=OptimSpec)
@@ -342,8 +344,10 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
-def _default_option(kind: str, name: str) -> OptionParams:
-    return registry.params_class(kind, {"name": name})(name=name)
+def _default_option(base: type[P], kind: str, name: str) -> P:
+    params = registry.params_class(kind, {"name": name})(name=name)
+    assert isinstance(params, base)
+    return params
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -353,7 +357,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
         return _build(registry.params_class(key, value), value, f"{key}.")
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
         return _build(tp, value, f"{key}.")

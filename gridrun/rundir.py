@@ -271,11 +271,11 @@ class RunDir:
 
         A damaged state.json is moved aside (state.json.damaged-<time>), never merged into;
         the transition then writes what it knows (there is no state to judge it from)."""
-        current: dict[str, Any] | None = self.read_state()
-        if current["state"] == "damaged":
+        current = self.read_state()
+        damaged = current["state"] == "damaged"
+        if damaged:
             self.state_json.rename(self.root / f"{self.state_json.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-            current = None
-        state = change.apply(current)
+        state = change.apply(None if damaged else current)
         state["updated_at"] = time.time()
         atomic_write_json(self.state_json, state)
         return state

@@ -36,11 +36,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.config_repository import CachingConfigRepository, ConfigRepository
+from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
 from hydra._internal.defaults_list import create_defaults_list
 from hydra._internal.utils import create_config_search_path
 from hydra.core.config_search_path import ConfigSearchPath
@@ -173,7 +174,7 @@ class Composer:
             where = f"'{err.full_key}'" if getattr(err, "full_key", None) else "the config"
             raise GridError(f"cannot resolve {where}: {_first_line(err)}") from None
         assert isinstance(resolved, dict)
-        return resolved
+        return cast(dict[str, Any], resolved)
 
     def _merged(self, choices: list[Override]) -> DictConfig:
         """The defaults list's entries merged in its order: a fresh tree on every call."""
@@ -286,6 +287,7 @@ def _absolute(data_root: str) -> str:
 def _search_path(conf_dir: Path) -> ConfigSearchPath:
     # Hydra's default path (which also registers the file:// and pkg:// sources) plus conf/.
     search_path = create_config_search_path(None)
+    assert isinstance(search_path, ConfigSearchPathImpl)
     search_path.config_search_path = [e for e in search_path.config_search_path if e.provider != "schema"]
     search_path.append("main", f"file://{conf_dir}")
     # Hydra asserts that the structured-config source comes last.

@@ -17,10 +17,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gridrun.grid.errors import GridError
-from gridrun.runconfig import ConfigError, from_dict
+from gridrun.registry import ConfigError
+from gridrun.runconfig import from_dict
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -84,6 +87,9 @@ class LauncherSettings:
     name: str
     # Cells (local) or array elements (slurm) running at once; null: the launcher's choice.
     max_parallel: int | None = None
+
+
+S = TypeVar("S", bound=LauncherSettings)
 
 
 @dataclass
@@ -163,7 +169,7 @@ def cluster_spec(cluster: Mapping[str, Any]) -> ClusterSpec:
     return _checked(ClusterSpec, dict(cluster), "grid.cluster.", f"conf/cluster/{cluster.get('name')}.yaml")
 
 
-def launcher_settings(launcher: Mapping[str, Any], settings_type: type[LauncherSettings]) -> Any:
+def launcher_settings(launcher: Mapping[str, Any], settings_type: type[S]) -> S:
     """A launcher's settings as sweep.json (or --max-parallel) gives them, checked and typed."""
     return _checked(settings_type, dict(launcher), "grid.launcher.", f"conf/launcher/{launcher.get('name')}.yaml")
 
@@ -173,7 +179,7 @@ def as_dict(spec: Any) -> dict[str, Any]:
     return dataclasses.asdict(spec)
 
 
-def _checked(cls: type[Any], data: dict[str, Any], prefix: str, where: str) -> Any:
+def _checked(cls: type[T], data: dict[str, Any], prefix: str, where: str) -> T:
     try:
         return from_dict(cls, data, prefix)
     except ConfigError as err:

@@ -38,6 +38,7 @@ import yaml
 
 from gridrun import cellstate, registry
 from gridrun.cellstate import ACTIVE_STATES
+from gridrun.engines import HFParams, VLLMParams
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.cells import TOY_SCALE, Cell, expand
 from gridrun.grid.compose import Composer
@@ -235,10 +236,12 @@ def _fits(cell_id: str, config: RunConfig, gpu: GpuSpec) -> float | None:
         knob = f"lower train.micro_token_budget (now {config.train.micro_token_budget})"
         if not config.train.gradient_checkpointing:
             knob = "set train.gradient_checkpointing=true or " + knob
-    elif config.engine.name == "vllm":
+    elif isinstance(config.engine, VLLMParams):
         knob = f"lower engine.gpu_memory_utilization (now {config.engine.gpu_memory_utilization})"
-    else:
+    elif isinstance(config.engine, HFParams):
         knob = f"lower engine.max_batch_size (now {config.engine.max_batch_size}) or use engine=vllm"
+    else:
+        knob = f"lower engine {config.engine.name}'s rollout memory or use engine=vllm"
     raise GridError(
         f"cell {cell_id} cannot fit: predicted {gb['peak']:.1f} GB per GPU on {gpu.name} "
         f"({gpu.memory_gb} GB; weights {gb['weights']:.1f}, update activations {gb['activations']:.1f}, "
@@ -350,7 +353,9 @@ def freeze(plan: Plan, sweep: SweepDir, replace: bool = False) -> Freeze:
         run_dir.record(cellstate.planned(pc.total_steps()))
     if result.sweep_damaged:
         sweep.set_aside_damaged()
-    data = sweep.read() if sweep.exists() else {"name": sweep.name, "created_at": now, "cells": [], "plans": []}
+    data: dict[str, Any] = (
+        sweep.read() if sweep.exists() else {"name": sweep.name, "created_at": now, "cells": [], "plans": []}
+    )
     index = {cell["id"]: i for i, cell in enumerate(data["cells"])}
     for pc in plan.cells:
         if pc.id in index:
@@ -388,7 +393,7 @@ def _recorded_fingerprint(run_dir: RunDir) -> str | None:
     except DamagedFile:
         record = None
     if record and record.get("fingerprint"):
-        return record["fingerprint"]
+        return str(record["fingerprint"])
     return _config_fingerprint(run_dir)
 
 

@@ -36,7 +36,7 @@ from gridrun import registry
 from gridrun.registry import TaskParams, register_task
 from gridrun.tasks.answers import last_python_block
 from gridrun.tasks.base import Messages, Problem, RolePrompts, Score, Task, user_message
-from gridrun.tasks.code_reward import FLAG_NAMES, CodeLimits, CodeScore, score_code, score_code_batch
+from gridrun.tasks.code_reward import FLAG_NAMES, CodeLimits, CodeScore, Mode, score_code, score_code_batch
 from gridrun.tasks.prepared import read_split, require_data
 from gridrun.tasks.sandbox import SandboxConfig, SandboxUnavailable, require
 
@@ -136,7 +136,7 @@ def _with_interface(problem: Problem) -> Problem:
 class CodeTask(Task):
     name = "code"
 
-    def __init__(self, data_path: str | Path, mode: str = "pass_rate", test_timeout_s: float = 6.0,
+    def __init__(self, data_path: str | Path, mode: Mode = "pass_rate", test_timeout_s: float = 6.0,
                  sandbox: str = "bwrap") -> None:
         if mode not in MODES:
             raise ValueError(f"code reward mode {mode!r} is not one of {list(MODES)}: set task.code_reward_mode")

@@ -30,6 +30,7 @@ import random
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from filelock import FileLock
@@ -62,7 +63,7 @@ MODEL = {
 }
 # "autocast": the forward's matmul dtype (weights, optimizer and the saved model stay float32);
 # bfloat16 makes a step ~10% cheaper on CPUs with AVX512-BF16 and learned as fast per step.
-WARM = {
+WARM: dict[str, Any] = {
     "batch": 64, "lr": 3e-3, "betas": (0.9, 0.98), "weight_decay": 0.01, "warmup": 50, "clip": 1.0,
     "autocast": "bfloat16",
 }
@@ -183,7 +184,7 @@ def greedy_correct(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, 
 
     task = ArithTask()
     engine = HFEngine(model, tokenizer)
-    prompts = tokenizer([_chat(tokenizer, task.prompts.generator(p.question)) for p in problems], add_special_tokens=False)
+    prompts = tokenizer([_chat(tokenizer, task.prompts["generator"](p.question)) for p in problems], add_special_tokens=False)
     outs = engine.generate(
         [GenRequest(ids, None) for ids in prompts["input_ids"]], SamplingParams(temperature=0.0, max_new_tokens=24)
     )
@@ -300,8 +301,8 @@ def _build(spec: ToySpec, out: Path, started: float, dist: Dist) -> None:
         step += 1
         if step >= EVAL_FROM and step % EVAL_EVERY == 0:
             correct = greedy_correct(model, tokenizer, dist.shard(eval_problems))
-            correct, batch_loss = dist.all_reduce_sum([float(correct), batch_loss])
-            accuracy = correct / len(eval_problems)
+            total_correct, batch_loss = dist.all_reduce_sum([float(correct), batch_loss])
+            accuracy = total_correct / len(eval_problems)
             model.train()
             curve.append((step, accuracy))
             if dist.is_main:

@@ -266,7 +266,7 @@ def alert_summary(rows: Iterable[Mapping[str, Any]], workflow: str | None, polic
     """The mechanism alerts replayed on a cell's rows (see the module docstring)."""
     out: dict[str, Any] = {"mechanism_alerts": ""}
     relevant = [m for m in MECHANISMS if workflow and applies(m, workflow, policy)]
-    history = alert_history(rows, workflow, policy, thresholds) if relevant else []
+    history = alert_history(rows, workflow, policy, thresholds) if relevant and workflow else []
     for mechanism in MECHANISMS:
         fired = firings(history, mechanism) if mechanism in relevant else []
         known = mechanism in relevant and bool(history)

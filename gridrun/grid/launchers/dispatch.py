@@ -92,8 +92,9 @@ class Launcher(ABC):
 def launcher_class(name: str) -> type[Launcher]:
     if name not in LAUNCHERS:
         raise GridError(f"no launcher '{name}' (registered: {', '.join(LAUNCHERS)}): set launcher=<one of them>")
-    module, _, cls = LAUNCHERS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
+    module, _, name_in_module = LAUNCHERS[name].partition(":")
+    cls: type[Launcher] = getattr(importlib.import_module(module), name_in_module)
+    return cls
 
 
 def make_launcher(settings: Mapping[str, Any]) -> Launcher:

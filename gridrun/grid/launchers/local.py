@@ -192,7 +192,7 @@ class LocalLauncher(Launcher):
             if host and host != HOST:
                 raise GridError(f"{cell_id} runs on host {host}: cancel it there (`gridrun cancel` on {host})")
             pid = state.get("pid")
-            if alive(pid):
+            if isinstance(pid, int) and alive(pid):
                 _signal_cell(pid, signal.SIGTERM)
                 done.append(f"{cell_id}: sent SIGTERM to process {pid}")
             else:

@@ -444,7 +444,7 @@ class SlurmLauncher(Launcher):
 
     def cancel(self, sweep: SweepDir, ids: list[str]) -> list[str]:
         states = {cell_id: sweep.cell(cell_id).read_state() for cell_id in ids}
-        jobs = {cell_id: state.get("job_id") for cell_id, state in states.items() if state.get("job_id")}
+        jobs = {cell_id: str(state["job_id"]) for cell_id, state in states.items() if state.get("job_id")}
         if jobs:
             _run(["scancel", *sorted(set(jobs.values()))], "cancelling jobs")
         lines = []
