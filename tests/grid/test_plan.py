@@ -177,7 +177,10 @@ def test_micro_batch_budget_per_scale_and_gpu_class(composer: Composer, scale: s
 def test_the_run_nodes_of_config_yaml_and_the_default_preset_repeat_the_schemas_defaults() -> None:
     # The schema's defaults open the composition (`run_schema`): a run value conf/config.yaml
     # writes, or the default grpo preset (released), must be that default, so the two never
-    # disagree (an interpolated value, e.g. a table row, is conf's own).
+    # disagree (an interpolated value, e.g. a table row, is conf's own). Unlike an option file
+    # (which now repeats nothing), a preset states its whole reading on purpose: conf/grpo/
+    # released.yaml is the commented ledger of where the released code departs from the text,
+    # and it must stay the reading `grpo=released` gives even if a schema default moves.
     defaults = config_from_dict({"cell": {"id": "x", "kind": "base"}}).to_dict()
     differ = []
 
