@@ -159,7 +159,7 @@ class Composer:
         # Hydra's own split (Overrides): a key naming a config group chooses an option.
         is_choice = [self._repo.group_exists(o.key_or_group) for o in parsed]
         choices = [o for o, choice in zip(parsed, is_choice) if choice]
-        cfg = self._merged(choices)
+        cfg = self._merged(self._defaults_list(choices))
         OmegaConf.set_struct(cfg, True)
         for setting in (o for o, choice in zip(parsed, is_choice) if not choice):
             try:
@@ -176,8 +176,19 @@ class Composer:
         assert isinstance(resolved, dict)
         return cast(dict[str, Any], resolved)
 
-    def _merged(self, choices: list[Override]) -> DictConfig:
-        """The defaults list's entries merged in its order: a fresh tree on every call."""
+    def option_files(self, overrides: Sequence[str]) -> dict[str, str]:
+        """Group -> the option file these overrides compose from (`cluster: conf/cluster/mine.yaml`),
+        for errors about a composed node to name the file a user wrote."""
+        choices = [o for o in map(self.parse, overrides) if self._repo.group_exists(o.key_or_group)]
+        files = {}
+        for entry in self._defaults_list(choices):
+            group, _, option = (entry.config_path or "").rpartition("/")
+            if group in self._groups:
+                files[group] = f"{self.conf_dir.name}/{group}/{option}.yaml"
+        return files
+
+    def _defaults_list(self, choices: list[Override]) -> list[ResultDefault]:
+        """Hydra's defaults list for these group choices (made once per choices)."""
         key = tuple(o.input_line or "" for o in choices)
         defaults = self._defaults.get(key)
         while defaults is None:
@@ -191,6 +202,10 @@ class Composer:
             except HydraException as err:
                 raise GridError(f"cannot compose the config: {_first_line(err)}") from None
         self._defaults[key] = defaults
+        return defaults
+
+    def _merged(self, defaults: list[ResultDefault]) -> DictConfig:
+        """The defaults list's entries merged in its order: a fresh tree on every call."""
         # OmegaConf.merge copies every node it places, so the cached entries stay as loaded.
         merged = OmegaConf.merge(*(self._entry(entry) for entry in defaults))
         assert isinstance(merged, DictConfig)

@@ -148,30 +148,32 @@ class GridRoot:
     launcher: LauncherSettings
 
 
-def grid_root(node: Mapping[str, Any]) -> GridRoot:
+def grid_root(node: Mapping[str, Any], files: Mapping[str, str] | None = None) -> GridRoot:
     """The composed `grid` node, checked against the schema; a bad key or value is a one-line
-    GridError naming it, its closest valid spelling and the file to fix."""
+    GridError naming it, its closest valid spelling and the file to fix (`files`: group ->
+    the option file it was composed from, Composer.option_files; else named by `name:`)."""
     from gridrun.grid.launchers.dispatch import launcher_class
 
+    files = files or {}
     # The user-written parts first, so that an error names their file.
-    cluster_spec(_mapping(node, "cluster"))
+    cluster_spec(_mapping(node, "cluster"), files.get("cluster"))
     gpu = _mapping(node, "gpu")
-    _checked(GpuSpec, dict(gpu), "grid.gpu.", f"conf/gpu/{gpu.get('name')}.yaml")
+    _checked(GpuSpec, dict(gpu), "grid.gpu.", files.get("gpu") or _file("gpu", gpu))
     launcher = _mapping(node, "launcher")
-    where = f"conf/launcher/{launcher.get('name')}.yaml"
-    settings = _checked(launcher_class(str(launcher.get("name"))).settings_type, dict(launcher), "grid.launcher.", where)
+    settings_type = launcher_class(str(launcher.get("name"))).settings_type
+    settings = launcher_settings(launcher, settings_type, files.get("launcher"))
     rest = {key: value for key, value in node.items() if key != "launcher"}
     return GridRoot(spec=_checked(GridSpec, rest, "grid.", "conf/config.yaml's grid node"), launcher=settings)
 
 
-def cluster_spec(cluster: Mapping[str, Any]) -> ClusterSpec:
-    """A cluster profile as sweep.json records it, read back with its defaults."""
-    return _checked(ClusterSpec, dict(cluster), "grid.cluster.", f"conf/cluster/{cluster.get('name')}.yaml")
+def cluster_spec(cluster: Mapping[str, Any], file: str | None = None) -> ClusterSpec:
+    """A cluster profile (as composed, or as sweep.json records it), checked, with its defaults."""
+    return _checked(ClusterSpec, dict(cluster), "grid.cluster.", file or _file("cluster", cluster))
 
 
-def launcher_settings(launcher: Mapping[str, Any], settings_type: type[S]) -> S:
-    """A launcher's settings as sweep.json (or --max-parallel) gives them, checked and typed."""
-    return _checked(settings_type, dict(launcher), "grid.launcher.", f"conf/launcher/{launcher.get('name')}.yaml")
+def launcher_settings(launcher: Mapping[str, Any], settings_type: type[S], file: str | None = None) -> S:
+    """A launcher's settings (as composed, or as sweep.json and --max-parallel give them), checked."""
+    return _checked(settings_type, dict(launcher), "grid.launcher.", file or _file("launcher", launcher))
 
 
 def as_dict(spec: Any) -> dict[str, Any]:
@@ -184,6 +186,11 @@ def _checked(cls: type[T], data: dict[str, Any], prefix: str, where: str) -> T:
         return from_dict(cls, data, prefix)
     except ConfigError as err:
         raise GridError(f"{err}: fix {where}") from None
+
+
+def _file(group: str, node: Mapping[str, Any]) -> str:
+    # Without the composition at hand (sweep.json), the profile's own name says which it is.
+    return f"the conf/{group}/ file of {group} '{node.get('name')}'"
 
 
 def _mapping(node: Mapping[str, Any], key: str) -> Mapping[str, Any]:

@@ -139,7 +139,7 @@ def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
         choices = tuple(cell.group_choices())
         if choices not in composed:
             composed[choices], applied = _compose_cell(cell, choices, spec.settings, composer)
-            roots[choices] = grid_root(composed[choices]["grid"])
+            roots[choices] = grid_root(composed[choices]["grid"], composer.option_files([*choices, *spec.settings]))
             unused -= set(applied)
         tree, root = composed[choices], roots[choices]
         if cell.kind == "transfer":

@@ -69,7 +69,7 @@ def test_a_bad_launcher_or_gpu_file_names_its_own_file(gridrun: Gridrun, results
     result = gridrun("plan", "conf=full_matrix", "cluster=paper", "launcher=myslurm", "scale=1.7b")
     assert result.code == 2 and result.err.strip().endswith(
         "unknown config key 'grid.launcher.signal_delay' (did you mean 'grid.launcher.signal_delay_s'?): "
-        "fix conf/launcher/slurm.yaml"), result.err
+        "fix conf/launcher/myslurm.yaml"), result.err
     (conf / "gpu" / "h100.yaml").write_text((conf / "gpu" / "h100.yaml").read_text().replace("memory_gb:", "memory:"))
     result = gridrun("plan", "conf=full_matrix", "scale=1.7b")
     assert result.code == 2 and "unknown config key 'grid.gpu.memory' (did you mean 'grid.gpu.memory_gb'?): " \
@@ -90,6 +90,15 @@ def test_sweep_json_records_the_checked_profile_with_its_defaults(gridrun: Gridr
     assert cluster_spec(recorded["cluster"]) == ClusterSpec(name="local", cpus_per_cell=1, mem_gb_per_cell=4)
 
 
+def test_a_copied_profile_that_kept_its_name_is_named_by_its_file(gridrun: Gridrun, results: Path, conf: Path) -> None:
+    # paper.yaml copied to mine.yaml, `name: paper` left as it was: the error names mine.yaml.
+    (conf / "cluster" / "mine.yaml").write_text((conf / "cluster" / "paper.yaml").read_text().replace("qos:", "qso:"))
+    result = gridrun("plan", "conf=full_matrix", "cluster=mine", "scale=1.7b")
+    assert result.code == 2 and result.err.strip().endswith("(did you mean 'grid.cluster.qos'?): fix conf/cluster/mine.yaml")
+
+
 def test_a_hand_edited_sweep_json_is_read_back_through_the_schema() -> None:
-    with pytest.raises(GridError, match=r"grid.cluster.gpu_type' \(did you mean 'grid.cluster.gpu_types'\?\)"):
+    # No composition at hand: the profile is named by its `name:`.
+    with pytest.raises(GridError, match=r"grid.cluster.gpu_type' \(did you mean 'grid.cluster.gpu_types'\?\): "
+                       r"fix the conf/cluster/ file of cluster 'paper'$"):
         cluster_spec({"name": "paper", "gpu_type": {}})
