@@ -8,8 +8,8 @@ the defaults list (`create_defaults_list`), each entry loaded at its package, Om
 merge in the list's order, the settings applied in struct mode as Hydra applies command-line
 overrides, and OmegaConf's resolution. What cells share is kept between calls: each parsed
 file, each loaded entry, and the defaults list of each set of group choices. A plain
-hydra.compose rebuilds all of that, and Hydra's own config, on every call: 4.7 s of CPU for
-the full matrix's 48 group combinations against the composer's 1.1 s (bench/composition.py),
+hydra.compose rebuilds all of that, and Hydra's own config, on every call: 4.5 s of CPU for
+the full matrix's 48 group combinations against the composer's 1.05 s (bench/composition.py),
 and a 3 s budget for the whole dry run (bench/plan.py).
 
 The workflow, task and engine nodes are each the chosen option's params dataclass
