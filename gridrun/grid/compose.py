@@ -41,7 +41,6 @@ from typing import Any, cast
 import yaml
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.config_repository import CachingConfigRepository, ConfigRepository
-from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
 from hydra._internal.defaults_list import create_defaults_list
 from hydra._internal.utils import create_config_search_path
 from hydra.core.config_search_path import ConfigSearchPath
@@ -302,8 +301,8 @@ def _absolute(data_root: str) -> str:
 def _search_path(conf_dir: Path) -> ConfigSearchPath:
     # Hydra's default path (which also registers the file:// and pkg:// sources) plus conf/.
     search_path = create_config_search_path(None)
-    assert isinstance(search_path, ConfigSearchPathImpl)
-    search_path.config_search_path = [e for e in search_path.config_search_path if e.provider != "schema"]
+    elements = search_path.get_path()
+    elements[:] = [e for e in elements if e.provider != "schema"]
     search_path.append("main", f"file://{conf_dir}")
     # Hydra asserts that the structured-config source comes last.
     search_path.append("schema", "structured://")
