@@ -67,6 +67,7 @@ table1: ## the analysis under results/<sweep>/: cells/metrics.parquet, tables 1-
 
 bench: ## benchmarks, one JSON line each
 	$(PY) bench/plan.py --json
+	$(PY) bench/composition.py --json
 	$(PY) bench/status.py --json
 	$(PY) bench/code_reward.py --json
 	$(PY) bench/rollout.py --json
@@ -86,5 +87,6 @@ gpu-check: ## on a GPU machine: one step of every workflow x policy, random-init
 		$(GPU_PY) -m pip install -q --no-index --no-deps --upgrade --target .wheelhouse/site .wheelhouse/*.whl; fi
 	PYTHONPATH=$(CURDIR)/.wheelhouse/site:$(CURDIR) $(GPU_PY) bench/gpu.py --rollout-tokens 32
 
-lint: ## ruff over the code, tests and benchmarks
+lint: ## ruff over the code, tests and benchmarks; mypy over gridrun/ (strict on the seam and the grid: pyproject.toml)
 	$(VENV)/bin/ruff check gridrun tests bench
+	$(VENV)/bin/mypy

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from gridrun.arch import lora_parameter_count, parameter_count, published
+from gridrun.engines import HFParams, VLLMParams
 from gridrun.runconfig import RunConfig
 
 GIB = 2**30
@@ -120,18 +121,19 @@ def predict(
     update_phase = weights + adapters + (activations + logits if config.trains else 0) + RESERVE_BYTES
     rollout = _rollout_bytes(config, arch, b, gpu_memory_gb * GIB)
     rollout_phase = weights + adapters + rollout + RESERVE_BYTES
-    if config.engine.name == "vllm" and not config.engine.enable_sleep_mode:
+    if isinstance(config.engine, VLLMParams) and not config.engine.enable_sleep_mode:
         update_phase += rollout
     return MemoryEstimate(weights, adapters, activations, logits, rollout, update_phase, rollout_phase)
 
 
 def _rollout_bytes(config: RunConfig, arch: dict, dtype_bytes: int, gpu_bytes: float) -> float:
-    if config.engine.name == "vllm":
+    if isinstance(config.engine, VLLMParams):
         return config.engine.gpu_memory_utilization * gpu_bytes
     # engine=hf: a KV cache per sub-batch of requests, each up to the longest prompt plus
     # the response limit, and one decoding step's float32 logits and log-probs.
     requests = max(config.train.batch_problems * config.grpo.n, 1) * config.parallel_slots
-    rows = min(config.engine.max_batch_size, requests)
+    # An engine without a batch cap (a plugin's) is counted as generating every request at once.
+    rows = min(config.engine.max_batch_size, requests) if isinstance(config.engine, HFParams) else requests
     tokens = config.lengths.max_prompt_tokens + config.lengths.max_response_tokens
     kv_per_token = arch["num_hidden_layers"] * 2 * arch["num_key_value_heads"] * arch["head_dim"] * dtype_bytes
     return rows * (tokens * kv_per_token + 2 * 4 * arch["vocab_size"])

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 # Modules holding the built-in tasks and engines, imported on the first lookup with every
 # module of the WORKFLOWS_PACKAGE.
@@ -112,7 +112,7 @@ class Workflow:
         generator turns (every round, every episode) form one group."""
         if self.distinct_slots and turn.role == self.parallel_role:
             return f"{turn.role}{turn.slot}"
-        return turn.role
+        return str(turn.role)
 
 
 @dataclass(frozen=True)
@@ -140,21 +140,25 @@ class Engine:
     factory: str
 
 
+EntryT = TypeVar("EntryT", Workflow, Task, Engine)
+
+
 @dataclass
-class _Registry:
+class _Registry(Generic[EntryT]):
     kind: str
-    entries: dict[str, Any] = field(default_factory=dict)
+    entries: dict[str, EntryT] = field(default_factory=dict)
 
 
-_WORKFLOWS = _Registry("workflow")
-_TASKS = _Registry("task")
-_ENGINES = _Registry("engine")
+_WORKFLOWS: _Registry[Workflow] = _Registry("workflow")
+_TASKS: _Registry[Task] = _Registry("task")
+_ENGINES: _Registry[Engine] = _Registry("engine")
+_REGISTRIES: dict[str, _Registry[Any]] = {"workflow": _WORKFLOWS, "task": _TASKS, "engine": _ENGINES}
 _EXTRA_PROMPTS: dict[str, dict[str, Callable[..., Any]]] = {}
 _loaded_builtins = False
 _loaded_plugins: set[str] = set()
 
 
-def _register(registry: _Registry, entry: Any) -> Any:
+def _register(registry: _Registry[EntryT], entry: EntryT) -> EntryT:
     known = registry.entries.get(entry.name)
     if known is not None and known.params.__qualname__ != entry.params.__qualname__:
         raise ConfigError(f"{registry.kind} '{entry.name}' is registered twice ({known.params.__module__} and "
@@ -237,7 +241,7 @@ def _failed(plugin: str, err: BaseException) -> str:
     return f"plugin '{plugin}' failed while importing ({type(err).__name__}: {first}): fix that module"
 
 
-def _lookup(registry: _Registry, name: str, plugin: str | None = None) -> Any:
+def _lookup(registry: _Registry[EntryT], name: str, plugin: str | None = None) -> EntryT:
     _load_builtins()
     if plugin:
         load_plugin(plugin)
@@ -273,6 +277,12 @@ def task_names() -> list[str]:
     return sorted(_TASKS.entries)
 
 
+def params_classes(kind: str) -> dict[str, type[OptionParams]]:
+    """Every option of a kind loaded so far (the built-ins and the plugins imported), by name."""
+    _load_builtins()
+    return {name: entry.params for name, entry in _REGISTRIES[kind].entries.items()}
+
+
 def params_class(kind: str, node: dict[str, Any]) -> type[OptionParams]:
     """The params dataclass of the option a workflow/task/engine config node names."""
     name, plugin = node.get("name"), node.get("plugin")
@@ -280,5 +290,5 @@ def params_class(kind: str, node: dict[str, Any]) -> type[OptionParams]:
         raise ConfigError(f"{kind}.name: expected the name of a {kind}, got {name!r}")
     if plugin is not None and not isinstance(plugin, str):
         raise ConfigError(f"{kind}.plugin: expected a module name or .py path, got {plugin!r}")
-    registry = {"workflow": _WORKFLOWS, "task": _TASKS, "engine": _ENGINES}[kind]
-    return _lookup(registry, name, plugin).params
+    params: type[OptionParams] = _lookup(_REGISTRIES[kind], name, plugin).params
+    return params

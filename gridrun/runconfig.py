@@ -25,10 +25,14 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from gridrun import registry
-from gridrun.registry import ConfigError, EngineParams, OptionParams, TaskParams, WorkflowParams
+from gridrun.registry import ConfigError as ConfigError  # noqa: PLC0414 - re-exported: both halves catch it here
+from gridrun.registry import EngineParams, OptionParams, TaskParams, WorkflowParams
+
+T = TypeVar("T")
+P = TypeVar("P", bound=OptionParams)
 
 # The key of a per-role setting that names the workflow's parallel role, whatever it is called.
 PARALLEL = "parallel"
@@ -326,12 +330,12 @@ class RunConfig:
     model: ModelSpec = field(default_factory=lambda: ModelSpec(name_or_path="toy", toy=ToySpec()))
     # Each node: the params of the option it names (gridrun/registry.py), e.g. voting's
     # n_voters; absent, the option below with its defaults.
-    workflow: WorkflowParams = field(default_factory=lambda: _default_option("workflow", "single"))
-    task: TaskParams = field(default_factory=lambda: _default_option("task", "arith"))
+    workflow: WorkflowParams = field(default_factory=lambda: _default_option(WorkflowParams, "workflow", "single"))
+    task: TaskParams = field(default_factory=lambda: _default_option(TaskParams, "task", "arith"))
     lengths: LengthSpec = field(default_factory=LengthSpec)
     policy: PolicySpec = field(default_factory=PolicySpec)
     lora: LoraSpec = field(default_factory=LoraSpec)
-    engine: EngineParams = field(default_factory=lambda: _default_option("engine", "hf"))
+    engine: EngineParams = field(default_factory=lambda: _default_option(EngineParams, "engine", "hf"))
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     grpo: GRPOSpec = field(default_factory=GRPOSpec)
     optim: OptimSpec = field(default_factory=OptimSpec)
@@ -497,8 +501,10 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
-def _default_option(kind: str, name: str) -> OptionParams:
-    return registry.params_class(kind, {"name": name})(name=name)
+def _default_option(base: type[P], kind: str, name: str) -> P:
+    params = registry.params_class(kind, {"name": name})(name=name)
+    assert isinstance(params, base)
+    return params
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -508,7 +514,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
         return _build(registry.params_class(key, value), value, f"{key}.")
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
         return _build(tp, value, f"{key}.")
@@ -530,6 +536,13 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if value not in allowed:
             raise ConfigError(f"{key}: {value!r} is not one of {list(allowed)}")
         return value
+    if tp is Any:
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        (item_tp,) = get_args(tp)
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
@@ -597,9 +610,19 @@ def run_defaults() -> dict[str, Any]:
     return defaults
 
 
+def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
+    """Build dataclass `cls` from a mapping by the run schema's rules (unknown keys named with
+    their closest valid one, types checked, nested dataclasses built); `prefix` is where the
+    mapping sits in its tree (`grid.cluster.`). The grid root's schema uses it too."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'the config'}: expected a mapping, got {data!r}")
+    built: T = _build(cls, data, prefix)
+    return built
+
+
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
     """Build and validate a RunConfig; raises ConfigError naming the offending key."""
-    return _build(RunConfig, data)
+    return from_dict(RunConfig, data)
 
 
 def load_config(path: Path) -> RunConfig:

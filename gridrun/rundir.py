@@ -352,13 +352,13 @@ class RunDir:
         the transition then writes what it knows (there is no state to judge it from). A
         missing cell (its folder deleted, even under a running trainer) is NotARunDir, and
         nothing is written: a write would bring back a folder with no config.yaml."""
-        current: dict[str, Any] | None = self.read_state()
+        current = self.read_state()
         if current["state"] == "missing":
             raise NotARunDir(f"cannot record {change.name}: {current['error']}")
-        if current["state"] == "damaged":
+        damaged = current["state"] == "damaged"
+        if damaged:
             self.state_json.rename(self.root / f"{self.state_json.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-            current = None
-        state = change.apply(current)
+        state = change.apply(None if damaged else current)
         state["updated_at"] = time.time()
         atomic_write_json(self.state_json, state)
         return state

@@ -35,8 +35,9 @@ def test_chunks_change_neither_values_nor_gradients(toy_model) -> None:
     # Entropy = logsumexp(z) - sum p z cancels terms of the logits' size, so its rounding is the
     # logits' float32 eps (~1e-6 x |z|), not its own: 4e-6 apart on the shipped world's logits.
     torch.testing.assert_close(whole[1], chunked[1], rtol=1e-6, atol=1e-5)
-    # The head's gradient sums over positions in another order: float32 rounding only.
-    torch.testing.assert_close(whole[2], chunked[2], rtol=1e-4, atol=1e-5)
+    # The head's gradient sums over positions in another order: float32 rounding only, which
+    # scales with its largest entries (about 91 on the shipped world: 3e-5 apart at most).
+    torch.testing.assert_close(whole[2], chunked[2], rtol=1e-4, atol=1e-6 * float(whole[2].abs().max()))
 
 
 def test_logprobs_are_those_of_the_tempered_softmax(toy_model) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gridrun.memory import GIB, LOGITS_COPIES, RESERVE_BYTES, predict
+from gridrun.registry import Engine, EngineParams, register_engine
 from gridrun.runconfig import config_from_dict
 
 QWEN3_1_7B = {"name_or_path": "Qwen/Qwen3-1.7B", "dtype": "bfloat16"}
@@ -64,3 +67,21 @@ def test_the_logits_chunk_is_the_one_the_trainer_uses() -> None:
     from gridrun.train.logprobs import CHUNK_TOKENS
 
     assert LOGITS_CHUNK_TOKENS == CHUNK_TOKENS
+
+
+@dataclass
+class BareEngineParams(EngineParams):
+    """An engine of a user's own, without hf's batch cap or vLLM's memory share."""
+
+    name: str = "bare_test_engine"
+
+
+def test_an_engine_without_a_batch_cap_generates_every_request_at_once() -> None:
+    # A plugin engine has neither max_batch_size nor gpu_memory_utilization: its KV cache is
+    # counted for all 64 problems x 8 samples x 3 voters = 1536 requests, as hf's with a cap
+    # above that (the model once read engine.max_batch_size off any engine that was not vLLM).
+    register_engine(Engine(name="bare_test_engine", params=BareEngineParams, factory="tests.test_memory:none"))
+    lengths = {"max_prompt_tokens": 1000, "max_response_tokens": 24}
+    bare = predict(cell(engine={"name": "bare_test_engine"}, lengths=lengths), 80)
+    assert bare.rollout == 1536 * (1024 * 28 * 2 * 8 * 128 * 2 + 2 * 4 * 151_936)
+    assert bare.rollout == predict(cell(engine={"name": "hf", "max_batch_size": 100_000}, lengths=lengths), 80).rollout

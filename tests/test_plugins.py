@@ -18,6 +18,7 @@ import yaml
 
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.compose import Composer
+from gridrun.grid.errors import GridError
 from gridrun.grid.launchers.dispatch import make_launcher, queue, runnable
 from gridrun.grid.plan import freeze, make_plan
 from gridrun.grid.spec import load_spec
@@ -40,8 +41,9 @@ def conf_with_options(root: Path, plugin: Path) -> Path:
     """This repository's conf/ plus the new options' YAMLs: all a user adds besides the module."""
     conf = root / "conf"
     shutil.copytree(REPO_ROOT / "conf", conf)
-    (conf / "workflow" / "debate.yaml").write_text(f"name: debate\nplugin: {plugin}\nexchanges: 1\n")
-    (conf / "task" / "sub.yaml").write_text(f"name: sub\nplugin: {plugin}\nn_val: 4\n")
+    # The module that registers each, and what differs from its params' defaults (sub's n_val).
+    (conf / "workflow" / "debate.yaml").write_text(f"plugin: {plugin}\n")
+    (conf / "task" / "sub.yaml").write_text(f"plugin: {plugin}\nn_val: 4\n")
     # Their rows in the (workflow, task) table: debate on arith, single on sub.
     tables = yaml.safe_load((conf / "tables.yaml").read_text())
     tables["workflow_task"]["debate"] = {"arith": ROW}
@@ -104,3 +106,18 @@ def test_a_plugin_options_keys_are_checked_like_a_built_in_ones(plugin: Path) ->
                           "workflow": {"name": "debate", "plugin": str(plugin), "rounds": 2}})
     with pytest.raises(ConfigError, match="give the module file as an absolute path"):
         config_from_dict({"cell": {"id": "x", "kind": "train"}, "workflow": {"name": "debate", "plugin": "x.py"}})
+
+
+def test_an_option_file_naming_no_registered_option_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    # The option's schema comes from the module its file names; without one, or with a module
+    # that is not there, composing it fails naming the file and the fix. (`mine`: a name no
+    # other test registers; the registries and Hydra's store live as long as the process.)
+    conf = tmp_path / "conf"
+    shutil.copytree(REPO_ROOT / "conf", conf)
+    option = conf / "workflow" / "mine.yaml"
+    option.write_text("plugin: /nowhere/my_options.py\n")
+    with pytest.raises(GridError, match=r"^conf/workflow/mine.yaml: plugin '/nowhere/my_options.py' does not exist"):
+        Composer(conf).compose(["workflow=mine"])
+    option.write_text("# a workflow of my own\n")
+    with pytest.raises(GridError, match=r"^conf/workflow/mine.yaml: unknown workflow 'mine' .*in workflow.plugin$"):
+        Composer(conf).compose(["workflow=mine"])

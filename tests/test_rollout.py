@@ -175,8 +175,11 @@ def test_hf_shared_prefill_draws_the_same_tokens_as_the_full_prefill(toy_model) 
         assert [o.token_ids for o in shared] == [o.token_ids for o in full]
         for one, other in zip(shared, full):
             torch.testing.assert_close(torch.tensor(one.logprobs), torch.tensor(other.logprobs), rtol=0, atol=1e-5)
-    # Rows of one prompt drew different continuations: the copies are independent samples.
-    assert len({tuple(runs[True][0][i].token_ids) for i in (0, 2, 5, 7)}) > 1
+    # Rows of one prompt drew different continuations: the copies are independent samples (on
+    # these random-token prompts the shipped world mostly ends its turn at once, so any prompt
+    # and seed will do).
+    rows = {tuple(r.prompt_ids): [i for i, q in enumerate(requests) if q.prompt_ids == r.prompt_ids] for r in requests}
+    assert any(len({tuple(run[i].token_ids) for i in same}) > 1 for run in runs[True] for same in rows.values())
 
 
 def test_hf_merged_adapter_samples_the_trained_policy_and_leaves_the_base_untouched(toy_world) -> None:

@@ -151,13 +151,16 @@ def test_base_single_accuracy_is_real_but_imperfect(base_metrics: dict[str, dict
 def test_every_role_keeps_its_output_shape(base_metrics: dict[str, dict]) -> None:
     m = base_metrics
     assert m["single"]["val/role/generator/box_rate"] > 0.9
-    # The toy evaluator was warm-started on single-turn prompts only: it keeps the verdict tag
-    # in 97.6% of its turns on them (protocol.eval_opt_context=latest), 75.9% under the
-    # released protocol's whole conversation, the default (measured on this split, 200 problems).
-    assert m["eval_opt"]["val/role/evaluator/verdict_rate"] > 0.7
+    # The default protocol shows the evaluator the whole conversation: recipe 4 warm-starts it
+    # on both that and the latest answer alone (a world warm-started on single-turn prompts
+    # only kept the verdict tag in 61% of its turns here).
+    assert m["eval_opt"]["val/role/evaluator/verdict_rate"] > 0.8
     assert m["voting"]["val/role/aggregator/select_rate"] > 0.8
     assert m["voting"]["val/role/aggregator/terse_rate"] > 0.8
-    assert m["orch_workers"]["val/role/orchestrator/plan_rate"] > 0.6
+    # Three distinct strategies in half the sampled plans on recipe 4's world (0.50; the warm
+    # start stops on the generator's accuracy, and its transcripts repeat a strategy 10% of
+    # the time): a real but imperfect orchestrator.
+    assert m["orch_workers"]["val/role/orchestrator/plan_rate"] > 0.45
     assert m["orch_workers"]["val/role/worker/box_rate"] > 0.8
     assert m["orch_workers"]["val/role/synthesizer/box_rate"] > 0.8
     # Multi-slot workflows have an oracle at least as good as their committed answer.

@@ -2,8 +2,9 @@
 inside a multi-agent workflow, every other role runs on the base model, evaluation only.
 
 The SA-RL run dir here is written by the real checkpoint writer, with a random LoRA B so
-that the adapter and the base model disagree visibly (peft starts B at zero, where the two
-would be equal and routing could not be told apart)."""
+that the adapter and the base model disagree visibly, even on the shipped world's nearly
+certain tokens (peft starts B at zero, where the two would be equal and routing could not
+be told apart)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def finished_sa_rl(root: Path, step: int = 2) -> RunDir:
     config = load_config(run_dir.config_yaml)
     base, _ = load_base(config.model, model_files(config.model))
     model = get_peft_model(base, lora_config(config), adapter_name=SHARED)
-    randomize_lora_b(model, seed=3, scale=0.2)
+    randomize_lora_b(model, seed=3, scale=0.5)
     checkpoint.save(run_dir, step, model, (SHARED,), {}, {"step": step}, keep=2)
     put_state(run_dir, state="done", step=step, total_steps=step)
     return run_dir

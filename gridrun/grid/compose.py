@@ -8,16 +8,24 @@ the defaults list (`create_defaults_list`), each entry loaded at its package, Om
 merge in the list's order, the settings applied in struct mode as Hydra applies command-line
 overrides, and OmegaConf's resolution. What cells share is kept between calls: each parsed
 file, each loaded entry, and the defaults list of each set of group choices. A plain
-hydra.compose rebuilds all of that, and Hydra's own config, on every call: 7 s for the full
-matrix's compositions against a 3 s budget for the whole dry run (bench/plan.py).
+hydra.compose rebuilds all of that, and Hydra's own config, on every call: 4.5 s of CPU for
+the full matrix's 48 group combinations against the composer's 1.05 s (bench/composition.py),
+and a 3 s budget for the whole dry run (bench/plan.py).
+
+The workflow, task and engine nodes are each the chosen option's params dataclass
+(gridrun/registry.py): its fields at their defaults are stored with Hydra's ConfigStore as
+schema/<group>/<option> and placed under the option's file by conf/config.yaml, so the file
+holds only what differs. A plugin's option is stored once chosen, from the module its file
+names in `plugin:`.
 
 Errors are worked out from structured data, never from Hydra's English: a missing option
 file from the exception's path; a pair of choices without a row in conf/tables.yaml from the
 table itself; a setting that cannot be applied from its parsed key and the keys of the tree
 it was applied to.
 
-The steps live in `hydra._internal` (written against hydra-core 1.3); tests/grid/test_compose.py
-checks the result against hydra.compose.
+The steps live in `hydra._internal` (written against hydra-core 1.3, pinned for it);
+tests/grid/test_compose.py checks the result against hydra.compose on every group combination
+of the full matrix.
 
 Left out: Hydra's own config and app runtime (the `hydra` node, working-dir changes, logging
 setup, launchers); sweeping is the grid's job (gridrun/grid/spec.py), not Hydra's sweeper.
@@ -25,10 +33,12 @@ setup, launchers); sweeping is the grid's job (gridrun/grid/spec.py), not Hydra'
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import yaml
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.config_repository import CachingConfigRepository, ConfigRepository
 from hydra._internal.defaults_list import create_defaults_list
@@ -42,8 +52,10 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from gridrun import registry
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.errors import GridError, closest
+from gridrun.registry import ConfigError, OptionParams
 from gridrun.runconfig import ToySpec, run_defaults
 
 CONF_DIR = REPO_ROOT / "conf"
@@ -61,26 +73,56 @@ TABLES = (
 # through Hydra's own structured-config source, so hydra.compose sees them too.
 ConfigStore.instance().store(name="run_schema", node=run_defaults())
 ConfigStore.instance().store(group="toy_recipe", name="schema", node=ToySpec)
+# Groups whose node is the chosen option's params (gridrun/registry.py). Each option's params
+# dataclass is its schema, stored as schema/<group>/<option> (its fields at their defaults);
+# conf/config.yaml places the chosen option's schema under its file (`schema/workflow@workflow:
+# ${workflow}`), so an option file holds only what differs from the defaults.
+OPTION_GROUPS = ("workflow", "task", "engine")
+SCHEMA_GROUP = "schema"
+
+
+def store_option_schema(group: str, name: str, params: type[OptionParams]) -> None:
+    """Register one option's params dataclass as its schema with Hydra's ConfigStore. A plain
+    mapping, as run_schema: OmegaConf's structured configs take no Literal types; the types are
+    checked when the composed tree is read into the run schema (gridrun/runconfig.py)."""
+    node = {f.name: _field_default(f) for f in dataclasses.fields(params)}
+    ConfigStore.instance().store(group=f"{SCHEMA_GROUP}/{group}", name=name, node={**node, "name": name})
+
+
+def _field_default(f: dataclasses.Field[Any]) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
 
 
 class Composer:
     """Composes cell configs from one conf/ directory; cheap to call many times."""
 
-    def __init__(self, conf_dir: Path = CONF_DIR) -> None:
+    def __init__(self, conf_dir: Path | None = None) -> None:
+        conf_dir = conf_dir or CONF_DIR
         if not (conf_dir / f"{PRIMARY}.yaml").is_file():
             raise GridError(f"{conf_dir} holds no {PRIMARY}.yaml: run gridrun from its repository checkout")
         self.conf_dir = conf_dir
-        search_path = _search_path(conf_dir)
-        self._loader = ConfigLoaderImpl(config_search_path=search_path)
-        # Parses each file once. Hydra makes a new one per compose because it then merges
-        # the cached nodes into the result without copying them; here every merge copies.
-        self._repo = CachingConfigRepository(ConfigRepository(config_search_path=search_path))
+        # The built-in options' schemas before the repository below, which copies the store;
+        # a plugin's once its option is chosen (_merged).
+        for group in OPTION_GROUPS:
+            for name, params in registry.params_classes(group).items():
+                store_option_schema(group, name, params)
+        self._search_path = _search_path(conf_dir)
+        self._loader = ConfigLoaderImpl(config_search_path=self._search_path)
+        self._repo = self._repository()
         self._parser = OverridesParser.create()
         self._parsed: dict[str, Override] = {}
         self._groups = sorted(p.name for p in conf_dir.iterdir() if p.is_dir())
         self._options: dict[str, list[str]] = {}
         self._defaults: dict[tuple[str, ...], list[ResultDefault]] = {}
         self._entries: dict[tuple[str | None, str | None], DictConfig] = {}
+
+    def _repository(self) -> CachingConfigRepository:
+        # Parses each file once. Hydra makes a new one per compose because it then merges
+        # the cached nodes into the result without copying them; here every merge copies.
+        # It deep-copies Hydra's ConfigStore: what is stored later needs a new one.
+        return CachingConfigRepository(ConfigRepository(config_search_path=self._search_path))
 
     # --- groups --------------------------------------------------------------------------
     def groups(self) -> list[str]:
@@ -116,7 +158,7 @@ class Composer:
         # Hydra's own split (Overrides): a key naming a config group chooses an option.
         is_choice = [self._repo.group_exists(o.key_or_group) for o in parsed]
         choices = [o for o, choice in zip(parsed, is_choice) if choice]
-        cfg = self._merged(choices)
+        cfg = self._merged(self._defaults_list(choices))
         OmegaConf.set_struct(cfg, True)
         for setting in (o for o, choice in zip(parsed, is_choice) if not choice):
             try:
@@ -131,22 +173,38 @@ class Composer:
             where = f"'{err.full_key}'" if getattr(err, "full_key", None) else "the config"
             raise GridError(f"cannot resolve {where}: {_first_line(err)}") from None
         assert isinstance(resolved, dict)
-        return resolved
+        return cast(dict[str, Any], resolved)
 
-    def _merged(self, choices: list[Override]) -> DictConfig:
-        """The defaults list's entries merged in its order: a fresh tree on every call."""
+    def option_files(self, overrides: Sequence[str]) -> dict[str, str]:
+        """Group -> the option file these overrides compose from (`cluster: conf/cluster/mine.yaml`),
+        for errors about a composed node to name the file a user wrote."""
+        choices = [o for o in map(self.parse, overrides) if self._repo.group_exists(o.key_or_group)]
+        files = {}
+        for entry in self._defaults_list(choices):
+            group, _, option = (entry.config_path or "").rpartition("/")
+            if group in self._groups:
+                files[group] = f"{self.conf_dir.name}/{group}/{option}.yaml"
+        return files
+
+    def _defaults_list(self, choices: list[Override]) -> list[ResultDefault]:
+        """Hydra's defaults list for these group choices (made once per choices)."""
         key = tuple(o.input_line or "" for o in choices)
         defaults = self._defaults.get(key)
-        if defaults is None:
+        while defaults is None:
             try:
                 defaults = create_defaults_list(
                     repo=self._repo, config_name=PRIMARY, overrides_list=choices, prepend_hydra=False, skip_missing=False
                 ).defaults
             except MissingConfigException as err:
-                raise GridError(self._explain_missing(err)) from None
+                if not self._store_plugin_schema(err.missing_cfg_file or ""):
+                    raise GridError(self._explain_missing(err)) from None
             except HydraException as err:
                 raise GridError(f"cannot compose the config: {_first_line(err)}") from None
-            self._defaults[key] = defaults
+        self._defaults[key] = defaults
+        return defaults
+
+    def _merged(self, defaults: list[ResultDefault]) -> DictConfig:
+        """The defaults list's entries merged in its order: a fresh tree on every call."""
         # OmegaConf.merge copies every node it places, so the cached entries stay as loaded.
         merged = OmegaConf.merge(*(self._entry(entry) for entry in defaults))
         assert isinstance(merged, DictConfig)
@@ -160,6 +218,27 @@ class Composer:
             assert isinstance(loaded, DictConfig)
             self._entries[key] = loaded
         return self._entries[key]
+
+    def _store_plugin_schema(self, missing: str) -> bool:
+        """The schema of a chosen option that no loaded module registers: its option file names
+        the module (`plugin:`), imported here, whose params become the schema. False when
+        `missing` is no option's schema."""
+        schema, group, name = (missing.split("/") + ["", ""])[:3]
+        if schema != SCHEMA_GROUP or group not in OPTION_GROUPS:
+            return False
+        path = self.conf_dir / group / f"{name}.yaml"
+        try:
+            node = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as err:
+            raise GridError(f"cannot read {path} ({type(err).__name__}): fix the file") from None
+        plugin = node.get("plugin") if isinstance(node, dict) else None
+        try:
+            params = registry.params_class(group, {"name": name, "plugin": plugin})
+        except ConfigError as err:
+            raise GridError(f"conf/{group}/{name}.yaml: {err}") from None
+        store_option_schema(group, name, params)
+        self._repo = self._repository()
+        return True
 
     # --- errors --------------------------------------------------------------------------
     def _explain_missing(self, err: MissingConfigException) -> str:
@@ -222,7 +301,8 @@ def _absolute(data_root: str) -> str:
 def _search_path(conf_dir: Path) -> ConfigSearchPath:
     # Hydra's default path (which also registers the file:// and pkg:// sources) plus conf/.
     search_path = create_config_search_path(None)
-    search_path.config_search_path = [e for e in search_path.config_search_path if e.provider != "schema"]
+    elements = search_path.get_path()
+    elements[:] = [e for e in elements if e.provider != "schema"]
     search_path.append("main", f"file://{conf_dir}")
     # Hydra asserts that the structured-config source comes last.
     search_path.append("schema", "structured://")

@@ -149,7 +149,8 @@ def grad_share_grid(block: list[dict[str, Any]], curves: Callable[[str], Curves]
                 continue
             roles = list(dict.fromkeys(role for r in cells for role in curves(r["cell"]).grad_share))
             lines = [
-                _line(role, OKABE_ITO[i % len(OKABE_ITO)], cells, lambda r, role=role: curves(r["cell"]).grad_share.get(role, {}))
+                # (mypy cannot type a lambda with a default argument)
+                _line(role, OKABE_ITO[i % len(OKABE_ITO)], cells, lambda r, role=role: curves(r["cell"]).grad_share.get(role, {}))  # type: ignore[misc]
                 for i, role in enumerate(roles)
             ]
             row.append(Panel(f"{workflow} · {_policy_label(policy)}", lines))

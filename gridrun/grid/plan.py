@@ -39,11 +39,13 @@ import yaml
 
 from gridrun import cellstate, registry
 from gridrun.cellstate import ACTIVE_STATES
+from gridrun.engines import HFParams, VLLMParams
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.cells import TOY_SCALE, Cell, expand
 from gridrun.grid.compose import Composer
 from gridrun.grid.console import track
 from gridrun.grid.errors import GridError
+from gridrun.grid.gridconfig import GpuSpec, GridRoot, GridSpec, as_dict, grid_root
 from gridrun.grid.launchers.dispatch import live_state, observe
 from gridrun.grid.spec import SweepSpec
 from gridrun.grid.sweepdir import SweepDamaged, SweepDir, sibling_cell
@@ -130,6 +132,7 @@ def run_config(tree: dict[str, Any], cell: dict[str, Any]) -> RunConfig:
 def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
     """Every cell of the sweep, composed and validated; nothing is written."""
     composed: dict[tuple[tuple[str, ...], tuple[str, ...]], dict[str, Any]] = {}
+    roots: dict[tuple[tuple[str, ...], tuple[str, ...]], GridRoot] = {}
     cells: list[PlannedCell] = []
     grid: dict[str, Any] | None = None
     unused = set(spec.settings)
@@ -137,9 +140,12 @@ def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
         choices = tuple(cell.group_choices())
         variant = tuple(spec.variant_settings(cell.variant, cell.policy))
         if (choices, variant) not in composed:
-            composed[choices, variant], applied = _compose_cell(cell, choices, [*spec.settings, *variant], composer)
+            settings = [*spec.settings, *variant]
+            composed[choices, variant], applied = _compose_cell(cell, choices, settings, composer)
+            roots[choices, variant] = grid_root(composed[choices, variant]["grid"],
+                                                composer.option_files([*choices, *settings]))
             unused -= set(applied)
-        tree = composed[choices, variant]
+        tree, root = composed[choices, variant], roots[choices, variant]
         if cell.kind == "transfer":
             (source,) = cell.needs
             tree = {**tree, "policy": {**tree["policy"], "adapters": {"generator": sibling_cell(source.id)}}}
@@ -150,14 +156,14 @@ def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
         except ConfigError as err:
             raise GridError(f"cell {cell.id}: {err}") from None
         _check_toy_pairing(cell, config)
-        this_grid = {"launcher": tree["grid"]["launcher"], "cluster": tree["grid"]["cluster"]}
+        this_grid = {"launcher": as_dict(root.launcher), "cluster": as_dict(root.spec.cluster)}
         if grid is None:
             grid = this_grid
         elif this_grid != grid:
             raise GridError(f"cell {cell.id} has another launcher or cluster than the sweep's first cell: set them once")
         cells.append(
-            PlannedCell(cell, config, fingerprint(config), _resources(tree), _estimate_hours(tree, config),
-                        _fits(cell.id, config, tree["grid"]["gpu"]))
+            PlannedCell(cell, config, fingerprint(config), _resources(root.spec), _estimate_hours(root.spec, config),
+                        _fits(cell.id, config, root.spec.gpu))
         )
     if unused:
         raise GridError(_unused_message(min(unused), [pc.config for pc in cells], composer))
@@ -238,52 +244,54 @@ def _check_toy_pairing(cell: Cell, config: RunConfig) -> None:
                     f"for Qwen3): set {fix}")
 
 
-def _fits(cell_id: str, config: RunConfig, gpu: dict[str, Any]) -> float | None:
+def _fits(cell_id: str, config: RunConfig, gpu: GpuSpec) -> float | None:
     """Predicted peak GB per GPU; refuses a cell that cannot fit, naming the knob to turn."""
     from gridrun.memory import architecture, predict
 
     arch = architecture(config)
-    if not gpu["gpus_per_cell"] or arch is None:
+    if not gpu.gpus_per_cell or arch is None:
         return None
-    estimate = predict(config, gpu["memory_gb"], arch)
+    estimate = predict(config, gpu.memory_gb, arch)
     gb = estimate.as_gb()
-    if gb["peak"] <= gpu["memory_gb"]:
+    if gb["peak"] <= gpu.memory_gb:
         return gb["peak"]
     if estimate.update_phase >= estimate.rollout_phase:
         knob = f"lower train.micro_token_budget (now {config.train.micro_token_budget})"
         if not config.train.gradient_checkpointing:
             knob = "set train.gradient_checkpointing=true or " + knob
-    elif config.engine.name == "vllm":
+    elif isinstance(config.engine, VLLMParams):
         knob = f"lower engine.gpu_memory_utilization (now {config.engine.gpu_memory_utilization})"
-    else:
+    elif isinstance(config.engine, HFParams):
         knob = f"lower engine.max_batch_size (now {config.engine.max_batch_size}) or use engine=vllm"
+    else:
+        knob = f"lower engine {config.engine.name}'s rollout memory or use engine=vllm"
     raise GridError(
-        f"cell {cell_id} cannot fit: predicted {gb['peak']:.1f} GB per GPU on {gpu['name']} "
-        f"({gpu['memory_gb']} GB; weights {gb['weights']:.1f}, update activations {gb['activations']:.1f}, "
+        f"cell {cell_id} cannot fit: predicted {gb['peak']:.1f} GB per GPU on {gpu.name} "
+        f"({gpu.memory_gb} GB; weights {gb['weights']:.1f}, update activations {gb['activations']:.1f}, "
         f"logits {gb['logits']:.1f}, rollout {gb['rollout']:.1f}): {knob}, or pick a larger gpu="
     )
 
 
-def _resources(tree: dict[str, Any]) -> dict[str, Any]:
-    gpu, cluster = tree["grid"]["gpu"], tree["grid"]["cluster"]
+def _resources(grid: GridSpec) -> dict[str, Any]:
+    gpu, cluster = grid.gpu, grid.cluster
     return {
-        "gpu_class": gpu["name"],
-        "gpus": gpu["gpus_per_cell"],
-        "gpu_memory_gb": gpu["memory_gb"],
+        "gpu_class": gpu.name,
+        "gpus": gpu.gpus_per_cell,
+        "gpu_memory_gb": gpu.memory_gb,
         "nodes": 1,
-        "cpus": cluster["cpus_per_cell"],
-        "mem_gb": cluster["mem_gb_per_cell"],
-        "time_limit_h": cluster["time_limit_h"],
-        "partition": (cluster.get("partitions") or {}).get(gpu["name"]),
+        "cpus": cluster.cpus_per_cell,
+        "mem_gb": cluster.mem_gb_per_cell,
+        "time_limit_h": cluster.time_limit_h,
+        "partition": cluster.partitions.get(gpu.name),
     }
 
 
-def _estimate_hours(tree: dict[str, Any], config: RunConfig) -> float:
+def _estimate_hours(grid: GridSpec, config: RunConfig) -> float:
     """Rough wall-clock hours of one attempt: steps and validations at the conf's rates."""
-    rate = tree["grid"]["estimate"]
+    rate = grid.estimate
     steps = config.steps_to_train
     validations = 1 + steps // config.train.val_every + (1 if steps % config.train.val_every else 0)
-    seconds = rate["step_s"] * rate["relative_cost"] * (steps + validations * rate["val_cost"])
+    seconds = rate.step_s * rate.relative_cost * (steps + validations * rate.val_cost)
     return seconds / 3600
 
 
@@ -384,7 +392,9 @@ def freeze(plan: Plan, sweep: SweepDir, replace: bool = False) -> Freeze:
         run_dir.record(cellstate.planned(pc.total_steps()))
     if result.sweep_damaged:
         sweep.set_aside_damaged()
-    data = sweep.read() if sweep.exists() else {"name": sweep.name, "created_at": now, "cells": [], "plans": []}
+    data: dict[str, Any] = (
+        sweep.read() if sweep.exists() else {"name": sweep.name, "created_at": now, "cells": [], "plans": []}
+    )
     index = {cell["id"]: i for i, cell in enumerate(data["cells"])}
     for pc in plan.cells:
         if pc.id in index:
@@ -422,7 +432,7 @@ def _recorded_fingerprint(run_dir: RunDir) -> str | None:
     except DamagedFile:
         record = None
     if record and record.get("fingerprint"):
-        return record["fingerprint"]
+        return str(record["fingerprint"])
     return _config_fingerprint(run_dir)
 
 

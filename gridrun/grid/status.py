@@ -174,7 +174,7 @@ def tables(rows: list[dict[str, Any]]) -> list[Any]:
             ("job", "left"),
             ("alert", "left"),
         ):
-            table.add_column(column, justify=justify, no_wrap=column in ("cell", "job"))
+            table.add_column(column, justify="right" if justify == "right" else "left", no_wrap=column in ("cell", "job"))
         for row in sweep_rows_:
             style = STATE_STYLES.get(row["state"], "")
             state = row["state"] + (" (lost)" if row["lost"] else "")

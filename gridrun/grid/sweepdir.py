@@ -134,7 +134,7 @@ class SweepDir:
         sweep.json is damaged (SweepDamaged)."""
         fix = f"re-plan it with `gridrun plan conf={self.name}` (cells already on disk are kept)"
         try:
-            data = json.loads(self.sweep_json.read_bytes().decode("utf-8"))
+            data: dict[str, Any] = json.loads(self.sweep_json.read_bytes().decode("utf-8"))
         except FileNotFoundError:
             raise GridError(self._missing_message()) from None
         except UnicodeDecodeError:

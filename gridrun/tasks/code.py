@@ -40,7 +40,7 @@ from gridrun import registry
 from gridrun.registry import ConfigError, TaskParams, register_task
 from gridrun.tasks.answers import last_python_block
 from gridrun.tasks.base import Messages, Problem, RolePrompts, Score, Task, user_message
-from gridrun.tasks.code_reward import FLAG_NAMES, CodeLimits, CodeScore, score_code, score_code_batch
+from gridrun.tasks.code_reward import FLAG_NAMES, CodeLimits, CodeScore, Mode, score_code, score_code_batch
 from gridrun.tasks.prepared import read_split, require_data
 from gridrun.tasks.sandbox import SandboxConfig, SandboxUnavailable, require
 
@@ -175,7 +175,7 @@ def _with_instruction(problem: Problem) -> Problem:
 class CodeTask(Task):
     name = "code"
 
-    def __init__(self, data_path: str | Path, mode: str = "all_pass", limits: CodeLimits | None = None,
+    def __init__(self, data_path: str | Path, mode: Mode = "all_pass", limits: CodeLimits | None = None,
                  sandbox: str = "bwrap", question: str = "lcb_instruction") -> None:
         if mode not in MODES:
             raise ValueError(f"code reward mode {mode!r} is not one of {list(MODES)}: set task.code_reward_mode")

@@ -326,15 +326,15 @@ def split_problems(task: str, rows: Iterable[dict[str, Any]], seed: int = DEFAUL
     n_rows = len(normalized)
     if not n_rows:
         raise DataError(f"the {task} source has no rows: check --from")
-    dropped: Counter[str] = Counter(reason for problem, reason in normalized if problem is None)
+    dropped: Counter[str] = Counter(str(reason) for problem, reason in normalized if problem is None)
     counts: dict[str, Any] = {"source_rows": n_rows}
     if source.split_before_filter:
         n_val = n_held_out(val_size, n_rows)
         if n_val >= n_rows:
             raise DataError(f"holding out {n_val} of {n_rows} rows leaves nothing to train on: lower --val-size")
         order = permutation(n_rows, seed)
-        val = [normalized[i][0] for i in order[:n_val] if normalized[i][0] is not None]
-        train = [normalized[i][0] for i in order[n_val:] if normalized[i][0] is not None]
+        val = [problem for i in order[:n_val] if (problem := normalized[i][0]) is not None]
+        train = [problem for i in order[n_val:] if (problem := normalized[i][0]) is not None]
         counts["dropped_from_val"] = n_val - len(val)
     else:
         kept = [problem for problem, _ in normalized if problem is not None]

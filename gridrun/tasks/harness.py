@@ -116,10 +116,11 @@ class Harness:
             resource.setrlimit(resource.RLIMIT_FSIZE, (self.out_cap + 1, self.out_cap + 1))
             signal.signal(signal.SIGINT, signal.default_int_handler)
             # The program's own streams, open for its whole life (as the interpreter's are).
-            sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", errors="surrogateescape", closefd=False)  # noqa: SIM115
-            sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", errors="surrogateescape",  # noqa: SIM115
+            # (typeshed marks sys.__std*__ Final; a fresh interpreter's are these very objects.)
+            sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", errors="surrogateescape", closefd=False)  # type: ignore[misc]  # noqa: SIM115
+            sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", errors="surrogateescape",  # type: ignore[misc]  # noqa: SIM115
                                                closefd=False)
-            sys.stderr = sys.__stderr__ = open(2, "w", encoding="utf-8", errors="backslashreplace",  # noqa: SIM115
+            sys.stderr = sys.__stderr__ = open(2, "w", encoding="utf-8", errors="backslashreplace",  # type: ignore[misc]  # noqa: SIM115
                                                closefd=False, buffering=1)
             sys.argv = ["main.py"]
             atexit._clear()  # the harness's own exit handlers are not the program's
@@ -141,6 +142,7 @@ class Harness:
     def _run_program(self, main: types.ModuleType, fn: str | None, args: list[Any] | None) -> int:
         status = 0
         try:
+            assert self.code is not None, "a program that does not compile is reported before it runs"
             exec(self.code, main.__dict__)  # noqa: S102 - running the program is the point
             if fn is not None:
                 target = main.__dict__.get(fn)

@@ -52,7 +52,7 @@ import functools
 import math
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeAlias
 
 import sympy
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
@@ -64,7 +64,7 @@ from gridrun.tasks.answers import MAX_BOX_CHARS, last_box
 __all__ = ["Flag", "MathScore", "score_math", "score_math_json"]
 
 Flag = Literal["correct", "wrong", "no_box", "unparseable"]
-Parsed = sympy.Basic | MatrixBase | str  # what math-verify's parse() returns items of
+Parsed: TypeAlias = sympy.Basic | MatrixBase | str  # what math-verify's parse() returns items of
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ import random
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from filelock import FileLock
@@ -70,7 +71,7 @@ MODEL = {
 # slower on CPUs without it (emulated), and its kernels differ between the two, so the
 # "same" recipe built another world on each (version 2: 300 steps and 40.5% on one machine,
 # 375 steps and 36.0% on another).
-WARM = {"batch": 64, "lr": 3e-3, "betas": (0.9, 0.98), "weight_decay": 0.01, "warmup": 50, "clip": 1.0}
+WARM: dict[str, Any] = {"batch": 64, "lr": 3e-3, "betas": (0.9, 0.98), "weight_decay": 0.01, "warmup": 50, "clip": 1.0}
 # A batch is sorted by length and cut into this many micro-batches: transcripts range from
 # ~40 tokens (generator) to ~180 (synthesizer), so padding to the batch maximum would waste
 # most of the compute.
@@ -239,7 +240,7 @@ def greedy_correct(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, 
     # under the same recipe hash (the cache key).
     task = ArithTask(grader="math_verify")
     engine = HFEngine(model, tokenizer)
-    prompts = tokenizer([_chat(tokenizer, task.prompts.generator(p.question)) for p in problems], add_special_tokens=False)
+    prompts = tokenizer([_chat(tokenizer, task.prompts["generator"](p.question)) for p in problems], add_special_tokens=False)
     outs = engine.generate(
         [GenRequest(ids, None) for ids in prompts["input_ids"]], SamplingParams(temperature=0.0, max_new_tokens=24)
     )
@@ -355,8 +356,8 @@ def _build(spec: ToySpec, out: Path, started: float, dist: Dist) -> None:
         step += 1
         if step >= EVAL_FROM and step % EVAL_EVERY == 0:
             correct = greedy_correct(model, tokenizer, dist.shard(eval_problems))
-            correct, batch_loss = dist.all_reduce_sum([float(correct), batch_loss])
-            accuracy = correct / len(eval_problems)
+            total_correct, batch_loss = dist.all_reduce_sum([float(correct), batch_loss])
+            accuracy = total_correct / len(eval_problems)
             model.train()
             curve.append((step, accuracy))
             if dist.is_main:

@@ -127,15 +127,17 @@ class Dist:
         if self.world == 1:
             return
         params = list(params)
+        grads = []
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
+            grads.append(p.grad)
+        flat = torch.cat([g.reshape(-1) for g in grads])
         torch.distributed.all_reduce(flat)
         offset = 0
-        for p in params:
-            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
+        for grad in grads:
+            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
 
     def all_reduce_tensors(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """The element-wise sums across ranks of same-shaped tensor lists (new tensors)."""

@@ -43,6 +43,12 @@ class Episode:
     shuffled_reward: float | None = None
 
     @property
+    def scored(self) -> Score:
+        """Its score, read after the task scored it (the trainer scores every episode it rolls out)."""
+        assert self.score is not None, "an episode is read before it is scored"
+        return self.score
+
+    @property
     def reward(self) -> float:
         """What GRPO trains on: the score's reward, or the control's permuted one."""
         if self.shuffled_reward is not None:

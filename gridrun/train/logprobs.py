@@ -96,7 +96,7 @@ def _head(causal_lm: Any, hidden: torch.Tensor, targets: torch.Tensor, temperatu
         else _chunk(head, hidden[i : i + chunk_tokens], targets[i : i + chunk_tokens], temperature, with_entropy)
         for i in range(0, hidden.shape[0], chunk_tokens)
     ]
-    entropy = torch.cat([p[1] for p in parts]) if with_entropy else None
+    entropy = torch.cat([e for _, e in parts if e is not None]) if with_entropy else None  # every chunk's, when asked
     return torch.cat([p[0] for p in parts]), entropy
 
 

@@ -26,7 +26,7 @@ class ProblemSampler:
         return order
 
     def take(self, count: int) -> list[Problem]:
-        out = []
+        out: list[Problem] = []
         while len(out) < count:
             if self.index == len(self._order):
                 self.epoch, self.index = self.epoch + 1, 0

@@ -70,6 +70,7 @@ def turn_advantages(
     copied to every turn. With several ranks the rows of every rank are gathered (a
     problem's episodes are all on one rank) and each rank gets its own turns' values."""
     dist = dist or Dist()
+    rows: list[tuple[Any, float]]  # group key (a problem, or a problem and trajectory) and reward
     if spec.group_key == "problem":
         rows = [(e.problem.id, e.reward) for e in episodes]
     else:
@@ -134,7 +135,7 @@ class Trainer:
         # no dropout here, so the numbers are the same); engines switch to eval to generate.
         self.model.train()
         opt = config.optim
-        self.optimizers = {
+        self.optimizers: dict[str, torch.optim.Optimizer] = {
             name: torch.optim.AdamW(
                 list(adapter_parameters(self.model, name).values()),
                 lr=opt.lr,
@@ -219,7 +220,7 @@ class Trainer:
         if cfg.shuffles_rewards:
             shuffle_rewards(episodes, cfg.cell.seed, step, self.dist)
         # Every rank's outcomes, in single-process order (groups are whole on one rank).
-        outcomes, _ = self.dist.gather([(e.reward, e.score.correct, e.score.parsed is None) for e in episodes])
+        outcomes, _ = self.dist.gather([(e.reward, e.scored.correct, e.scored.parsed is None) for e in episodes])
         rewards = torch.tensor([o[0] for o in outcomes])
         advantages, groups = turn_advantages(episodes, self.workflow, cfg.grpo, self.dist)
         trainable = set(self.routing.trainable)

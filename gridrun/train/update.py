@@ -1,7 +1,7 @@
 """The policy update of one training step: per adapter, ordered mini-batches, one optimizer
 step each, with per-role diagnostics under Shared- and Isolated-Policy alike.
 
-Semantics (the paper's stack, reproduced rather than smoothed; conf/grpo/ picks the preset):
+Semantics (the paper's stack, reproduced rather than smoothed; `preset=` picks the reading):
 - An adapter's sequences (one per role turn routed to it) are ordered and cut into
   mini-batches of `ppo_mini_batch * n` sequences; each mini-batch is one optimizer step.
   Order: `balanced` (released: verl's balance_batch over the step's whole batch, then each
@@ -348,9 +348,12 @@ def update(
             metrics[prefix + "kl"] = s.kl_sum / n
     if stats:
         everything = _RoleStats()
+        # In role order: a rank meets the roles in the order of its own stride, and a float
+        # sum in another order would make the ranks' metrics differ in their last bits.
+        ordered = [stats[role] for role in sorted(stats)]
         for name in ("seqs", "tokens", "entropy_sum"):
-            setattr(everything, name, sum(getattr(s, name) for s in stats.values()))
-        everything.ratios = [part for s in stats.values() for part in s.ratios]
+            setattr(everything, name, sum(getattr(s, name) for s in ordered))
+        everything.ratios = [part for s in ordered for part in s.ratios]
         metrics.update(_divergences("train/", everything, gcfg.chi2_reduction))
     return metrics
 

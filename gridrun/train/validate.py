@@ -23,9 +23,9 @@ from gridrun.train.episode import Episode, Turn
 def validation_metrics(episodes: list[Episode], task: Task, workflow: Workflow, params: WorkflowParams) -> dict[str, float]:
     n = len(episodes)
     out: dict[str, float] = {
-        "acc": sum(e.score.correct for e in episodes) / n,
+        "acc": sum(e.scored.correct for e in episodes) / n,
         "reward_mean": sum(e.reward for e in episodes) / n,
-        "no_answer_rate": sum(e.score.parsed is None for e in episodes) / n,
+        "no_answer_rate": sum(e.scored.parsed is None for e in episodes) / n,
     }
     # Every answering turn scored once, in one batch (code scoring runs a sandbox).
     turns = [(e, t) for e in episodes for t in e.turns if t.role in workflow.answer_roles]

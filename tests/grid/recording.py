@@ -7,15 +7,27 @@ import json
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gridrun import cellstate
+from gridrun.grid.gridconfig import LocalSettings
 from gridrun.grid.launchers.dispatch import Launcher
 from gridrun.grid.sweepdir import SweepDir
 
 
+@dataclass
+class RecordingSettings(LocalSettings):
+    """conf/launcher/local.yaml's keys (tests plan with grid.launcher.name=record over it)."""
+
+    name: str = "record"
+    # Seconds each submission takes.
+    delay_s: float = 0.0
+
+
 class RecordingLauncher(Launcher):
     name = "record"
+    settings_type = RecordingSettings
 
     def submit(self, sweep: SweepDir, ids: list[str]) -> dict[str, str]:
         # A slow scheduler widens the window in which a second submitter could slip in.

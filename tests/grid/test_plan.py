@@ -14,6 +14,7 @@ import yaml
 from gridrun import registry
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.compose import Composer
+from gridrun.grid.errors import GridError
 from gridrun.grid.plan import fingerprint, make_plan
 from gridrun.grid.spec import load_spec
 from gridrun.runconfig import RunConfig, config_from_dict, dump_config, load_config
@@ -196,19 +197,40 @@ def test_the_run_nodes_of_config_yaml_and_the_default_preset_repeat_the_schemas_
 
 
 @pytest.mark.parametrize("group", ["workflow", "task", "engine"])
-def test_each_option_file_sets_only_its_options_keys_at_their_defaults(group: str) -> None:
-    # An option file holds its own option's settings and nothing else (no "unused by" keys);
-    # each value is its params class's default, so conf/ repeats the one source of defaults
-    # and never contradicts it. The keys are there so that `workflow.n_voters=5` is an
-    # override Hydra accepts without `+`. Interpolated paths (data_path) are conf's own.
+def test_each_option_file_holds_only_what_differs_from_its_params_defaults(group: str) -> None:
+    # Each option's params dataclass is its node's schema (conf/config.yaml's schema/<group>
+    # entries): an option file that wrote a key at its default would be a second copy of it,
+    # free to drift. What they do write is conf's own: an interpolated table row or data path.
     for path in sorted((REPO_ROOT / "conf" / group).glob("*.yaml")):
-        node = yaml.safe_load(path.read_text())
-        params = registry.params_class(group, node)
-        fields = {f.name: f for f in dataclasses.fields(params)}
+        node = yaml.safe_load(path.read_text()) or {}
+        fields = {f.name: f for f in dataclasses.fields(registry.params_class(group, {"name": path.stem}))}
         for key, value in node.items():
-            assert key in fields, f"{path.name}: {key} is not a setting of {group} {node['name']}"
-            if key != "name" and not (isinstance(value, str) and "${" in value):
-                assert value == fields[key].default, f"{path.name}: {key}={value!r}, its default is {fields[key].default!r}"
+            assert key in fields, f"{path.name}: {key} is not a setting of {group} {path.stem}"
+            assert isinstance(value, str) and "${" in value, f"{path.name}: {key}={value!r} repeats its default"
+
+
+@pytest.mark.parametrize(
+    ("choice", "node"),
+    [
+        # Every key of the option's params at the dataclass's default; none of another option's.
+        ("workflow=voting", {"name": "voting", "plugin": None, "n_voters": 3}),
+        ("workflow=single", {"name": "single", "plugin": None}),
+        ("engine=vllm", {"name": "vllm", "plugin": None, "gpu_memory_utilization": 0.5,
+                         "enable_prefix_caching": True, "enable_sleep_mode": True}),
+        ("task=arith", {"name": "arith", "plugin": None, "n_train": 5000, "n_val": 200, "grader": "released",
+                        "format_penalty": 0.0}),
+    ],
+)
+def test_an_option_node_is_its_params_dataclass_at_its_defaults(composer: Composer, choice: str, node: dict) -> None:
+    group = choice.split("=")[0]
+    assert composer.compose([choice, "scale=toy"])[group] == node
+    # Its keys are set without Hydra's `+`, and only its own exist.
+    key = next(k for k in node if k not in ("name", "plugin")) if len(node) > 2 else None
+    if key:
+        value = node[key] if isinstance(node[key], bool) else 2 * node[key]
+        assert composer.compose([choice, "scale=toy", f"{group}.{key}={value}"])[group][key] == value
+    with pytest.raises(GridError, match=f"unknown config key '{group}.n_voter'"):
+        composer.compose([choice, "scale=toy", f"{group}.n_voter=5"])
 
 
 def test_the_fingerprint_hashes_every_setting_with_its_default_filled_in(composer: Composer) -> None:

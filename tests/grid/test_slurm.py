@@ -14,6 +14,7 @@ import pytest
 
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.errors import GridError
+from gridrun.grid.gridconfig import SlurmSettings
 from gridrun.grid.launchers.slurm import SlurmLauncher, by_job, chunks, executor_parameters, job_spec, sbatch_script
 from tests.grid.conftest import Gridrun
 from tests.states import put_state
@@ -47,7 +48,7 @@ def test_sbatch_script_of_a_17b_cell_matches_the_golden_file(tmp_path: Path) -> 
     sweep = json.loads((results / "full_matrix" / "sweep.json").read_text())
     (cell,) = sweep["cells"]
     spec = job_spec(cell, sweep["cluster"], env={"SLURM_CONF": "/etc/slurm/slurm.conf"})
-    script = sbatch_script(executor_parameters(spec, sweep["launcher"], "gridrun-full_matrix"),
+    script = sbatch_script(executor_parameters(spec, SlurmSettings(**sweep["launcher"]), "gridrun-full_matrix"),
                            results / "full_matrix" / "jobs" / "%j", python="/venv/bin/python")
     # Paths of this checkout and this test run are placeholders in the recorded file.
     script = script.replace(str(results), "<RESULTS>").replace(str(REPO_ROOT), "<REPO>")
@@ -95,7 +96,8 @@ def test_cells_with_one_spec_share_an_array_cut_to_max_array_size() -> None:
 def test_bad_profiles_name_the_fix() -> None:
     with pytest.raises(GridError, match=r"no partition for GPU class 'h100'.*add `partitions: \{h100: <partition>\}`"):
         job_spec({**CELL, "resources": {**CELL["resources"], "partition": None}}, PAPER, env={})
-    with pytest.raises(GridError, match="cell_overrides\\['\\*-4b-\\*'\\] sets gpus; it may set partition"):
+    # A key a cell override may not set: the schema names the keys it may (gridrun/grid/gridconfig.py).
+    with pytest.raises(GridError, match=r"unknown config key 'grid.cluster.cell_overrides.\*-4b-\*.gpus' \(valid: partition"):
         job_spec(CELL, {**PAPER, "cell_overrides": {"*-4b-*": {"gpus": 4}}}, env={})
     with pytest.raises(GridError, match="must be one long option"):
         job_spec(CELL, {**PAPER, "sbatch_extra": ["-N 2"]}, env={})

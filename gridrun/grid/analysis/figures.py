@@ -183,10 +183,10 @@ def fig3(cells: pd.DataFrame, sweep_name: str) -> bytes | None:
     scale_size = {s: 40 + 60 * i for i, s in enumerate(scales)}
     figure = new_figure(6.4, 5.6)
     ax = figure.subplots()
-    for workflow, task, scale, (sp, sp_ci), (ip, ip_ci) in points:
-        ax.errorbar([sp], [ip], xerr=None if math.isnan(sp_ci) else [[sp_ci], [sp_ci]],
+    for workflow, task, scale, (sp_mean, sp_ci), (ip_mean, ip_ci) in points:
+        ax.errorbar([sp_mean], [ip_mean], xerr=None if math.isnan(sp_ci) else [[sp_ci], [sp_ci]],
                     yerr=None if math.isnan(ip_ci) else [[ip_ci], [ip_ci]], color="grey", linewidth=0.8, zorder=1)
-        ax.scatter([sp], [ip], marker=WORKFLOW_MARKER.get(workflow, "D"), s=scale_size[scale], color=task_color[task],
+        ax.scatter([sp_mean], [ip_mean], marker=WORKFLOW_MARKER.get(workflow, "D"), s=scale_size[scale], color=task_color[task],
                    edgecolor="black", linewidth=0.8, zorder=2)
     values = [v for p in points for v in (p[3][0], p[4][0])]
     low, high = min(values) - 5, max(values) + 5
@@ -334,12 +334,12 @@ def fig6(cells: pd.DataFrame, columns: dict[str, MetricColumns], cell: str) -> b
     overlay = axes[4]
     other = twin(cells, cell)
     policy = {c: POLICY_LABEL.get(p, str(p)) for c, p in zip(cells["cell"], cells["policy"])}
-    for index, (name, linestyle) in enumerate(((cell, "-"), (other, "--"))):
-        if name is None or name not in columns:
+    for index, (run, linestyle) in enumerate(((cell, "-"), (other, "--"))):
+        if run is None or run not in columns:
             continue
-        series = {s: 100 * v for s, v in columns[name].series("val", "val/acc").items()}
-        label = policy.get(name, "")
-        _draw_runs(overlay, [series], SERIES_COLORS.get(label, OKABE_ITO[index]), f"{label}: {name}", linestyle)
+        series = {s: 100 * v for s, v in columns[run].series("val", "val/acc").items()}
+        label = policy.get(run, "")
+        _draw_runs(overlay, [series], SERIES_COLORS.get(label, OKABE_ITO[index]), f"{label}: {run}", linestyle)
     overlay.set_title("validation accuracy, IP vs SP" if other else "validation accuracy (no other-policy twin)")
     overlay.set_xlabel("step")
     _integer_steps(overlay)

@@ -267,7 +267,7 @@ def alert_summary(rows: Iterable[Mapping[str, Any]], workflow: str | None, polic
     """The alerts replayed on a cell's rows (see the module docstring)."""
     out: dict[str, Any] = {"mechanism_alerts": ""}
     relevant = [m for m in ALERTS if workflow and applies(m, workflow, policy)]
-    history = alert_history(rows, workflow, policy, thresholds) if relevant else []
+    history = alert_history(rows, workflow, policy, thresholds) if relevant and workflow else []
     for mechanism in ALERTS:
         fired = firings(history, mechanism) if mechanism in relevant else []
         known = mechanism in relevant and bool(history)

@@ -58,7 +58,7 @@ class Table:
         return self.shown or self.rows
 
     def csv(self) -> str:
-        return pd.DataFrame(self.rows, columns=self.columns).to_csv(index=False)
+        return str(pd.DataFrame(self.rows, columns=self.columns).to_csv(index=False))
 
     def markdown(self, heading: str = "#") -> str:
         lines = [f"{heading} {self.title}", "", self.caption, ""]
@@ -343,7 +343,7 @@ def flags(row: pd.Series) -> list[str]:
     return found
 
 
-SIGNATURE_TABLES = (
+SIGNATURE_TABLES: tuple[tuple[str, str, Callable[[pd.Series], bool]], ...] = (
     ("table4", "Table 4 — gradient amplification: trajectory signatures of flagged IP cells",
      lambda row: row["policy"] == "isolated" and "gradient_amplification" in row["flags"]),
     ("table5", "Table 5 — SP role capture (token-distribution asymmetry): Eval-Opt and Voting",

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from gridrun import cellstate
 from gridrun.cellstate import ACTIVE_STATES, BLOCKING_STATES, UNREADABLE_STATES
 from gridrun.grid.errors import GridError
+from gridrun.grid.gridconfig import LauncherSettings
 
 if TYPE_CHECKING:
     from gridrun.grid.sweepdir import SweepDir
@@ -69,6 +70,8 @@ class Launcher(ABC):
     # Whether a free run lock means the cell's job is over (`live_state`); False for a
     # scheduler that may requeue a killed job, whose own word `reconcile` asks for.
     lock_is_liveness: ClassVar[bool] = True
+    # The settings its conf/launcher/<name>.yaml may hold, checked at plan time.
+    settings_type: ClassVar[type[LauncherSettings]] = LauncherSettings
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         self.settings = dict(settings)
@@ -98,8 +101,9 @@ class Launcher(ABC):
 def launcher_class(name: str) -> type[Launcher]:
     if name not in LAUNCHERS:
         raise GridError(f"no launcher '{name}' (registered: {', '.join(LAUNCHERS)}): set launcher=<one of them>")
-    module, _, cls = LAUNCHERS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
+    module, _, name_in_module = LAUNCHERS[name].partition(":")
+    cls: type[Launcher] = getattr(importlib.import_module(module), name_in_module)
+    return cls
 
 
 def make_launcher(settings: Mapping[str, Any]) -> Launcher:

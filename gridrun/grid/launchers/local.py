@@ -39,6 +39,7 @@ from gridrun import cellstate
 from gridrun.cellstate import ACTIVE_STATES, BLOCKING_STATES
 from gridrun.grid.console import console
 from gridrun.grid.errors import GridError
+from gridrun.grid.gridconfig import LocalSettings
 from gridrun.grid.launchers.dispatch import Launcher, live_state, observe, sweep_needs
 from gridrun.grid.launchers.process import cell_env, last_own_line, log_tail, start_cell
 from gridrun.rundir import DamagedFile, RunDir
@@ -127,6 +128,7 @@ def _cell_cpus(run_dir: RunDir) -> int | None:
 
 class LocalLauncher(Launcher):
     name = "local"
+    settings_type = LocalSettings
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
@@ -185,7 +187,7 @@ class LocalLauncher(Launcher):
             if host and host != HOST:
                 raise GridError(f"{cell_id} runs on host {host}: cancel it there (`gridrun cancel` on {host})")
             pid = state.get("pid")
-            if alive(pid):
+            if isinstance(pid, int) and alive(pid):
                 _signal_cell(pid, signal.SIGTERM)
                 done.append(f"{cell_id}: sent SIGTERM to process {pid}")
             else:

@@ -53,13 +53,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gridrun import cellstate
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.errors import GridError
+from gridrun.grid.gridconfig import CellOverride, ClusterSpec, SlurmSettings, cluster_spec, launcher_settings
 from gridrun.grid.launchers.dispatch import Launcher, sweep_needs
 from gridrun.grid.launchers.process import interpreter_line
 
@@ -73,11 +74,6 @@ log = logging.getLogger("gridrun")
 # and share the toy-world cache and prepared data with the submitter.
 FORWARDED_ENV = ("SLURM_CONF", "GRIDRUN_CACHE", "GRIDRUN_DATA", "GRIDRUN_LOG")
 SETUP_SCRIPT = REPO_ROOT / "slurm" / "setup_node.sh"
-# Keys a cluster profile's `cell_overrides` entries may set.
-OVERRIDABLE = (
-    "partition", "time_limit_h", "cpus_per_cell", "mem_gb_per_cell", "constraint", "qos", "account",
-    "tasks_per_cell", "sbatch_extra",
-)
 # Scheduler states of a job that is still on its way (sacct and squeue spellings).
 SCHEDULER_ACTIVE = (
     "PENDING", "RUNNING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "CONFIGURING",
@@ -189,78 +185,79 @@ def _extra(lines: Iterable[str], where: str) -> tuple[tuple[str, str | None], ..
     return tuple(pairs)
 
 
-def setup_lines(cluster: Mapping[str, Any], env: Mapping[str, str]) -> tuple[str, ...]:
+def setup_lines(cluster: ClusterSpec, env: Mapping[str, str]) -> tuple[str, ...]:
     """What a job runs before its tasks start: the forwarded environment, the node setup
     script (venv, data, caches; sources slurm/sites/<cluster>.sh), the profile's own lines."""
     lines = [f"export {name}={shlex.quote(env[name])}" for name in FORWARDED_ENV if env.get(name)]
-    lines.append(f"export GRIDRUN_CLUSTER={shlex.quote(str(cluster.get('name', '')))}")
+    lines.append(f"export GRIDRUN_CLUSTER={shlex.quote(cluster.name)}")
     lines.append(f"source {shlex.quote(str(SETUP_SCRIPT))}")
-    lines += [str(line) for line in cluster.get("setup") or ()]
+    lines += [str(line) for line in cluster.setup]
     return tuple(lines)
 
 
 def job_spec(cell: Mapping[str, Any], cluster: Mapping[str, Any], env: Mapping[str, str] | None = None) -> JobSpec:
-    """The job spec of one cell (its sweep.json entry) on this cluster profile."""
+    """The job spec of one cell (its sweep.json entry) on this cluster profile (as sweep.json
+    records it: checked against the schema again, so a hand-edited sweep.json is refused
+    naming the key)."""
     env = os.environ if env is None else env
-    name = cluster.get("name", "?")
-    where = f"conf/cluster/{name}.yaml"
+    profile = cluster_spec(cluster)
+    where = f"conf/cluster/{profile.name}.yaml"
     res = dict(cell.get("resources") or {})
-    settings: dict[str, Any] = {
-        "partition": res.get("partition"),
-        "time_limit_h": res.get("time_limit_h", cluster.get("time_limit_h")),
-        "cpus_per_cell": res.get("cpus", cluster.get("cpus_per_cell")),
-        "mem_gb_per_cell": res.get("mem_gb", cluster.get("mem_gb_per_cell")),
-        "constraint": (cluster.get("constraints") or {}).get(res.get("gpu_class")),
-        "qos": cluster.get("qos"),
-        "account": cluster.get("account"),
-        "tasks_per_cell": cluster.get("tasks_per_cell"),
-        "sbatch_extra": list(cluster.get("sbatch_extra") or []),
-    }
-    for pattern, override in (cluster.get("cell_overrides") or {}).items():
-        if not fnmatch.fnmatchcase(cell["id"], pattern):
-            continue
-        unknown = [key for key in override if key not in OVERRIDABLE]
-        if unknown:
-            raise GridError(
-                f"{where}: cell_overrides['{pattern}'] sets {', '.join(unknown)}; it may set {', '.join(OVERRIDABLE)}"
-            )
-        settings.update(override)
-    gpu_class, gpus = res.get("gpu_class"), int(res.get("gpus") or 0)
-    if not settings["partition"]:
+    gpu_class = res.get("gpu_class")
+    # The cell's resources were worked out at plan time from this profile (the GPU class's
+    # partition); the profile's cell_overrides then apply on top.
+    settings = CellOverride(
+        partition=res.get("partition"),
+        time_limit_h=res.get("time_limit_h", profile.time_limit_h),
+        cpus_per_cell=res.get("cpus", profile.cpus_per_cell),
+        mem_gb_per_cell=res.get("mem_gb", profile.mem_gb_per_cell),
+        constraint=profile.constraints.get(str(gpu_class)),
+        qos=profile.qos,
+        account=profile.account,
+        tasks_per_cell=profile.tasks_per_cell,
+        sbatch_extra=list(profile.sbatch_extra),
+    )
+    for pattern, override in profile.cell_overrides.items():
+        if fnmatch.fnmatchcase(cell["id"], pattern):
+            settings = replace(settings, **{k: v for k, v in asdict(override).items() if v is not None})
+    gpus = int(res.get("gpus") or 0)
+    if not settings.partition:
         raise GridError(
-            f"cluster profile '{name}' names no partition for GPU class '{gpu_class}' (cell {cell['id']}): "
+            f"cluster profile '{profile.name}' names no partition for GPU class '{gpu_class}' (cell {cell['id']}): "
             f"add `partitions: {{{gpu_class}: <partition>}}` to {where}, or pick another cluster= or gpu="
         )
-    tasks = int(settings["tasks_per_cell"] or max(1, gpus))
+    assert settings.time_limit_h is not None and settings.cpus_per_cell is not None
+    assert settings.mem_gb_per_cell is not None
+    tasks = int(settings.tasks_per_cell or max(1, gpus))
     gres = None
     if gpus:
-        gpu_type = (cluster.get("gpu_types") or {}).get(gpu_class)
+        gpu_type = profile.gpu_types.get(str(gpu_class))
         gres = f"gpu:{gpu_type}:{gpus}" if gpu_type else f"gpu:{gpus}"
     return JobSpec(
-        partition=str(settings["partition"]),
-        time_min=max(1, math.ceil(float(settings["time_limit_h"]) * 60)),
+        partition=settings.partition,
+        time_min=max(1, math.ceil(float(settings.time_limit_h) * 60)),
         ntasks=tasks,
-        cpus_per_task=max(1, int(settings["cpus_per_cell"]) // tasks),
-        mem=_mem(float(settings["mem_gb_per_cell"])),
+        cpus_per_task=max(1, int(settings.cpus_per_cell) // tasks),
+        mem=_mem(float(settings.mem_gb_per_cell)),
         gres=gres,
-        constraint=settings["constraint"] or None,
-        account=settings["account"] or None,
-        qos=settings["qos"] or None,
-        extra=_extra(settings["sbatch_extra"], where),
-        setup=setup_lines(cluster, env),
+        constraint=settings.constraint or None,
+        account=settings.account or None,
+        qos=settings.qos or None,
+        extra=_extra(settings.sbatch_extra or [], where),
+        setup=setup_lines(profile, env),
     )
 
 
 def executor_parameters(
-    spec: JobSpec, settings: Mapping[str, Any], job_name: str, dependency: str | None = None
+    spec: JobSpec, settings: SlurmSettings, job_name: str, dependency: str | None = None
 ) -> dict[str, Any]:
     """Everything handed to `SlurmExecutor.update_parameters` for one array of this spec
     (`dependency`: sbatch's --dependency, e.g. afterok:12_3)."""
     params = {
         **spec.parameters(),
         "job_name": job_name,
-        "signal_delay_s": int(settings.get("signal_delay_s", 300)),
-        "array_parallelism": int(settings.get("max_parallel", 64)),
+        "signal_delay_s": settings.signal_delay_s,
+        "array_parallelism": settings.max_parallel or SlurmSettings.max_parallel,
     }
     if dependency:
         params["additional_parameters"] = {**params.get("additional_parameters", {}), "dependency": dependency}
@@ -293,17 +290,19 @@ class SlurmLauncher(Launcher):
     name = "slurm"
     # A killed job may be requeued by SLURM: sacct, not a free run lock, says whether it is lost.
     lock_is_liveness = False
+    settings_type = SlurmSettings
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
-        self.max_attempts = int(self.settings.get("max_attempts", 5))
-        self.max_num_timeout = int(self.settings.get("max_num_timeout", 3))
-        self.signal_delay_s = int(self.settings.get("signal_delay_s", 300))
+        self.typed: SlurmSettings = launcher_settings(settings, SlurmSettings)
+        self.max_attempts = self.typed.max_attempts
+        self.max_num_timeout = self.typed.max_num_timeout
+        self.signal_delay_s = self.typed.signal_delay_s
 
     def _specs(self, sweep: SweepDir, ids: list[str]) -> dict[str, JobSpec]:
         data = sweep.read()
         cluster = data.get("cluster") or {}
-        if not cluster.get("partitions"):
+        if not cluster_spec(cluster).partitions:
             raise GridError(
                 f"launcher=slurm needs a SLURM cluster profile, and cluster={cluster.get('name')} has no partitions: "
                 "set cluster=testcluster, cluster=paper or your own conf/cluster/<name>.yaml"
@@ -319,7 +318,7 @@ class SlurmLauncher(Launcher):
                 "`eval \"$(slurm/testcluster/up.sh)\"`, or use launcher=local"
             )
         specs = self._specs(sweep, ids)
-        cluster = sweep.read()["cluster"]
+        cluster = cluster_spec(sweep.read()["cluster"])
         for spec in {spec.key(): spec for spec in specs.values()}.values():
             self._test_only(spec, cluster)
         admitted = []
@@ -337,9 +336,9 @@ class SlurmLauncher(Launcher):
             admitted.append(cell_id)
         return admitted
 
-    def _test_only(self, spec: JobSpec, cluster: Mapping[str, Any]) -> None:
+    def _test_only(self, spec: JobSpec, cluster: ClusterSpec) -> None:
         """sbatch --test-only: the scheduler's verdict on this spec, before anything is queued."""
-        params = executor_parameters(spec, self.settings, "gridrun-check")
+        params = executor_parameters(spec, self.typed, "gridrun-check")
         with tempfile.TemporaryDirectory() as tmp:
             script = Path(tmp) / "check.sh"
             script.write_text(sbatch_script(params, Path(tmp)))
@@ -348,7 +347,7 @@ class SlurmLauncher(Launcher):
             return
         reason = (result.stderr or result.stdout).strip().splitlines()
         reason_text = reason[-1] if reason else f"exit {result.returncode}"
-        fix = f"fix conf/cluster/{cluster.get('name')}.yaml"
+        fix = f"fix conf/cluster/{cluster.name}.yaml"
         if "partition" in reason_text.lower():
             names = _run(["sinfo", "-h", "-o", "%R"], "listing partitions", check=False).stdout.split()
             fix += f" (partitions here: {', '.join(sorted(set(names)))})" if names else ""
@@ -397,7 +396,7 @@ class SlurmLauncher(Launcher):
         executor = submitit.SlurmExecutor(
             folder=sweep.jobs_dir / "%j", max_num_timeout=self.max_num_timeout, python=interpreter_line()
         )
-        executor.update_parameters(**executor_parameters(spec, self.settings, f"gridrun-{sweep.name}", dependency))
+        executor.update_parameters(**executor_parameters(spec, self.typed, f"gridrun-{sweep.name}", dependency))
         submitted: dict[str, str] = {}
         for chunk in chunks(cells, max_array_size()):
             jobs = []
@@ -447,7 +446,7 @@ class SlurmLauncher(Launcher):
 
     def cancel(self, sweep: SweepDir, ids: list[str]) -> list[str]:
         states = {cell_id: sweep.cell(cell_id).read_state() for cell_id in ids}
-        jobs = {cell_id: state.get("job_id") for cell_id, state in states.items() if state.get("job_id")}
+        jobs = {cell_id: str(state["job_id"]) for cell_id, state in states.items() if state.get("job_id")}
         if jobs:
             _run(["scancel", *sorted(set(jobs.values()))], "cancelling jobs")
         lines = []

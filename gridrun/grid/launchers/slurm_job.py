@@ -157,7 +157,9 @@ class CellJob(submitit.helpers.Checkpointable):
             raise
         return self._finish(run_dir, rank, restart, code, err_path) if rank == 0 else code
 
-    def checkpoint(self) -> submitit.helpers.DelayedSubmission | None:
+    # submitit declares a DelayedSubmission return, and reads None as "do not requeue"
+    # (submitit/core/job_environment.py: _checkpoint).
+    def checkpoint(self) -> submitit.helpers.DelayedSubmission | None:  # type: ignore[override]
         """SLURM's warning signal (rank 0, in submitit's handler): let the trainer finish its
         step and checkpoint, then hand submitit the same job to requeue (None, no requeue,
         when the trainer ended the cell meanwhile)."""

@@ -10,6 +10,7 @@ import importlib
 from typing import Any
 
 from gridrun import registry
+from gridrun.engines import HFParams
 from gridrun.runconfig import RunConfig
 from gridrun.train.rollout import RolloutEngine
 
@@ -24,6 +25,7 @@ def make_engine(config: RunConfig, model: Any, tokenizer: Any, adapters: tuple[s
 def hf_engine(config: RunConfig, model: Any, tokenizer: Any, adapters: tuple[str, ...]) -> RolloutEngine:
     from gridrun.train.engines.hf import HFEngine
 
+    assert isinstance(config.engine, HFParams)
     return HFEngine(model, tokenizer, max_batch_size=config.engine.max_batch_size)
 
 

@@ -59,6 +59,7 @@ from safetensors.torch import load_file, save_file
 from vllm.inputs import TokensPrompt
 from vllm.lora.request import LoRARequest
 
+from gridrun.engines import VLLMParams
 from gridrun.runconfig import RunConfig
 from gridrun.train.engines.hf import stop_token_ids
 from gridrun.train.rollout import Completion, GenRequest, RolloutEngine, SamplingParams
@@ -132,7 +133,9 @@ class VLLMEngine(RolloutEngine):
         self.trainable = tuple(adapters)
         self.lora = bool(self.served_names)
         self.on_cpu = _on_cpu()
-        self.sleep_mode = config.engine.enable_sleep_mode and not self.on_cpu
+        assert isinstance(config.engine, VLLMParams)
+        self.params = config.engine
+        self.sleep_mode = self.params.enable_sleep_mode and not self.on_cpu
         self.limit = AGREEMENT_LIMIT[config.model.dtype]
         self._workdir = Path(tempfile.mkdtemp(prefix="gridrun-vllm-"))
         self._served: dict[str, _Served] = {}
@@ -171,7 +174,7 @@ class VLLMEngine(RolloutEngine):
             # are prefilled whole, so the step budget must hold the longest sequence.
             kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(max_len, CPU_MIN_BATCHED_TOKENS))
         else:
-            kwargs.update(gpu_memory_utilization=cfg.engine.gpu_memory_utilization, enable_sleep_mode=self.sleep_mode)
+            kwargs.update(gpu_memory_utilization=self.params.gpu_memory_utilization, enable_sleep_mode=self.sleep_mode)
         set_num_threads = torch.set_num_threads
         try:
             return vllm.LLM(
@@ -183,7 +186,7 @@ class VLLMEngine(RolloutEngine):
                 seed=cfg.cell.seed,
                 tensor_parallel_size=1,
                 max_model_len=max_len,
-                enable_prefix_caching=cfg.engine.enable_prefix_caching,
+                enable_prefix_caching=self.params.enable_prefix_caching,
                 # Log-probs after temperature (and top-p): what the trainer's ratio is against.
                 logprobs_mode="processed_logprobs",
                 # Sampling comes from our SamplingParams only, never the model's defaults.

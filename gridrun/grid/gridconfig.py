@@ -1,0 +1,200 @@
+"""The grid root's schema: what a composed tree's `grid` node may hold (gpu, cluster,
+launcher, the data root, the dry run's cost model, the tables), checked at plan time.
+
+conf/cluster/*.yaml is the first file a new user writes, so a misspelled key there
+(`partiton:`) must fail `gridrun plan` in one line naming the key and its closest valid
+spelling, exactly as a run key does (the run schema's rules, gridrun/runconfig.py's
+`from_dict`), never be replaced by a default deep inside submission. Each launcher declares
+its own settings (`Launcher.settings_type`), as a workflow declares its params.
+
+Left out: composing the node (gridrun/grid/compose.py) and what the launchers do with it;
+sweep.json keeps the validated cluster and launcher as plain mappings (every key with its
+default filled in), which the launchers read back through `cluster_spec` and `settings_type`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from gridrun.grid.errors import GridError
+from gridrun.registry import ConfigError
+from gridrun.runconfig import from_dict
+
+T = TypeVar("T")
+
+
+@dataclass
+class GpuSpec:
+    """A GPU class (conf/gpu/<name>.yaml)."""
+
+    name: str
+    # GPUs a cell takes (a whole node's worth on the GPU classes, 0 on cpu).
+    gpus_per_cell: int = 0
+    # Memory of one GPU, GB (the dry run's fit check).
+    memory_gb: int | float = 0
+
+
+@dataclass
+class CellOverride:
+    """Scheduler settings for the cells whose id matches a glob (a cluster's cell_overrides);
+    unset keys keep the profile's."""
+
+    partition: str | None = None
+    time_limit_h: int | float | None = None
+    cpus_per_cell: int | None = None
+    mem_gb_per_cell: int | float | None = None
+    constraint: str | None = None
+    qos: str | None = None
+    account: str | None = None
+    tasks_per_cell: int | None = None
+    sbatch_extra: list[str] | None = None
+
+
+@dataclass
+class ClusterSpec:
+    """Where cells run (conf/cluster/<name>.yaml documents each key; paper.yaml is the template)."""
+
+    name: str
+    # GPU class -> scheduler partition (null or absent: none for that class); empty: no
+    # scheduler (launcher=local).
+    partitions: dict[str, str | None] = field(default_factory=dict)
+    # GPU class -> GPU type in --gres (null: untyped gpu:<n>).
+    gpu_types: dict[str, str | None] = field(default_factory=dict)
+    # GPU class -> --constraint (null: none).
+    constraints: dict[str, str | None] = field(default_factory=dict)
+    account: str | None = None
+    qos: str | None = None
+    cpus_per_cell: int = 1
+    mem_gb_per_cell: int | float = 4
+    time_limit_h: int | float = 24
+    # Data-parallel ranks per cell; null: one per GPU (one for a CPU cell).
+    tasks_per_cell: int | None = None
+    # Extra #SBATCH long options (--exclusive, --mail-type=FAIL).
+    sbatch_extra: list[str] = field(default_factory=list)
+    # Shell lines a job runs before its tasks.
+    setup: list[str] = field(default_factory=list)
+    # Glob on the cell id -> its own scheduler settings.
+    cell_overrides: dict[str, CellOverride] = field(default_factory=dict)
+
+
+@dataclass
+class LauncherSettings:
+    """A launcher's settings (conf/launcher/<name>.yaml); each launcher extends it with its own."""
+
+    name: str
+    # Cells (local) or array elements (slurm) running at once; null: the launcher's choice.
+    max_parallel: int | None = None
+
+
+S = TypeVar("S", bound=LauncherSettings)
+
+
+@dataclass
+class LocalSettings(LauncherSettings):
+    """launcher=local (conf/launcher/local.yaml)."""
+
+    name: str = "local"
+    # Seconds between polls of the cells' state files.
+    poll_s: float = 0.5
+    # Seconds a cell gets to stop after SIGTERM before SIGKILL.
+    term_timeout_s: float = 30
+
+
+@dataclass
+class SlurmSettings(LauncherSettings):
+    """launcher=slurm (conf/launcher/slurm.yaml)."""
+
+    name: str = "slurm"
+    max_parallel: int | None = 64
+    # Seconds between SLURM's warning signal (USR2) and the time limit.
+    signal_delay_s: int = 300
+    # Requeues at the time limit a cell may take (submitit's max_num_timeout).
+    max_num_timeout: int = 3
+    # Submissions of one cell, the first included.
+    max_attempts: int = 5
+
+
+@dataclass
+class EstimateSpec:
+    """The dry run's cost model (conf/config.yaml's grid.estimate, rows of conf/tables.yaml)."""
+
+    step_s: float
+    relative_cost: float
+    val_cost: float = 0.5
+
+
+@dataclass
+class GridSpec:
+    """The composed `grid` node, launcher aside (its settings depend on the launcher named)."""
+
+    data_root: str
+    scale: str
+    gpu: GpuSpec
+    cluster: ClusterSpec
+    estimate: EstimateSpec
+    # conf/tables.yaml's rows, already read through the run's interpolations.
+    workflow_task: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    scale_gpu: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+
+
+@dataclass
+class GridRoot:
+    """A cell's grid root, checked: the grid spec and its launcher's settings."""
+
+    spec: GridSpec
+    launcher: LauncherSettings
+
+
+def grid_root(node: Mapping[str, Any], files: Mapping[str, str] | None = None) -> GridRoot:
+    """The composed `grid` node, checked against the schema; a bad key or value is a one-line
+    GridError naming it, its closest valid spelling and the file to fix (`files`: group ->
+    the option file it was composed from, Composer.option_files; else named by `name:`)."""
+    from gridrun.grid.launchers.dispatch import launcher_class
+
+    files = files or {}
+    # The user-written parts first, so that an error names their file.
+    cluster_spec(_mapping(node, "cluster"), files.get("cluster"))
+    gpu = _mapping(node, "gpu")
+    _checked(GpuSpec, dict(gpu), "grid.gpu.", files.get("gpu") or _file("gpu", gpu))
+    launcher = _mapping(node, "launcher")
+    settings_type = launcher_class(str(launcher.get("name"))).settings_type
+    settings = launcher_settings(launcher, settings_type, files.get("launcher"))
+    rest = {key: value for key, value in node.items() if key != "launcher"}
+    return GridRoot(spec=_checked(GridSpec, rest, "grid.", "conf/config.yaml's grid node"), launcher=settings)
+
+
+def cluster_spec(cluster: Mapping[str, Any], file: str | None = None) -> ClusterSpec:
+    """A cluster profile (as composed, or as sweep.json records it), checked, with its defaults."""
+    return _checked(ClusterSpec, dict(cluster), "grid.cluster.", file or _file("cluster", cluster))
+
+
+def launcher_settings(launcher: Mapping[str, Any], settings_type: type[S], file: str | None = None) -> S:
+    """A launcher's settings (as composed, or as sweep.json and --max-parallel give them), checked."""
+    return _checked(settings_type, dict(launcher), "grid.launcher.", file or _file("launcher", launcher))
+
+
+def as_dict(spec: Any) -> dict[str, Any]:
+    """A checked spec as sweep.json records it: every key, defaults filled in."""
+    return dataclasses.asdict(spec)
+
+
+def _checked(cls: type[T], data: dict[str, Any], prefix: str, where: str) -> T:
+    try:
+        return from_dict(cls, data, prefix)
+    except ConfigError as err:
+        raise GridError(f"{err}: fix {where}") from None
+
+
+def _file(group: str, node: Mapping[str, Any]) -> str:
+    # Without the composition at hand (sweep.json), the profile's own name says which it is.
+    return f"the conf/{group}/ file of {group} '{node.get('name')}'"
+
+
+def _mapping(node: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = node.get(key)
+    if not isinstance(value, Mapping):
+        raise GridError(f"grid.{key}: expected a mapping, got {value!r}: pick one with {key}=<name>")
+    return value
