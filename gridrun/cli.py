@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 
 def _setup_logging() -> None:
@@ -67,7 +67,7 @@ def _cmd_reward(args: argparse.Namespace) -> int:
 
         task = _cell_task(args.cell, "code", ["--mode"] if args.mode else []) if args.cell else None
         mode = task.code_reward_mode if task else args.mode or CodeParams.code_reward_mode
-        isolation = "none" if args.no_sandbox or (task and task.sandbox == "none") else "bwrap"
+        isolation: Literal["bwrap", "none"] = "none" if args.no_sandbox or (task and task.sandbox == "none") else "bwrap"
         try:
             result = score_program_json(args.file, args.tests, mode, SandboxConfig(isolation=isolation),
                                         limits_of(task))

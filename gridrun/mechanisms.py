@@ -207,7 +207,7 @@ class MechanismWatch:
         t = self.thresholds
         window = t.share_window
         skipped = row.get("train/skipped_nonfinite")
-        if _number(skipped):
+        if skipped is not None and _number(skipped):
             self._skipped += int(skipped)
         for key, role, metric in self._layout(row):
             value = row[key]
@@ -238,7 +238,7 @@ class MechanismWatch:
         if self._first_signature is None:
             self._first_signature = signature
         else:
-            self._drifted = drift_alerts(self._first_signature, signature, int(cap) if _number(cap) else None,
+            self._drifted = drift_alerts(self._first_signature, signature, int(cap) if cap is not None and _number(cap) else None,
                                          self.thresholds)
 
     def alerts(self) -> list[str]:

@@ -23,6 +23,7 @@ import difflib
 import functools
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
@@ -400,8 +401,10 @@ class RunConfig:
 
     def _check_role_strength(self, workflow: registry.Workflow) -> None:
         roles = (*workflow.roles, PARALLEL)
-        knobs = {"grpo.role_weight": self.grpo.role_weight, "optim.role_lr_scale": self.optim.role_lr_scale,
-                 "optim.role_steps": self.optim.role_steps}
+        knobs: dict[str, Mapping[str, float]] = {
+            "grpo.role_weight": self.grpo.role_weight, "optim.role_lr_scale": self.optim.role_lr_scale,
+            "optim.role_steps": self.optim.role_steps,
+        }
         for name, values in knobs.items():
             for role, value in values.items():
                 if role == PARALLEL and workflow.parallel_role is None:
@@ -426,17 +429,24 @@ class RunConfig:
         if self.grpo.coherence < 0 or not 0 <= self.grpo.coherence_decay < 1:
             raise ConfigError("grpo.coherence must be >= 0 and grpo.coherence_decay in [0, 1)")
 
-    def _per_role(self, values: dict[str, Any]) -> dict[str, Any]:
-        """`values` with `parallel` resolved to the workflow's parallel role."""
+    def _parallel(self) -> str:
+        """The workflow's parallel role (the checks refuse `parallel` keys and
+        multiplicity_norm on a workflow without one)."""
         parallel = self.workflow_entry().parallel_role
-        return {(parallel if role == PARALLEL else role): value for role, value in values.items()}
+        if parallel is None:
+            raise ConfigError(f"{self.workflow.name} has no parallel role (same-role multiplicity)")
+        return parallel
+
+    def _per_role(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """`values` with `parallel` resolved to the workflow's parallel role."""
+        return {(self._parallel() if role == PARALLEL else role): value for role, value in values.items()}
 
     def role_weights(self) -> dict[str, float]:
         """Each role's loss weight (roles not listed weigh 1): grpo.role_weight, and 1/k on the
         parallel role under multiplicity_norm=share."""
         weights = self._per_role(self.grpo.role_weight)
         if self.grpo.multiplicity_norm == "share":
-            parallel = self.workflow_entry().parallel_role
+            parallel = self._parallel()
             weights[parallel] = weights.get(parallel, 1.0) / self.parallel_slots
         return weights
 
@@ -445,7 +455,7 @@ class RunConfig:
         multiplicity_norm=lr."""
         scales = self._per_role(self.optim.role_lr_scale)
         if self.grpo.multiplicity_norm == "lr":
-            parallel = self.workflow_entry().parallel_role
+            parallel = self._parallel()
             scales[parallel] = scales.get(parallel, 1.0) / self.parallel_slots
         return scales
 
@@ -454,8 +464,9 @@ class RunConfig:
         role under multiplicity_norm=steps); roles not listed cut by size, as the paper."""
         steps = self._per_role(self.optim.role_steps)
         if self.grpo.multiplicity_norm == "steps":
-            steps[self.workflow_entry().parallel_role] = 1
+            steps[self._parallel()] = 1
         return steps
+
     def _check_roles(self, key: str, named: dict[str, Any], roles: tuple[str, ...]) -> None:
         for role in named:
             if role not in roles:

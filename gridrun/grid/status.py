@@ -81,7 +81,7 @@ def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
                 # The cell a queued or blocked cell waits for (a transfer cell's sa_rl cell).
                 "waiting": state.get("waiting"),
                 # Peak minus the done base control's accuracy, in points (None without both).
-                "delta_pp": _delta_pp(state.get("peak_val_acc"), base_acc.get(base_control(cell["kind"], cell["coords"]))),
+                "delta_pp": _delta_pp(state.get("peak_val_acc"), base_acc.get(base_control(cell["kind"], cell["coords"]) or "")),
             }
         )
     return rows

@@ -30,7 +30,6 @@ for programs that time out, and other languages.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -257,9 +256,7 @@ def limits_of(params: CodeParams | None = None) -> CodeLimits:
     """The reward's time limits a code task's params set; without params, CodeParams' defaults
     (the released code's), for scoring outside a cell."""
     if params is None:
-        defaults = {f.name: f.default for f in dataclasses.fields(CodeParams)}
-        return CodeLimits(timeout_s=defaults["code_test_timeout_s"], budget_per_test_s=defaults["code_budget_per_test_s"],
-                          budget_cap_s=defaults["code_budget_cap_s"])
+        params = CodeParams()
     return CodeLimits(timeout_s=params.code_test_timeout_s, budget_per_test_s=params.code_budget_per_test_s,
                       budget_cap_s=params.code_budget_cap_s)
 
