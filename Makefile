@@ -74,6 +74,7 @@ bench: ## benchmarks, one JSON line each
 	$(PY) bench/steps.py --json
 	$(PY) bench/toy_build.py --json
 	$(PY) bench/collect.py --json
+	$(PY) bench/demo.py --json
 	@if $(PY) -P -c "import trl" 2>/dev/null; then $(PY) bench/trl.py --json; \
 	else echo "bench/trl.py skipped: TRL is not installed (pip install -e '.[bench]')"; fi
 

@@ -255,8 +255,9 @@ class CodeParams(TaskParams):
 def limits_of(params: CodeParams | None = None) -> CodeLimits:
     """The reward's time limits a code task's params set; without params, CodeParams' defaults
     (the released code's), for scoring outside a cell."""
-    if params is None:
-        params = CodeParams()
+    if params is None:  # the class's defaults (an instance would need a data_path)
+        return CodeLimits(timeout_s=CodeParams.code_test_timeout_s, budget_per_test_s=CodeParams.code_budget_per_test_s,
+                          budget_cap_s=CodeParams.code_budget_cap_s)
     return CodeLimits(timeout_s=params.code_test_timeout_s, budget_per_test_s=params.code_budget_per_test_s,
                       budget_cap_s=params.code_budget_cap_s)
 
