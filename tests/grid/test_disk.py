@@ -207,11 +207,18 @@ def test_a_disk_filling_up_while_cells_train_leaves_them_resumable(toy_world: Pa
         gridrun status conf=smoke --json --results-dir {disk} > out/after; echo $? >> out/codes
     """, tmp_path)
     assert done.returncode == 0, done.stderr
-    assert (out / "codes").read_text().split() == ["2", "0", "0", "0"], (out / "second.err").read_text()
-    one_line_error(out / "first.err", "No space left on device: free space there")
+    # The full disk is each cell's failure (its checkpoint write removes its temp folder and
+    # names the checkpoint in one line), not the sweep's: the sweep ends, exit 1, naming them.
+    assert (out / "codes").read_text().split() == ["1", "0", "0", "0"], (out / "second.err").read_text()
+    assert (out / "first.err").read_text() == ""
     # Between the two: no cell is done, and none is shown as running or damaged.
-    between = {row["cell"]: row["state"] for row in json.loads((out / "between").read_text())}
+    rows = json.loads((out / "between").read_text())
+    between = {row["cell"]: row["state"] for row in rows}
     assert len(between) == 2 and set(between.values()) <= {"failed", "cancelled"}, between
+    for row in rows:
+        if row["state"] == "failed":
+            assert "checkpoints/step_" in row["error"] and "No space left on device: free space there" in row["error"]
+            assert "\n" not in row["error"]
     after = json.loads((out / "after").read_text())
     assert {row["cell"]: row["state"] for row in after} == dict.fromkeys(between, "done")
     assert all(row["step"] == 4 and row["attempt"] == 2 for row in after), after
