@@ -126,15 +126,19 @@ def test_a_cell_whose_launcher_and_process_died_is_lost_and_resubmittable(result
 
 
 def test_ctrl_c_cancels_running_and_waiting_cells(results: Path) -> None:
-    args = ["conf=smoke", "kind=sa_rl,base", "train.total_steps=50", *TINY, "--max-parallel", "1"]
+    # One slot: the train cell runs (train cells come first in the plan) and the SA-RL cell
+    # waits. No base cells: they are dispatched first and would be done before the signal.
+    args = ["conf=smoke", "kind=train,sa_rl", "workflow=voting", "policy=shared", "train.total_steps=50", *TINY,
+            "--max-parallel", "1"]
     launcher = start(results, "sweep", *args)
-    cell = RunDir(results / "smoke" / "cells" / "sa_rl-toy-arith-s0")
+    cell = RunDir(results / "smoke" / "cells" / "voting-sp-toy-arith-s0")
     wait_until(lambda: cell.read_state().get("step", 0) >= 1, "step 1", 900)
     launcher.send_signal(signal.SIGINT)
     assert launcher.wait(120) == 130
     rows = status(results)
-    assert {row["state"] for row in rows.values()} == {"cancelled"}, rows
+    assert len(rows) == 2 and {row["state"] for row in rows.values()} == {"cancelled"}, rows
     assert cell.read_state()["error"] == "stopped by SIGTERM"
+    assert rows["sa_rl-toy-arith-s0"]["step"] in (None, 0)  # it never started
 
 
 def test_transfer_cells_wait_for_their_sa_rl_a_failed_one_blocks_them_and_resubmitting_it_releases_them(
