@@ -406,14 +406,11 @@ class RunConfig:
             "optim.role_steps": self.optim.role_steps,
         }
         for name, values in knobs.items():
+            self._check_roles(name, values, roles)
             for role, value in values.items():
                 if role == PARALLEL and workflow.parallel_role is None:
                     raise ConfigError(f"{name}.parallel: {workflow.name} has no parallel role; name one of its "
                                       f"roles ({', '.join(workflow.roles)})")
-                if role not in roles:
-                    close = difflib.get_close_matches(role, roles, n=1)
-                    hint = f"did you mean '{close[0]}'?" if close else f"roles: {', '.join(roles)}"
-                    raise ConfigError(f"{name}: '{role}' is not a role of {self.workflow.name} ({hint})")
                 if value < 0 or (value == 0 and name != "grpo.role_weight"):
                     raise ConfigError(f"{name}.{role} must be {'>= 0' if name == 'grpo.role_weight' else '> 0'}, "
                                       f"got {value}")
@@ -444,20 +441,21 @@ class RunConfig:
     def role_weights(self) -> dict[str, float]:
         """Each role's loss weight (roles not listed weigh 1): grpo.role_weight, and 1/k on the
         parallel role under multiplicity_norm=share."""
-        weights = self._per_role(self.grpo.role_weight)
-        if self.grpo.multiplicity_norm == "share":
-            parallel = self._parallel()
-            weights[parallel] = weights.get(parallel, 1.0) / self.parallel_slots
-        return weights
+        return self._factors(self.grpo.role_weight, "share")
 
     def role_lr_scales(self) -> dict[str, float]:
         """Each role's LR multiplier (roles not listed: 1), 1/k on the parallel role under
         multiplicity_norm=lr."""
-        scales = self._per_role(self.optim.role_lr_scale)
-        if self.grpo.multiplicity_norm == "lr":
+        return self._factors(self.optim.role_lr_scale, "lr")
+
+    def _factors(self, values: Mapping[str, float], normalized_by: str) -> dict[str, float]:
+        """`values` per role, the parallel role's divided by its slots when multiplicity_norm
+        is `normalized_by`."""
+        factors = self._per_role(values)
+        if self.grpo.multiplicity_norm == normalized_by:
             parallel = self._parallel()
-            scales[parallel] = scales.get(parallel, 1.0) / self.parallel_slots
-        return scales
+            factors[parallel] = factors.get(parallel, 1.0) / self.parallel_slots
+        return factors
 
     def role_steps(self) -> dict[str, int]:
         """Optimizer steps per training step of the roles that set them (one for the parallel
@@ -467,7 +465,7 @@ class RunConfig:
             steps[self._parallel()] = 1
         return steps
 
-    def _check_roles(self, key: str, named: dict[str, Any], roles: tuple[str, ...]) -> None:
+    def _check_roles(self, key: str, named: Mapping[str, Any], roles: tuple[str, ...]) -> None:
         for role in named:
             if role not in roles:
                 close = difflib.get_close_matches(role, roles, n=1)
