@@ -14,19 +14,23 @@ gradient_amplification (Isolated-Policy; a workflow with same-role multiplicity,
 parallel role is Voting's generator or Orch-Workers' worker): the parallel role's
 peak-over-first ratio of `role/<r>/chi2`, or of `role/<r>/ppl`, is at least `chi2_factor`
 (`ppl_factor`) times every other role's. "First" is the mean of the first `ratio_window`
-training steps' values, "peak" the largest mean of `ratio_window` consecutive steps so far
+training steps' values (for chi2: the first values above `chi2_floor`, below), "peak" the largest mean of `ratio_window` consecutive steps so far
 (with a window of 1: the largest value over the first, as Table 2). A chi2 value below
 `chi2_floor` counts as the floor: chi2 = E[rho^2] - 1 of a role whose data fits one
 mini-batch is float rounding (1e-7, of either sign: its old log-probs are the update's own
 forward), and a ratio of rounding noise neither silences the alert (it used to be unknown
 at a first value <= 0) nor triggers it (2.67 of noise against a real 1.00): such a role's
-ratio is 1. A ratio whose first value is not positive (perplexity never is) is unknown, and
+ratio is 1. Nor is a value at the floor a baseline: under a warmup from 0 (the released
+schedule) the first update has LR 0, so every role's first chi2 is at the floor, and a
+parallel role's ordinary off-policy chi2 (2e-3 on the toy world) would read 20x; its
+baseline is its first off-policy value. A ratio whose first value is not positive (perplexity never is) is unknown, and
 an unknown ratio of any role keeps that metric silent.
 
 sp_role_capture (Shared-Policy, several roles): the dominant role (the largest mean
-`role/<r>/grad_share` over the last `share_window` training steps) has a share at least
-`share_rise` above its mean over the first `share_window` steps (needs 2 windows of
-steps, disjoint), while another role's validation signature drifts toward the dominant
+`role/<r>/grad_share` over the last `share_window` training steps) took at least
+`share_shrink` of the other roles' share over the first `share_window` steps (needs 2
+windows of steps, disjoint; relative, as Voting's generator owns ~99% of the shared
+gradient on the toy world from the first step), while another role's validation signature drifts toward the dominant
 role's since the first validation: its mean length (`val/role/<r>/len_mean`) moved toward
 the dominant role's and closed at least `gap_close` of the gap, or its terse rate
 (`val/role/aggregator/terse_rate`: terse is the aggregator's own idiom) fell by at least
@@ -102,7 +106,7 @@ class Thresholds:
     chi2_floor: float = 1e-4
     ratio_window: int = 1
     share_window: int = 5
-    share_rise: float = 0.05
+    share_shrink: float = 0.25
     gap_close: float = 0.25
     terse_drop: float = 0.2
     rate_floor: float = 0.5
@@ -128,17 +132,18 @@ def applies(mechanism: str, workflow: str, policy: str | None) -> bool:
 
 @dataclass
 class _Peak:
-    """A role's metric: the mean of its first `window` values and the largest mean of
-    `window` consecutive values so far."""
+    """A role's metric: the mean of its first `window` values above `floor` and the largest
+    mean of `window` consecutive values so far."""
 
     window: int
+    floor: float | None = None
     first: list[float] = field(default_factory=list)
     recent: deque[float] = field(default_factory=deque)
     peak: float | None = None
 
     def add(self, value: float) -> bool:
         """Take the next value; whether the ratio may have changed."""
-        if len(self.first) < self.window:
+        if len(self.first) < self.window and (self.floor is None or value > self.floor):
             self.first.append(value)
         self.recent.append(value)
         if len(self.recent) > self.window:
@@ -154,6 +159,9 @@ class _Peak:
     def ratio(self) -> float | None:
         if self.peak is None:
             return None
+        if not self.first:
+            # Every value at the floor (a role never off-policy): no change to measure.
+            return 1.0 if self.floor is not None else None
         first = _mean(self.first)
         return self.peak / first if first > 0 else None
 
@@ -214,9 +222,10 @@ class MechanismWatch:
             if not _number(value):
                 continue
             if metric != "grad_share":
-                if metric == "chi2":
-                    value = max(float(value), t.chi2_floor)
-                seen = self._peaks.setdefault((role, metric), _Peak(t.ratio_window))
+                floor = t.chi2_floor if metric == "chi2" else None
+                if floor is not None:
+                    value = max(float(value), floor)
+                seen = self._peaks.setdefault((role, metric), _Peak(t.ratio_window, floor))
                 if seen.add(float(value)):
                     self._amplified = None
             else:
@@ -281,8 +290,9 @@ class MechanismWatch:
         early, recent = self._early[dominant], self._recent[dominant]
         if self._shares[dominant] < 2 * t.share_window:
             return None  # the first and last windows would share steps
-        rise = _mean(recent) - _mean(early)
-        if rise < t.share_rise:
+        # The other roles' part of the gradient shrank: a relative test, so a role that owns
+        # 99% of it from the start (Voting's generator) can still be seen taking the rest.
+        if 1 - _mean(recent) > (1 - t.share_shrink) * (1 - _mean(early)):
             return None
         drifts = [d for role in self._recent if role != dominant and (d := self._drift(role, dominant))]
         if not drifts:

@@ -245,6 +245,10 @@ class OptimSpec:
     # Per-role LR multiplier (Isolated-Policy: an adapter per role type); keys as
     # grpo.role_weight's (a role or `parallel`).
     role_lr_scale: dict[str, float] = field(default_factory=dict)
+    # Training steps over which role_lr_scale grows linearly from 1 to its value (0: all of
+    # it from the first step). A ramp makes the injected amplification build up, as the
+    # paper's drift does, instead of breaking the policy in the first steps.
+    role_lr_ramp: int = 0
     # Optimizer steps a role's adapter takes per training step (IP): its sequences cut into
     # this many equal consecutive mini-batches, each weighed as a full one; absent: one per
     # train.ppo_mini_batch x grpo.n sequences, as the paper (3 for Voting's generator).
@@ -423,6 +427,8 @@ class RunConfig:
         if per_adapter and self.policy.name == "shared":
             raise ConfigError(f"{per_adapter[0]} acts on a role's own adapter, and under policy shared one adapter "
                               "trains every role: use grpo.role_weight (or grpo.multiplicity_norm=share)")
+        if self.optim.role_lr_ramp < 0:
+            raise ConfigError(f"optim.role_lr_ramp must be >= 0 training steps, got {self.optim.role_lr_ramp}")
         if self.grpo.coherence < 0 or not 0 <= self.grpo.coherence_decay < 1:
             raise ConfigError("grpo.coherence must be >= 0 and grpo.coherence_decay in [0, 1)")
 
@@ -443,10 +449,14 @@ class RunConfig:
         parallel role under multiplicity_norm=share."""
         return self._factors(self.grpo.role_weight, "share")
 
-    def role_lr_scales(self) -> dict[str, float]:
+    def role_lr_scales(self, step: int | None = None) -> dict[str, float]:
         """Each role's LR multiplier (roles not listed: 1), 1/k on the parallel role under
-        multiplicity_norm=lr."""
-        return self._factors(self.optim.role_lr_scale, "lr")
+        multiplicity_norm=lr; at training `step` (1-based), optim.role_lr_scale's part is
+        ramped: 1 + (s - 1) * min(1, step / optim.role_lr_ramp)."""
+        ramp = self.optim.role_lr_ramp
+        reached = 1.0 if step is None or ramp <= 0 else min(1.0, step / ramp)
+        scales = {role: 1.0 + (s - 1.0) * reached for role, s in self.optim.role_lr_scale.items()}
+        return self._factors(scales, "lr")
 
     def _factors(self, values: Mapping[str, float], normalized_by: str) -> dict[str, float]:
         """`values` per role, the parallel role's divided by its slots when multiplicity_norm

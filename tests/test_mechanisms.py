@@ -66,9 +66,14 @@ def test_a_role_whose_chi2_is_rounding_noise_neither_silences_nor_triggers() -> 
     assert amplification(rows) == []
     # Both at rounding level: 1.0 vs 1.0, silent (it used to read 2.67 vs 1.00 the other way).
     assert amplification(train_rows(generator_chi2=NOISE, aggregator_chi2=[1e-7, 1e-7, 1e-7])) == []
-    # A generator rising from noise to 2e-4 is 2x the floor: 2.0 >= 2.0 * 1.0 fires.
-    rows = train_rows(generator_chi2=[1e-7, 2e-4, 1e-7], aggregator_chi2=NOISE)
-    assert amplification(rows) == ["gradient_amplification: generator chi2 peak/first 2.00 vs aggregator 1.00"]
+    # A value at the floor is no baseline: a warmup from 0 makes every role's first chi2 0
+    # (LR 0). From 0 to a flat 0.002 is no amplification (its first off-policy value is its
+    # baseline: ratio 1, where the floor would read 20x) ...
+    rows = train_rows(generator_chi2=[0.0, 0.002, 0.002], aggregator_chi2=NOISE)
+    assert amplification(rows) == []
+    # ... and from 0 to 0.001, then 0.0021, is 2.1x its first off-policy value: fires.
+    rows = train_rows(generator_chi2=[0.0, 0.001, 0.0021], aggregator_chi2=NOISE)
+    assert amplification(rows) == ["gradient_amplification: generator chi2 peak/first 2.10 vs aggregator 1.00"]
 
 
 def test_ratio_window_compares_means_of_consecutive_steps() -> None:
@@ -104,7 +109,7 @@ def test_history_counts_the_steps_it_held() -> None:
 
 
 # --- sp_role_capture ------------------------------------------------------------------------------
-EDGE = Thresholds(share_window=2, share_rise=0.125, gap_close=0.25, terse_drop=0.25)
+EDGE = Thresholds(share_window=2, share_shrink=0.25, gap_close=0.25, terse_drop=0.25)
 
 
 def capture_rows(generator_shares: list[float], aggregator_len: float, terse: float) -> list[dict[str, Any]]:
@@ -123,7 +128,7 @@ def capture(rows: list[dict[str, Any]], policy: str = "shared", thresholds: Thre
     return [a for a in history[-1][1] if a.startswith("sp_role_capture")] if history else []
 
 
-RISING = [0.5, 0.5, 0.625, 0.625]  # first window's mean 0.5, last window's 0.625: +0.125
+RISING = [0.5, 0.5, 0.625, 0.625]  # generator 0.5 -> 0.625: the aggregator's 0.5 -> 0.375, a quarter taken
 
 
 def test_capture_fires_on_a_rising_share_and_a_closing_length_gap() -> None:
@@ -142,13 +147,24 @@ def test_capture_fires_on_a_falling_terse_rate() -> None:
 
 
 def test_capture_needs_the_dominant_share_to_rise() -> None:
-    # Last window 0.625 and 0.609375: mean 0.6171875, a rise of 0.1171875 < 0.125.
+    # Last window 0.625 and 0.609375: the aggregator's 0.5 -> 0.3828125, 0.234375 of it taken < 0.25.
     assert capture(capture_rows([0.5, 0.5, 0.625, 0.609375], aggregator_len=40.0, terse=0.0)) == []
     # Under Isolated-Policy there is no shared adapter to capture.
     assert capture(capture_rows(RISING, aggregator_len=40.0, terse=0.0), policy="isolated") == []
     # Three steps: the two 2-step windows would share step 2; nothing is compared.
     short = [r for r in capture_rows(RISING, aggregator_len=40.0, terse=0.0) if r["step"] != 3]
     assert capture(short) == []
+
+
+def test_capture_sees_a_role_that_owns_nearly_all_of_the_gradient_take_the_rest() -> None:
+    # Voting-SP on the toy world: the generator owns ~99% from the first step, so no absolute
+    # rise is possible. 31/32 -> 63/64 halves the aggregator's 1/32: at least a quarter taken.
+    assert capture(capture_rows([31 / 32, 31 / 32, 63 / 64, 63 / 64], aggregator_len=20.0, terse=0.75)) != []
+    # 31/32 -> 47/48 (the rest 1/32 -> 1/48) takes a third; at shrink 0.5 that is too little.
+    shares = [31 / 32, 31 / 32, 47 / 48, 47 / 48]
+    assert capture(capture_rows(shares, aggregator_len=20.0, terse=0.75)) != []
+    half = Thresholds(share_window=2, share_shrink=0.5, gap_close=0.25, terse_drop=0.25)
+    assert capture(capture_rows(shares, aggregator_len=20.0, terse=0.75), thresholds=half) == []
 
 
 def test_capture_length_must_move_toward_the_dominant_role() -> None:
@@ -211,6 +227,6 @@ def test_non_finite_steps_sum_over_train_rows() -> None:
 def test_default_thresholds() -> None:
     # The documented defaults (README, mechanisms.py): provisional until the mechanisms study.
     assert THRESHOLDS == Thresholds(chi2_factor=2.0, ppl_factor=1.2, chi2_floor=1e-4, ratio_window=1,
-                                    share_window=5, share_rise=0.05, gap_close=0.25, terse_drop=0.2,
+                                    share_window=5, share_shrink=0.25, gap_close=0.25, terse_drop=0.2,
                                     rate_floor=0.5, fence_rate=0.2, trunc_rate=0.2, jaccard_high=0.9,
                                     jaccard_low=0.7)

@@ -140,12 +140,25 @@ def test_multiplicity_normalization_equals_one_slot_in_each_form() -> None:
     assert config_from_dict(voting("shared", grpo={"role_weight": {"parallel": 2.0}})).role_weights() == {"generator": 2.0}
 
 
+def test_lr_scale_ramps_linearly_from_one_to_its_value() -> None:
+    # role_lr_scale 3 over a 10-step ramp: 1 + 2 * step / 10 until step 10, then 3; no ramp: 3 at once.
+    ramped = config_from_dict(voting("isolated", optim={"role_lr_scale": {"parallel": 3.0}, "role_lr_ramp": 10}))
+    assert [ramped.role_lr_scales(s)["generator"] for s in (1, 5, 10, 30)] == pytest.approx([1.2, 2.0, 3.0, 3.0])
+    at_once = config_from_dict(voting("isolated", optim={"role_lr_scale": {"parallel": 3.0}}))
+    assert at_once.role_lr_scales(1)["generator"] == 3.0
+    # The ramp is on the scale; multiplicity_norm=lr still divides the result by k = 3.
+    both = config_from_dict(voting("isolated", optim={"role_lr_scale": {"parallel": 3.0}, "role_lr_ramp": 4},
+                                   grpo={"multiplicity_norm": "lr"}))
+    assert both.role_lr_scales(2)["generator"] == pytest.approx(2.0 / 3)
+
+
 @pytest.mark.parametrize(("nodes", "message"), [
     ({"grpo": {"role_weight": {"generatr": 2.0}}}, "'generatr' is not a role of voting \\(did you mean 'generator'\\?\\)"),
     ({"optim": {"role_lr_scale": {"generator": 2.0}}}, "under policy shared one adapter trains every role"),
     ({"grpo": {"multiplicity_norm": "steps"}}, "use grpo.role_weight"),
     ({"optim": {"role_steps": {"generator": 0}}, "policy": {"name": "isolated"}}, "must be > 0"),
     ({"workflow": {"name": "eval_opt"}, "grpo": {"role_weight": {"parallel": 2.0}}}, "eval_opt has no parallel role"),
+    ({"optim": {"role_lr_ramp": -1}, "policy": {"name": "isolated"}}, "optim.role_lr_ramp must be >= 0"),
 ])
 def test_bad_role_strength_is_one_line_naming_the_fix(nodes: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

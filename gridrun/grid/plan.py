@@ -402,6 +402,8 @@ def freeze(plan: Plan, sweep: SweepDir, replace: bool = False) -> Freeze:
         else:
             data["cells"].append(pc.entry())
     data.update(source=str(plan.spec.source), launcher=plan.launcher, cluster=plan.cluster, updated_at=now)
+    if plan.spec.early_warning is not None:
+        data["early_warning"] = plan.spec.early_warning.to_dict()
     data["plans"].append({"at": now, "argv": plan.spec.argv, "cells": len(plan.cells), **provenance})
     sweep.write(data)
     return result

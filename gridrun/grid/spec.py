@@ -27,6 +27,7 @@ its cells differ by. `variant=natural,injected` on the command line plans some o
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ from gridrun.grid.sweepdir import check_sweep_name
 SWEEPS_DIR = REPO_ROOT / "sweeps"
 # A variant's name ends cell ids: no '-' (the ids' separator) and nothing a path refuses.
 VARIANT_NAME = re.compile(r"[A-Za-z0-9_]+")
-SWEEP_KEYS = ("axes", "restrict", "overrides", "variants")
+SWEEP_KEYS = ("axes", "restrict", "overrides", "variants", "early_warning")
 VARIANT_AXIS = "variant"
 POLICIES = ("isolated", "shared")
 
@@ -65,12 +66,65 @@ class SweepSpec:
     # Variant name -> policy -> its settings, in the sweep file's order; only the variants
     # planned (all of the file's, or those `variant=` names). Empty: a sweep without variants.
     variants: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    # How the alerts' thresholds are chosen and reported (the sweep file's `early_warning:`).
+    early_warning: EarlyWarningPlan | None = None
 
     def variant_settings(self, variant: str | None, policy: str | None) -> list[str]:
         """The settings of `variant` for a cell of `policy` (none for a control)."""
         if variant is None:
             return []
         return self.variants[variant][policy or "shared"]
+
+
+@dataclass(frozen=True)
+class EarlyWarningPlan:
+    """A study's calibration, fixed in its sweep file before it runs: the alerts' thresholds
+    are chosen on the cells of `fit_seeds` among every combination of `search`'s candidates
+    (a Thresholds field -> values) and reported on `held_out_seeds` (gridrun/grid/analysis/
+    calibration.py). sweep.json records it, so collect applies the plan the cells ran under."""
+
+    fit_seeds: tuple[int, ...]
+    held_out_seeds: tuple[int, ...]
+    search: dict[str, tuple[float, ...]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fit_seeds": list(self.fit_seeds), "held_out_seeds": list(self.held_out_seeds),
+                "search": {name: list(values) for name, values in self.search.items()}}
+
+    @classmethod
+    def parse(cls, data: Any, where: str) -> EarlyWarningPlan:
+        """The plan from a sweep file's (or sweep.json's) mapping; one-line errors naming the fix."""
+        from gridrun.mechanisms import Thresholds
+
+        example = "{fit_seeds: [0, 1], held_out_seeds: [2], search: {chi2_factor: [2.0, 3.0]}}"
+        if not isinstance(data, dict) or set(data) != {"fit_seeds", "held_out_seeds", "search"}:
+            raise GridError(f"{where}: 'early_warning' must hold fit_seeds, held_out_seeds and search, e.g. {example}")
+        seeds = {}
+        for key in ("fit_seeds", "held_out_seeds"):
+            values = data[key]
+            if not isinstance(values, list) or not values or not all(type(v) is int for v in values):
+                raise GridError(f"{where}: early_warning.{key} must be a non-empty list of seeds, e.g. [0, 1]")
+            seeds[key] = tuple(values)
+        if set(seeds["fit_seeds"]) & set(seeds["held_out_seeds"]):
+            raise GridError(f"{where}: early_warning's held-out seeds must not be fit seeds: a seed that chose the "
+                            "thresholds cannot report them")
+        fields = {f.name: f.type for f in dataclasses.fields(Thresholds)}
+        search = data["search"]
+        if not isinstance(search, dict) or not search:
+            raise GridError(f"{where}: early_warning.search must map Thresholds fields to candidate values, e.g. "
+                            "chi2_factor: [2.0, 3.0]")
+        out: dict[str, tuple[float, ...]] = {}
+        for name, values in search.items():
+            if name not in fields:
+                raise GridError(f"{where}: early_warning.search.{name} is not a threshold{closest(str(name), list(fields))}")
+            whole = fields[name] in (int, "int")
+            if (not isinstance(values, list) or not values
+                    or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+                    or (whole and not all(type(v) is int for v in values))):
+                raise GridError(f"{where}: early_warning.search.{name} must be a non-empty list of "
+                                f"{'whole numbers' if whole else 'numbers'}")
+            out[name] = tuple(values)
+        return cls(seeds["fit_seeds"], seeds["held_out_seeds"], out)
 
 
 def available_sweeps() -> list[str]:
@@ -141,6 +195,7 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
     }
 
     variants = _variants(path, data.get("variants"), composer)
+    early_warning = None if data.get("early_warning") is None else EarlyWarningPlan.parse(data["early_warning"], str(path))
     chosen: list[str] | None = None
     settings = list(file_settings)
     for line in overrides:
@@ -178,7 +233,7 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
         restrict.setdefault(kind, {})[axis] = _checked_axis(axis, listed, composer, single_ok=kind in ("base", "shuffled", "eval"))
     return SweepSpec(
         name=path.stem, source=path, axes=axes, settings=_last_wins(settings, composer), restrict=restrict,
-        argv=list(overrides), variants=_chosen_variants(path, variants, chosen),
+        argv=list(overrides), variants=_chosen_variants(path, variants, chosen), early_warning=early_warning,
     )
 
 

@@ -271,8 +271,9 @@ class Trainer:
 
     def adapter_lrs(self, step: int) -> dict[str, float]:
         """Each trainable adapter's LR this step: the schedule's, times its role's
-        optim.role_lr_scale (an IP adapter is named after its role; SP refuses the scale)."""
-        scales = self.config.role_lr_scales()
+        optim.role_lr_scale at this step (an IP adapter is named after its role; SP refuses
+        the scale)."""
+        scales = self.config.role_lr_scales(step)
         trainable = self.routing.trainable
         return {name: self.lr(step, i, len(trainable)) * scales.get(name, 1.0) for i, name in enumerate(trainable)}
 

@@ -7,8 +7,10 @@ its rows, gridrun/mechanisms.py):
                           peak (the best so far), in points (0.0 when it never fell)
     peak_drop_step        the validation where that drop is reached
     peak_drop_peak_step   the running peak it is measured from (the first step reaching it)
-    peak_drop_onset_step  the first validation after that peak that is below it: where the
-                          fall shows
+    peak_drop_onset_step  where the fall shows: the validation after the last one within
+                          ONSET_PP points of the peak before the cliff's lowest point (the
+                          first one below the peak would be a validation's noise, often the
+                          very next validation, and no alert could lead it)
     alert/<a>/lead        validations before the onset at which alert <a> first fired: the
                           count of validations after its first firing up to and including the
                           onset (2: it fired before the last two validations ahead of the
@@ -41,6 +43,9 @@ from gridrun.mechanisms import ALERTS
 
 # A cliff worth warning about: at least this many points below the running peak.
 CLIFF_PP = 10.0
+# A validation within this many points of the peak is still at it (a 200 x 4 validation's
+# noise is ~2-3 points): the fall starts after the last such one.
+ONSET_PP = 5.0
 # Warned in time: the alert fired at least this many validations before the fall showed.
 LEAD_VALIDATIONS = 2
 TRAINED_KINDS = ("train", "sa_rl", "shuffled")
@@ -67,7 +72,8 @@ def cliff_from_peak(val_acc: Mapping[int, float]) -> Cliff | None:
             peak = step
         drop = 100 * (val_acc[peak] - val_acc[step])
         if drop > best.drop_pp:
-            onset = next(s for s in steps if s > peak and val_acc[s] < val_acc[peak])
+            near = [s for s in steps if peak <= s < step and 100 * (val_acc[peak] - val_acc[s]) <= ONSET_PP + 1e-9]
+            onset = next(s for s in steps if s > near[-1])
             best = Cliff(drop, step, peak, onset)
     return best
 
