@@ -14,6 +14,9 @@ sweeps) and writes, under results/<sweep>/:
                       cell, as md, csv and tex: grid/analysis/findings.py
     early_warning     per alert, its recall on cliff cells and false-alarm rate on the others
                       (grid/analysis/warning.py; the per-cell cliff and leads are in cells.parquet)
+    early_warning_calibration, early_warning_search, mechanism_shown   with an early_warning
+                      plan in sweep.json: thresholds chosen on its fit seeds and reported on
+                      its held-out seeds (grid/analysis/calibration.py)
     figures/          PNGs: grid/figures.py (learning curves, gradient shares),
                       grid/analysis/figures.py (Figures 2-6), early_warning-<task>-<scale>
     report.md, report.html   grid/analysis/report.py
@@ -47,6 +50,7 @@ import pandas as pd
 import yaml
 
 from gridrun import registry
+from gridrun.grid.analysis.calibration import calibration_tables
 from gridrun.grid.analysis.findings import alerts_table, findings_table
 from gridrun.grid.analysis.summary import MetricColumns, alert_summary, cell_hours, cell_summary
 from gridrun.grid.analysis.tables import Table, base_mismatch_notes, flags, signature_tables, table1, table2, table3
@@ -301,7 +305,7 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0, export_to:
         tables += [for_variant(t, variant) for t in [
             peak, table1(part, "final_val_acc"), table2(part), table3(part), *signature_tables(part, signatures),
             alerts_table(part)]]
-    tables += [findings_table(cells), early_warning_table(cells)]
+    tables += [findings_table(cells), early_warning_table(cells), *calibration_tables(sweep, cells)]
     sweep.root.mkdir(parents=True, exist_ok=True)
     write_parquet(_parquet_ready(cells), sweep.cells_parquet)
     write_parquet(metrics_frame(data.columns), sweep.metrics_parquet)

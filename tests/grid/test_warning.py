@@ -132,6 +132,8 @@ def test_a_sweep_with_variants_is_collected_per_variant_with_its_early_warning(g
     # The coherence cell's stays flat: silent (a cell without train rows replays nothing).
     sweep.cell("voting-ip-1.7b-math-s0-coherence").append_metrics([
         {"step": s, "split": "train", "role/generator/chi2": 1e-3, "role/aggregator/chi2": 2e-7} for s in (1, 2, 3)])
+    # The plan the sweep file recorded: thresholds chosen on seed 0, seed 1 held out.
+    data["early_warning"] = {"fit_seeds": [0], "held_out_seeds": [1], "search": {"chi2_factor": [5.0, 2.0]}}
     sweep.write(data)
     result = gridrun("collect", "conf=remedies")
     assert result.code == 0, result.err
@@ -153,3 +155,14 @@ def test_a_sweep_with_variants_is_collected_per_variant_with_its_early_warning(g
     assert (warning["gradient_amplification"]["cliff_cells"], warning["gradient_amplification"]["warned"],
             warning["gradient_amplification"]["calm_cells"], warning["gradient_amplification"]["false_alarms"]) == (
         1, 1, 1, 0)
+    # Calibrated on seed 0: 5x misses the natural cell's 3x rise, 2x warns it with no false
+    # alarm; seed 1 has no cell, so nothing is reported for it.
+    calibration = pd.read_csv(sweep.table("early_warning_calibration", "csv")).set_index("mechanism")
+    amplification = calibration.loc["gradient_amplification"]
+    assert "chi2_factor=2.0" in amplification["thresholds"]
+    assert (amplification["fit_cliffs"], amplification["fit_warned"], amplification["fit_false"],
+            amplification["held_cliffs"]) == (1, 1, 0, 0)
+    shown = pd.read_csv(sweep.table("mechanism_shown", "csv")).set_index("variant")
+    assert (shown.loc["natural", "cliffs"], shown.loc["natural", "alerted"]) == (1, 1)
+    assert (shown.loc["coherence", "cliffs"], shown.loc["coherence", "alerted"]) == (0, 0)
+    assert "thresholds chosen on the fit seeds" in report

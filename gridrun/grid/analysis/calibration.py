@@ -1,0 +1,260 @@
+"""The alerts' thresholds chosen on some seeds of a study and reported on the others.
+
+A sweep file's `early_warning:` section (spec.EarlyWarningPlan, recorded in sweep.json when
+the sweep is planned, so before it runs) names the fit seeds, the held-out seeds and candidate
+values for `Thresholds` fields. For each mechanism, every combination of the candidates of its
+own fields (MECHANISM_FIELDS; a field not searched keeps its default) is replayed on the rows
+of the fit seeds' cells (`alert_history`), and scored as the early warning scores alerts
+(gridrun/grid/analysis/warning.py: recall on cliff cells, warned LEAD_VALIDATIONS ahead;
+false-alarm rate on the others). The choice: the highest recall among candidates whose
+false-alarm rate is below FALSE_ALARM_CAP; then the lower false-alarm rate; then the earlier
+candidate (fields in `Thresholds` order, values in the file's order). With no candidate under
+the cap: the lowest false-alarm rate, then the highest recall. The held-out seeds' cells are
+then scored once, under the chosen thresholds and under the defaults beside them.
+
+Outputs (tables, written by collect as md/csv/tex and in the report's "Early warning"):
+
+    early_warning_calibration  per mechanism: the chosen thresholds, fit and held-out recall
+                               and false alarms, the held-out ones under the defaults too
+    early_warning_search       every candidate's fit scores (how the choice was made)
+    mechanism_shown            per workflow x policy x variant: seeds with a cliff, seeds
+                               where the applicable mechanism's alert fired (chosen
+                               thresholds), the mean cliff: does the injected variant show
+                               its mechanism, and its natural twin less?
+
+Leaves out: significance (a held-out seed is a handful of cells), and thresholds shared
+between mechanisms (each mechanism's fields are its own).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from gridrun.grid.analysis.tables import Table, number
+from gridrun.grid.analysis.warning import CLIFF_PP, LEAD_VALIDATIONS, TRAINED_KINDS, cliff_from_peak, lead
+from gridrun.grid.spec import EarlyWarningPlan
+from gridrun.grid.sweepdir import SweepDir
+from gridrun.mechanisms import (
+    GRADIENT_AMPLIFICATION,
+    MECHANISMS,
+    SP_ROLE_CAPTURE,
+    THRESHOLDS,
+    Thresholds,
+    alert_history,
+    applies,
+    firings,
+)
+from gridrun.rundir import RunDir
+
+# A calibrated alert must cry wolf on fewer than this share of the cells without a cliff.
+FALSE_ALARM_CAP = 0.10
+# The Thresholds fields each mechanism reads.
+MECHANISM_FIELDS = {
+    GRADIENT_AMPLIFICATION: ("chi2_factor", "ppl_factor", "chi2_floor", "ratio_window"),
+    SP_ROLE_CAPTURE: ("share_window", "share_shrink", "gap_close", "terse_drop"),
+}
+
+
+@dataclass(frozen=True)
+class CellCurve:
+    """What scoring an alert on a cell needs: its coordinates, metric rows and validations."""
+
+    cell: str
+    seed: int
+    workflow: str
+    policy: str | None
+    variant: str | None
+    rows: list[dict[str, Any]]
+    val_acc: dict[int, float]
+
+    def first_firing(self, mechanism: str, thresholds: Thresholds) -> int | None:
+        fired = firings(alert_history(self.rows, self.workflow, self.policy, thresholds), mechanism)
+        return fired[0] if fired else None
+
+
+@dataclass(frozen=True)
+class Score:
+    """An alert's early-warning counts on some cells."""
+
+    cliffs: int = 0
+    warned: int = 0
+    calm: int = 0
+    false: int = 0
+
+    @property
+    def recall(self) -> float | None:
+        return self.warned / self.cliffs if self.cliffs else None
+
+    @property
+    def false_rate(self) -> float | None:
+        return self.false / self.calm if self.calm else None
+
+
+def score(curves: Sequence[CellCurve], mechanism: str, thresholds: Thresholds) -> Score:
+    """Recall and false alarms of `mechanism`'s alert under `thresholds` on `curves`."""
+    cliffs = warned = calm = false = 0
+    for curve in curves:
+        cliff = cliff_from_peak(curve.val_acc)
+        if cliff is None:
+            continue
+        fired = curve.first_firing(mechanism, thresholds)
+        if cliff.drop_pp >= CLIFF_PP:
+            cliffs += 1
+            ahead = lead(sorted(curve.val_acc), cliff.onset_step, fired)
+            warned += ahead is not None and ahead >= LEAD_VALIDATIONS
+        else:
+            calm += 1
+            false += fired is not None
+    return Score(cliffs, warned, calm, false)
+
+
+def candidates(mechanism: str, search: Mapping[str, Sequence[float]]) -> list[Thresholds]:
+    """Every combination of the searched values of `mechanism`'s fields, in tie-break order."""
+    fields = [f.name for f in dataclasses.fields(Thresholds) if f.name in MECHANISM_FIELDS[mechanism] and f.name in search]
+    combos: list[dict[str, Any]] = [dict(zip(fields, values, strict=True))
+                                    for values in itertools.product(*(search[f] for f in fields))]
+    return [dataclasses.replace(THRESHOLDS, **combo) for combo in combos]
+
+
+def choose(scored: Sequence[tuple[Thresholds, Score]]) -> tuple[Thresholds, Score]:
+    """The module docstring's rule; `scored` in tie-break order."""
+    def rate(s: Score) -> float:
+        return s.false_rate if s.false_rate is not None else 0.0
+
+    under = [(t, s) for t, s in scored if rate(s) < FALSE_ALARM_CAP]
+    if under:
+        return max(under, key=lambda item: (item[1].recall or 0.0, -rate(item[1])))
+    return min(scored, key=lambda item: (rate(item[1]), -(item[1].recall or 0.0)))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    mechanism: str
+    chosen: Thresholds
+    fit: Score
+    held_out: Score
+    held_out_default: Score
+    searched: list[tuple[Thresholds, Score]]
+
+
+def read_curves(sweep: SweepDir, cells: pd.DataFrame) -> list[CellCurve]:
+    """The done training cells' curves (the only cells an alert is scored on)."""
+    done = cells[cells["kind"].isin(TRAINED_KINDS) & (cells["state"] == "done")]
+    curves = []
+    for record in done.to_dict("records"):
+        rows = RunDir(sweep.cell(record["cell"]).root).read_metrics()
+        val_acc = {int(r["step"]): float(r["val/acc"]) for r in rows if r.get("split") == "val" and "val/acc" in r}
+        variant = record.get("variant")
+        curves.append(CellCurve(record["cell"], int(record["seed"]), str(record["workflow"]), record.get("policy"),
+                                None if variant is None or pd.isna(variant) else str(variant), rows, val_acc))
+    return curves
+
+
+def calibrate(curves: Sequence[CellCurve], plan: EarlyWarningPlan) -> list[Calibration]:
+    """Each mechanism's thresholds chosen on the fit seeds and scored on the held-out ones."""
+    out = []
+    for mechanism in MECHANISMS:
+        own = [c for c in curves if applies(mechanism, c.workflow, c.policy)]
+        fit = [c for c in own if c.seed in plan.fit_seeds]
+        held = [c for c in own if c.seed in plan.held_out_seeds]
+        searched = [(t, score(fit, mechanism, t)) for t in candidates(mechanism, plan.search) or [THRESHOLDS]]
+        chosen, fit_score = choose(searched)
+        out.append(Calibration(mechanism, chosen, fit_score, score(held, mechanism, chosen),
+                               score(held, mechanism, THRESHOLDS), searched))
+    return out
+
+
+def _thresholds_text(mechanism: str, thresholds: Thresholds) -> str:
+    return ", ".join(f"{name}={getattr(thresholds, name)}" for name in MECHANISM_FIELDS[mechanism])
+
+
+def _counts(s: Score) -> tuple[str, str]:
+    recall = f"{s.warned}/{s.cliffs}" + (f" ({number(100 * s.recall, 0)}%)" if s.recall is not None else "")
+    false = f"{s.false}/{s.calm}" + (f" ({number(100 * s.false_rate, 0)}%)" if s.false_rate is not None else "")
+    return recall, false
+
+
+def calibration_table(results: Sequence[Calibration], plan: EarlyWarningPlan) -> Table:
+    columns = ["mechanism", "thresholds", "fit_cliffs", "fit_warned", "fit_calm", "fit_false", "held_cliffs",
+               "held_warned", "held_calm", "held_false", "default_held_warned", "default_held_false"]
+    rows, shown = [], []
+    for r in results:
+        rows.append([r.mechanism, _thresholds_text(r.mechanism, r.chosen),
+                     *(str(v) for v in (r.fit.cliffs, r.fit.warned, r.fit.calm, r.fit.false, r.held_out.cliffs,
+                                        r.held_out.warned, r.held_out.calm, r.held_out.false,
+                                        r.held_out_default.warned, r.held_out_default.false))])
+        shown.append([r.mechanism, _thresholds_text(r.mechanism, r.chosen), *_counts(r.fit), *_counts(r.held_out),
+                      *_counts(r.held_out_default)])
+    seeds = ", ".join(str(s) for s in plan.held_out_seeds)
+    return Table(
+        name="early_warning_calibration", title="Early warning — thresholds chosen on the fit seeds, held-out seed reported",
+        caption=(f"Chosen on seeds {', '.join(str(s) for s in plan.fit_seeds)} (the highest recall with false alarms "
+                 f"under {FALSE_ALARM_CAP:.0%}), reported on seed{'s' if len(plan.held_out_seeds) > 1 else ''} {seeds}. "
+                 f"Recall: cliff cells ({CLIFF_PP:.0f}+ points) warned {LEAD_VALIDATIONS}+ validations ahead. False "
+                 "alarms: cells without such a cliff where the alert fired. The last two columns: the held-out "
+                 "cells under the default thresholds."),
+        columns=columns,
+        headers=["Mechanism", "Thresholds", "Fit recall", "Fit false alarms", "Held-out recall",
+                 "Held-out false alarms", "Held-out recall (defaults)", "Held-out false alarms (defaults)"],
+        rows=rows, shown=shown, left=2,
+    )
+
+
+def search_table(results: Sequence[Calibration]) -> Table:
+    rows = []
+    for r in results:
+        for thresholds, s in r.searched:
+            rows.append([r.mechanism, _thresholds_text(r.mechanism, thresholds), str(s.cliffs), str(s.warned),
+                         str(s.calm), str(s.false), number(s.recall, 3), number(s.false_rate, 3),
+                         "yes" if thresholds == r.chosen else ""])
+    return Table(
+        name="early_warning_search", title="Early warning — every candidate's score on the fit seeds",
+        caption="Each combination of the sweep file's early_warning.search values, replayed on the fit seeds' cells.",
+        columns=["mechanism", "thresholds", "cliffs", "warned", "calm", "false", "recall", "false_rate", "chosen"],
+        headers=["Mechanism", "Thresholds", "Cliffs", "Warned", "Calm", "False", "Recall", "False-alarm rate", "Chosen"],
+        rows=rows, left=2,
+    )
+
+
+def shown_table(curves: Sequence[CellCurve], results: Sequence[Calibration]) -> Table:
+    """Per workflow x policy x variant: seeds with a cliff, seeds whose mechanism alert fired."""
+    chosen = {r.mechanism: r.chosen for r in results}
+    groups: dict[tuple[str, str, str], list[CellCurve]] = {}
+    for curve in curves:
+        key = (curve.workflow, curve.policy or "", curve.variant or "")
+        groups.setdefault(key, []).append(curve)
+    rows = []
+    for (workflow, policy, variant), members in groups.items():
+        mechanism = next((m for m in MECHANISMS if applies(m, workflow, policy or None)), None)
+        drops = [c.drop_pp for m in members if (c := cliff_from_peak(m.val_acc)) is not None]
+        cliffs = sum(d >= CLIFF_PP for d in drops)
+        fired = (sum(m.first_firing(mechanism, chosen[mechanism]) is not None for m in members)
+                 if mechanism is not None else None)
+        rows.append([workflow, policy, variant, mechanism or "", str(len(members)), str(cliffs),
+                     "" if fired is None else str(fired), number(sum(drops) / len(drops) if drops else None, 1)])
+    return Table(
+        name="mechanism_shown", title="Does the injected mechanism show? Seeds with a cliff or the alert",
+        caption=(f"Per workflow, policy and variant: seeds (done cells), seeds with a cliff of {CLIFF_PP:.0f}+ points "
+                 "below the running peak, seeds where the mechanism's alert fired (the calibrated thresholds), and "
+                 "the mean cliff in points."),
+        columns=["workflow", "policy", "variant", "mechanism", "seeds", "cliffs", "alerted", "mean_cliff_pp"],
+        headers=["Workflow", "Policy", "Variant", "Mechanism", "Seeds", "Cliffs", "Alerted", "Mean cliff (pp)"],
+        rows=rows, left=4,
+    )
+
+
+def calibration_tables(sweep: SweepDir, cells: pd.DataFrame) -> list[Table]:
+    """The three tables, when sweep.json records an early_warning plan (none otherwise)."""
+    recorded = sweep.read().get("early_warning") if sweep.exists() else None
+    if recorded is None or cells.empty:
+        return []
+    plan = EarlyWarningPlan.parse(recorded, str(sweep.sweep_json))
+    curves = read_curves(sweep, cells)
+    results = calibrate(curves, plan)
+    return [calibration_table(results, plan), search_table(results), shown_table(curves, results)]
