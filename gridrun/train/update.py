@@ -282,6 +282,11 @@ def update(
     return metrics
 
 
+def _kl_roles(spec: GRPOSpec) -> set[str]:
+    """The roles whose loss has a KL-to-base term (they need the base model's log-probs)."""
+    return {role for role, beta in spec.kl_beta.items() if beta > 0}
+
+
 def _fill_old_logprobs(
     model: Any, plan: dict[str, list[list[TrainSeq]]], settings: UpdateSettings, dist: Dist
 ) -> None:
@@ -291,7 +296,6 @@ def _fill_old_logprobs(
     log-probs are the update's own forward, detached (verl's on-policy case): no separate
     pass. Not with several epochs (the next epoch needs them again) nor with rollout ones."""
     gcfg = settings.grpo
-    kl_roles = {r for r, beta in gcfg.kl_beta.items() if beta > 0}
     trained = {id(s): s for cuts in plan.values() for batch in cuts for s in dist.stride(batch)}
     on_policy = (
         {id(s) for cuts in plan.values() for first in cuts[:1] for s in first}
@@ -305,7 +309,7 @@ def _fill_old_logprobs(
     fill_reference_logprobs(
         model,
         [rows for batch in first_epoch if (rows := [s for s in batch if id(s) not in on_policy])],
-        [s for s in trained.values() if s.role in kl_roles],
+        [s for s in trained.values() if s.role in _kl_roles(gcfg)],
         settings,
     )
 
@@ -383,7 +387,7 @@ def _adapter_metrics(adapter: str, done: _AdapterSteps, lr: float, roles: Iterab
 def _role_metrics(stats: dict[str, _RoleStats], gcfg: GRPOSpec, with_coherence: bool) -> dict[str, float]:
     """`role/<name>/...` of every role the step trained (counts summed over ranks already),
     then the divergences over all roles under `train/`."""
-    kl_roles = {r for r, beta in gcfg.kl_beta.items() if beta > 0}
+    kl_roles = _kl_roles(gcfg)
     total_tokens = sum(s.tokens for s in stats.values()) or 1
     total_mass = sum(sum(s.grad_norms) for s in stats.values()) or 1.0
     metrics: dict[str, float] = {}
