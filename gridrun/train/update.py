@@ -320,7 +320,7 @@ class _AdapterSteps:
 
     steps: int = 0
     skipped: int = 0
-    # The clipped global gradient norm of each step taken.
+    # The global gradient norm (before clipping) of each step taken.
     grad_norms: list[float] = field(default_factory=list)
 
 
