@@ -13,7 +13,9 @@ Semantics (the paper's stack, reproduced rather than smoothed; `preset=` picks t
 - A short last mini-batch is scaled by rows / mini-batch size (released, as verl) or
   weighed fully (as_written).
 - Micro-batches are bounded by a token budget, hold one role each, and accumulate with
-  weights that make the sum exactly the mini-batch's aggregated loss.
+  weights that make the sum exactly the mini-batch's aggregated loss. The per-token policy
+  loss is the registered one `UpdateSettings.policy_loss` names (gridrun/train/losses.py;
+  "vanilla", the paper's, by default); the KL term, the weights and the diagnostics are here.
 - Because micro-batches are role-pure and ordered by role, the gradient each role adds to
   a mini-batch is read off at role boundaries: that is the per-role gradient norm and
   gradient-mass share, measured, not estimated from token counts.
@@ -49,7 +51,7 @@ import logging
 import math
 import random
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +61,7 @@ from gridrun.runconfig import GRPOSpec, RunConfig
 from gridrun.train import grpo, logprobs
 from gridrun.train.coherence import Coherence
 from gridrun.train.distributed import Dist
+from gridrun.train.losses import DEFAULT_POLICY_LOSS, policy_loss
 from gridrun.train.padding import pad_rows
 from gridrun.train.policy import Routing, activate, adapter_parameters
 
@@ -84,6 +87,11 @@ class UpdateSettings:
     # role_steps; an IP adapter is named after its role).
     role_weight: dict[str, float] = field(default_factory=dict)
     adapter_steps: dict[str, int] = field(default_factory=dict)
+    # The registered policy loss (gridrun/train/losses.py) every micro-batch is trained with.
+    policy_loss: str = DEFAULT_POLICY_LOSS
+
+    def __post_init__(self) -> None:
+        policy_loss(self.policy_loss)  # an unknown name fails here, before any forward
 
     @classmethod
     def of(cls, config: RunConfig, pad_id: int) -> UpdateSettings:
@@ -249,17 +257,46 @@ def update(
     the same mini-batches, computes the old (and reference) log-probs of the strides it
     trains, and every rank returns the same metrics."""
     dist = dist or Dist()
-    gcfg = settings.grpo
-    kl_roles = {r for r, beta in gcfg.kl_beta.items() if beta > 0}
     seqs, _ = dist.gather([s for s in seqs if s.completion_ids])
-    size = settings.minibatch_size
     weight = settings.role_weight
     adapters = tuple(a for a in routing.trainable if any(weight.get(r, 1.0) for r in routing.roles_of(a)))
-    plan = minibatch_plan(seqs, adapters, gcfg, size, dist.world, rng, settings.adapter_steps)
+    plan = minibatch_plan(
+        seqs, adapters, settings.grpo, settings.minibatch_size, dist.world, rng, settings.adapter_steps
+    )
+    _fill_old_logprobs(model, plan, settings, dist)
+    stats: dict[str, _RoleStats] = defaultdict(_RoleStats)
+    metrics: dict[str, float] = {}
+    skipped_total = 0
+    for adapter, cuts in plan.items():
+        done = _optimizer_steps(model, adapter, cuts, optimizers[adapter], lrs[adapter], settings, stats, dist,
+                                coherence)
+        skipped_total += done.skipped
+        metrics.update(_adapter_metrics(adapter, done, lrs[adapter], routing.roles_of(adapter)))
+    metrics["train/skipped_nonfinite"] = skipped_total
+    if dist.world > 1:
+        _sum_stats(stats, sorted({s.role for s in seqs}), dist)
+        if log.isEnabledFor(logging.DEBUG):
+            weights = [p for name in routing.trainable for p in adapter_parameters(model, name).values()]
+            log.debug("rank %d/%d: adapters after the update %s", dist.rank, dist.world, dist.digest(weights))
+    metrics.update(_role_metrics(stats, settings.grpo, coherence is not None))
+    return metrics
+
+
+def _kl_roles(spec: GRPOSpec) -> set[str]:
+    """The roles whose loss has a KL-to-base term (they need the base model's log-probs)."""
+    return {role for role, beta in spec.kl_beta.items() if beta > 0}
+
+
+def _fill_old_logprobs(
+    model: Any, plan: dict[str, list[list[TrainSeq]]], settings: UpdateSettings, dist: Dist
+) -> None:
+    """The old (and reference) log-probs of the rows this rank trains, before any weight moves.
+
+    An adapter's first mini-batch is trained on the weights that rolled it out, so its old
+    log-probs are the update's own forward, detached (verl's on-policy case): no separate
+    pass. Not with several epochs (the next epoch needs them again) nor with rollout ones."""
+    gcfg = settings.grpo
     trained = {id(s): s for cuts in plan.values() for batch in cuts for s in dist.stride(batch)}
-    # An adapter's first mini-batch is trained on the weights that rolled it out, so its old
-    # log-probs are the update's own forward, detached (verl's on-policy case): no separate
-    # pass. Not with several epochs (the next epoch needs them again) nor with rollout ones.
     on_policy = (
         {id(s) for cuts in plan.values() for first in cuts[:1] for s in first}
         if gcfg.ppo_epochs == 1 and gcfg.old_logprobs == "recompute"
@@ -272,58 +309,88 @@ def update(
     fill_reference_logprobs(
         model,
         [rows for batch in first_epoch if (rows := [s for s in batch if id(s) not in on_policy])],
-        [s for s in trained.values() if s.role in kl_roles],
+        [s for s in trained.values() if s.role in _kl_roles(gcfg)],
         settings,
     )
-    stats: dict[str, _RoleStats] = defaultdict(_RoleStats)
-    metrics: dict[str, float] = {}
-    skipped_total = 0
-    for adapter, cuts in plan.items():
-        activate(model, adapter)
-        params = adapter_parameters(model, adapter)
-        optimizer = optimizers[adapter]
-        for group in optimizer.param_groups:
-            group["lr"] = lrs[adapter]
-        steps, skipped, grad_norms = 0, 0, []
-        for batch in cuts:
-            scaled = gcfg.partial_minibatch == "scaled" and adapter not in settings.adapter_steps
-            scale = grpo.partial_scale(len(batch), size) if scaled else 1.0
-            measured = {role: len(stats[role].grad_norms) for role in {s.role for s in batch}}
-            loss = _minibatch(model, batch, params, settings, stats, dist, scale, coherence)
-            if dist.world > 1:
-                local = _norm([p.grad for p in params.values() if p.grad is not None])
-                log.info("rank %d/%d adapter %s: local grad norm %.6g", dist.rank, dist.world, adapter, local)
-            dist.all_reduce_grads(params.values())
-            norm = float(torch.nn.utils.clip_grad_norm_(list(params.values()), settings.grad_clip))
-            (loss,) = dist.all_reduce_sum([loss])
-            if not (math.isfinite(norm) and math.isfinite(loss)):
-                # One non-finite step would turn every AdamW moment into NaN: skip it.
-                log.warning("adapter %s: non-finite loss %s / grad norm %s, optimizer step skipped",
-                            adapter, loss, norm)
-                optimizer.zero_grad(set_to_none=True)
-                for role, count in measured.items():
-                    del stats[role].grad_norms[count:]
-                skipped += 1
-                continue
-            grad_norms.append(norm)
-            optimizer.step()
+
+
+@dataclass
+class _AdapterSteps:
+    """What one adapter's optimizer loop did in a training step."""
+
+    steps: int = 0
+    skipped: int = 0
+    # The global gradient norm (before clipping) of each step taken.
+    grad_norms: list[float] = field(default_factory=list)
+
+
+def _optimizer_steps(
+    model: Any,
+    adapter: str,
+    cuts: list[list[TrainSeq]],
+    optimizer: torch.optim.Optimizer,
+    lr: float,
+    settings: UpdateSettings,
+    stats: dict[str, _RoleStats],
+    dist: Dist,
+    coherence: Coherence | None,
+) -> _AdapterSteps:
+    """One optimizer step of `adapter` per mini-batch of `cuts`, at `lr`: accumulate the
+    mini-batch's gradient (summed over ranks), clip it, step. A mini-batch whose loss or
+    gradient norm is not finite is skipped: one non-finite step would turn every AdamW moment
+    into NaN. Its per-role gradient norms are dropped from `stats` with it."""
+    activate(model, adapter)
+    params = adapter_parameters(model, adapter)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    done = _AdapterSteps()
+    for batch in cuts:
+        scaled = settings.grpo.partial_minibatch == "scaled" and adapter not in settings.adapter_steps
+        scale = grpo.partial_scale(len(batch), settings.minibatch_size) if scaled else 1.0
+        measured = {role: len(stats[role].grad_norms) for role in {s.role for s in batch}}
+        loss = _minibatch(model, batch, params, settings, stats, dist, scale, coherence)
+        if dist.world > 1:
+            local = _norm([p.grad for p in params.values() if p.grad is not None])
+            log.info("rank %d/%d adapter %s: local grad norm %.6g", dist.rank, dist.world, adapter, local)
+        dist.all_reduce_grads(params.values())
+        norm = float(torch.nn.utils.clip_grad_norm_(list(params.values()), settings.grad_clip))
+        (loss,) = dist.all_reduce_sum([loss])
+        if not (math.isfinite(norm) and math.isfinite(loss)):
+            log.warning("adapter %s: non-finite loss %s / grad norm %s, optimizer step skipped",
+                        adapter, loss, norm)
             optimizer.zero_grad(set_to_none=True)
-            steps += 1
-        skipped_total += skipped
-        metrics[f"adapter/{adapter}/opt_steps"] = steps
-        metrics[f"adapter/{adapter}/skipped_nonfinite"] = skipped
-        metrics[f"adapter/{adapter}/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else 0.0
-        metrics[f"adapter/{adapter}/lr"] = lrs[adapter]
-        for role in routing.roles_of(adapter):
-            metrics[f"role/{role}/opt_steps"] = steps
-    metrics["train/skipped_nonfinite"] = skipped_total
-    if dist.world > 1:
-        _sum_stats(stats, sorted({s.role for s in seqs}), dist)
-        if log.isEnabledFor(logging.DEBUG):
-            weights = [p for name in routing.trainable for p in adapter_parameters(model, name).values()]
-            log.debug("rank %d/%d: adapters after the update %s", dist.rank, dist.world, dist.digest(weights))
+            for role, count in measured.items():
+                del stats[role].grad_norms[count:]
+            done.skipped += 1
+            continue
+        done.grad_norms.append(norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        done.steps += 1
+    return done
+
+
+def _adapter_metrics(adapter: str, done: _AdapterSteps, lr: float, roles: Iterable[str]) -> dict[str, float]:
+    """`adapter/<name>/...` of one adapter's loop, and its optimizer steps under each role it serves."""
+    prefix = f"adapter/{adapter}/"
+    metrics: dict[str, float] = {
+        prefix + "opt_steps": done.steps,
+        prefix + "skipped_nonfinite": done.skipped,
+        prefix + "grad_norm": sum(done.grad_norms) / len(done.grad_norms) if done.grad_norms else 0.0,
+        prefix + "lr": lr,
+    }
+    for role in roles:
+        metrics[f"role/{role}/opt_steps"] = done.steps
+    return metrics
+
+
+def _role_metrics(stats: dict[str, _RoleStats], gcfg: GRPOSpec, with_coherence: bool) -> dict[str, float]:
+    """`role/<name>/...` of every role the step trained (counts summed over ranks already),
+    then the divergences over all roles under `train/`."""
+    kl_roles = _kl_roles(gcfg)
     total_tokens = sum(s.tokens for s in stats.values()) or 1
     total_mass = sum(sum(s.grad_norms) for s in stats.values()) or 1.0
+    metrics: dict[str, float] = {}
     for role, s in stats.items():
         n = max(s.tokens, 1)
         prefix = f"role/{role}/"
@@ -342,7 +409,7 @@ def update(
                 prefix + "rollout_logp_absdiff": s.absdiff_sum / n,
             }
         )
-        if coherence is not None and s.coherence_scales:
+        if with_coherence and s.coherence_scales:
             metrics[prefix + "coherence_scale"] = sum(s.coherence_scales) / len(s.coherence_scales)
         if role in kl_roles:
             metrics[prefix + "kl"] = s.kl_sum / n
@@ -488,9 +555,7 @@ def _accumulate(
     old = torch.where(on_policy.unsqueeze(1), logp.detach(), old)
     rollout = _aligned([s.rollout_logp for s in chunk], t_max).to(device)
     adv = torch.tensor([s.advantage for s in chunk], device=device).unsqueeze(1).expand_as(logp)
-    token_loss, clipped = grpo.clipped_policy_loss(
-        logp, old, adv, gcfg.clip_low, gcfg.clip_high, gcfg.clip_ratio_c, gcfg.log_ratio_clamp
-    )
+    token_loss, clipped = policy_loss(settings.policy_loss)(logp, old, adv, mask, gcfg)
     beta = gcfg.kl_beta.get(role, 0.0)
     kl = None
     if beta > 0:
