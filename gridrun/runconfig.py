@@ -176,6 +176,11 @@ class GRPOSpec:
     minibatch_order: Literal["balanced", "shuffled"] = "balanced"
     # A short last mini-batch: "scaled" by rows / mini-batch size (verl), or weighed "full".
     partial_minibatch: Literal["scaled", "full"] = "scaled"
+    # The per-token policy loss, by its registered name (gridrun/train/losses.py): "vanilla"
+    # (PPO's clipped surrogate with clip-higher and dual-clip, the paper's), or
+    # "<module>:<name>" for one a module registers when imported (checked at train start:
+    # the grid never imports torch).
+    policy_loss: str = "vanilla"
     # Loss aggregation: mean over each sequence's tokens, then over sequences.
     loss_agg: Literal["seq-mean-token-mean", "token-mean"] = "seq-mean-token-mean"
     # Passes over a step's rollouts.

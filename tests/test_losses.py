@@ -12,13 +12,13 @@ import torch
 
 from gridrun.cellrun import model_files
 from gridrun.registry import ConfigError
-from gridrun.runconfig import GRPOSpec, load_config
+from gridrun.runconfig import GRPOSpec, config_from_dict, load_config
 from gridrun.rundir import RunDir
 from gridrun.train import losses
 from gridrun.train.losses import register_policy_loss
 from gridrun.train.trainer import Trainer
 from gridrun.train.update import TrainSeq, UpdateSettings, update
-from tests.conftest import make_cell
+from tests.conftest import TOY_CELL, make_cell, merge
 
 # Every call of the custom loss: (role-free) sums of its inputs, to check what the update hands it.
 CALLS: list[dict[str, float]] = []
@@ -96,3 +96,19 @@ def test_the_update_trains_with_the_registered_loss_it_names(tmp_path: Path) -> 
     for adapter in ("generator", "aggregator"):
         key = f"adapter/{adapter}/grad_norm"
         assert custom[key] == pytest.approx(2 * vanilla[key], rel=1e-6) and vanilla[key] > 0
+
+
+def test_a_run_config_names_its_loss_and_a_module_loss_is_imported() -> None:
+    # "<module>:<name>": importing the module registers the loss (this test module registers
+    # test_doubled_ratio at import, as a researcher's module would).
+    assert losses.policy_loss("tests.test_losses:test_doubled_ratio") is doubled_ratio
+    with pytest.raises(ConfigError, match="module 'mylab.nowhere' does not import"):
+        losses.policy_loss("mylab.nowhere:unclipped")
+    with pytest.raises(ConfigError, match="unknown policy loss 'nope'"):
+        losses.policy_loss("tests.test_losses:nope")
+    # The run config's grpo.policy_loss reaches the update's settings, checked when they are built.
+    config = config_from_dict(merge(TOY_CELL, {"workflow": {"name": "voting"},
+                                                "grpo": {"policy_loss": "tests.test_losses:test_doubled_ratio"}}))
+    assert UpdateSettings.of(config, 0).policy_loss == "tests.test_losses:test_doubled_ratio"
+    with pytest.raises(ConfigError, match="unknown policy loss 'vanila'"):
+        UpdateSettings.of(dataclasses.replace(config, grpo=dataclasses.replace(config.grpo, policy_loss="vanila")), 0)

@@ -1,7 +1,7 @@
 """Policy losses by name: the per-token loss the update aggregates and backpropagates.
 
 A loss is a function registered with `@register_policy_loss("name")` (as verl's policy
-losses are) and chosen by `UpdateSettings.policy_loss`; "vanilla" (verl's name for PPO's
+losses are) and chosen by the run's `grpo.policy_loss` (`UpdateSettings.policy_loss`); "vanilla" (verl's name for PPO's
 clipped surrogate with dual-clip) is the paper's and the default.
 
 What a loss does: map one role-pure micro-batch's log-probs, old log-probs and advantages
@@ -17,6 +17,7 @@ What it leaves out, kept by the update so every loss gets them the same way:
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import TypeAlias
 
@@ -48,7 +49,16 @@ def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
 
 
 def policy_loss(name: str) -> PolicyLoss:
-    """The loss registered as `name`; a ConfigError naming the registered ones if none is."""
+    """The loss registered as `name` ("<module>:<name>": after importing the module, which
+    registers it); a ConfigError naming the registered ones if none is."""
+    module, _, short = name.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ConfigError(f"grpo.policy_loss='{name}': module '{module}' does not import ({err}); "
+                              "make it importable (on PYTHONPATH or installed)") from None
+        name = short
     if name not in _POLICY_LOSSES:
         raise ConfigError(
             f"unknown policy loss '{name}': registered are {', '.join(sorted(_POLICY_LOSSES))} "

@@ -104,6 +104,7 @@ class UpdateSettings:
             pad_id=pad_id,
             role_weight=config.role_weights(),
             adapter_steps=config.role_steps(),
+            policy_loss=config.grpo.policy_loss,
         )
 
 
