@@ -1,4 +1,4 @@
-"""Advantage rows of a training step (trainer.turn_advantages) under both presets, on
+"""Advantage rows of a training step (gridrun/train/advantages.py: turn_advantages) under both presets, on
 hand-built episodes: the released code's turn-level groups vs the text's episode groups."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from gridrun.registry import workflow as get_workflow
 from gridrun.runconfig import GRPOSpec
 from gridrun.tasks.base import Problem, Score
+from gridrun.train.advantages import shuffle_rewards, turn_advantages
 from gridrun.train.episode import Episode, Turn
-from gridrun.train.trainer import shuffle_rewards, turn_advantages
 
 RELEASED = GRPOSpec(group_key="problem_trajectory", adv_eps=0.0)
 AS_WRITTEN = GRPOSpec(group_key="problem", adv_eps=0.0)
