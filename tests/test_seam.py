@@ -1,5 +1,6 @@
 """The seam between the halves: only run directories cross it, and the torch-free modules
-beside `rundir.py` that own it (the run schema, the cell state, the mechanism alerts)."""
+beside `rundir.py` that own it (the run schema, the cell state, what an accuracy and a peak
+are, the mechanism alerts)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,9 @@ def test_grid_takes_the_run_schema_from_the_seam_module_only() -> None:
 
 
 def test_seam_modules_import_only_the_standard_library() -> None:
-    seam = ["gridrun.runconfig", "gridrun.registry", "gridrun.rundir", "gridrun.cellstate", "gridrun.mechanisms"]
+    seam = [
+        "gridrun.runconfig", "gridrun.registry", "gridrun.rundir", "gridrun.accuracy", "gridrun.cellstate", "gridrun.mechanisms",
+    ]
     loaded = imported_after(seam)
     assert {m for m in loaded if m.startswith("gridrun.")} == set(seam)
     assert not {m for m in loaded if m.split(".")[0] in ("torch", "hydra", "omegaconf", "yaml", "numpy")}

@@ -31,10 +31,11 @@ from typing import Any
 import torch
 
 from gridrun import cellstate
+from gridrun.accuracy import first_peak, val_accuracy
 from gridrun.adapters import AdapterSourceError
 from gridrun.mechanisms import RESPONSE_CAP, MechanismWatch, alert_flags
 from gridrun.runconfig import ModelSpec, RunConfig, load_config
-from gridrun.rundir import RUN_DISK_FIXES, RunDir, atomic_write_text, disk_error, first_peak, val_accuracy
+from gridrun.rundir import RUN_DISK_FIXES, RunDir, atomic_write_text, disk_error
 from gridrun.tasks import make_task
 from gridrun.tasks.base import Problem
 from gridrun.tasks.sandbox import SandboxUnavailable
