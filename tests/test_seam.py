@@ -79,7 +79,7 @@ def test_tasks_import_neither_half() -> None:
 def test_the_registries_built_ins_import_neither_half_nor_torch() -> None:
     # The grid checks a workflow, task or engine node at plan time from its registry entry:
     # loading every built-in one must not pull in the trainer (or torch) with it.
-    loaded = imported_after(["gridrun.registry", "gridrun.engines", *modules("gridrun.workflows")])
+    loaded = imported_after(["gridrun.registry", "gridrun.engine_params", *modules("gridrun.workflows")])
     assert not {m for m in loaded if m.startswith(("gridrun.grid", "gridrun.train")) or m.split(".")[0] == "torch"}
 
 

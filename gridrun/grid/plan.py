@@ -39,7 +39,7 @@ import yaml
 
 from gridrun import cellstate, registry
 from gridrun.cellstate import ACTIVE_STATES
-from gridrun.engines import HFParams, VLLMParams
+from gridrun.engine_params import HFParams, VLLMParams
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.cells import TOY_SCALE, Cell, expand
 from gridrun.grid.compose import Composer

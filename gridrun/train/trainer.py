@@ -354,7 +354,7 @@ def _raise_cancelled(signum: int, frame: Any) -> None:
     raise Cancelled(signal.Signals(signum).name)
 
 
-def run_cell(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int:
+def run_under_lock(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int:
     """One cell's run under its lock and state: returns the process exit code. `resolve_model`
     gives the base model's files (it may build the toy world for minutes: the cell is running
     by then, and a failure is recorded)."""

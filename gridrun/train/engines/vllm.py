@@ -59,7 +59,7 @@ from safetensors.torch import load_file, save_file
 from vllm.inputs import TokensPrompt
 from vllm.lora.request import LoRARequest
 
-from gridrun.engines import VLLMParams
+from gridrun.engine_params import VLLMParams
 from gridrun.runconfig import RunConfig
 from gridrun.train.engines.hf import stop_token_ids
 from gridrun.train.rollout import Completion, GenRequest, RolloutEngine, SamplingParams
