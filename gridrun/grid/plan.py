@@ -46,7 +46,7 @@ from gridrun.grid.compose import Composer
 from gridrun.grid.console import track
 from gridrun.grid.errors import GridError
 from gridrun.grid.gridconfig import GpuSpec, GridRoot, GridSpec, as_dict, grid_root
-from gridrun.grid.launchers.dispatch import live_state, observe
+from gridrun.grid.observe import live_state, observe
 from gridrun.grid.spec import SweepSpec
 from gridrun.grid.sweepdir import SweepDamaged, SweepDir, sibling_cell
 from gridrun.runconfig import ConfigError, RunConfig, config_from_dict, dump_config, load_config
