@@ -10,7 +10,7 @@ reads the run dirs once and calls these):
                       time, and its figure
     curves.py         learning curves and per-role gradient shares per (task, scale) (PNG)
     paper_figures.py  Figures 2-6 (PNG), and one cell's Figure 6 for `gridrun plot`
-    plotting.py       what every figure draws with: palette, policy labels, thin seed lines,
+    plotting.py       what every figure draws with: palette, thin seed lines,
                       legends, PNG bytes, rendering in forked workers
     report.py         report.md and the self-contained report.html
 

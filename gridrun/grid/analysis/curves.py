@@ -26,7 +26,6 @@ import pandas as pd
 
 from gridrun.grid.analysis.plotting import (
     OKABE_ITO,
-    POLICY_LABELS,
     SERIES_COLORS,
     Job,
     Series,
@@ -36,10 +35,10 @@ from gridrun.grid.analysis.plotting import (
     to_png,
 )
 from gridrun.grid.analysis.summary import MetricColumns
+from gridrun.grid.analysis.tables import POLICY_LABELS, ordered_workflows
 from gridrun.grid.sweepdir import SweepDir
 
-# The paper's order; a workflow it does not name comes after, alphabetically.
-WORKFLOW_ORDER = ("eval_opt", "voting", "orch_workers")
+# The paper's order; a policy it does not name comes after, alphabetically.
 POLICY_ORDER = ("isolated", "shared")
 # States whose curves will not grow any more (preempted cells resume, so they still count).
 STOPPED = ("failed", "cancelled")
@@ -96,8 +95,7 @@ Grid = list[list[Panel | None]]  # rows of panels; None leaves a position empty
 
 # --- what to draw ------------------------------------------------------------------------------
 def _workflows(block: list[dict[str, Any]]) -> list[str]:
-    present = {r["workflow"] for r in block if r["kind"] in ("train", "base") and r["workflow"] != "single"}
-    return [w for w in WORKFLOW_ORDER if w in present] + sorted(present - set(WORKFLOW_ORDER))
+    return ordered_workflows(r["workflow"] for r in block if r["kind"] in ("train", "base") and r["workflow"] != "single")
 
 
 def _policies(train: list[dict[str, Any]]) -> list[str]:

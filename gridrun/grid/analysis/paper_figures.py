@@ -34,7 +34,6 @@ import pandas as pd
 
 from gridrun.grid.analysis.plotting import (
     OKABE_ITO,
-    POLICY_LABELS,
     SERIES_COLORS,
     Job,
     legend,
@@ -45,7 +44,7 @@ from gridrun.grid.analysis.plotting import (
 )
 from gridrun.grid.analysis.stats import mean_ci95, t95
 from gridrun.grid.analysis.summary import MetricColumns
-from gridrun.grid.analysis.tables import ordered_workflows
+from gridrun.grid.analysis.tables import POLICY_LABELS, ordered_workflows
 from gridrun.grid.errors import GridError
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.rundir import RunDir

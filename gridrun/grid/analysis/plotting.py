@@ -1,4 +1,4 @@
-"""What every figure of `gridrun collect` draws with: the palette and policy labels, matplotlib
+"""What every figure of `gridrun collect` draws with: the palette, matplotlib
 figures on the Agg canvas, seeds as thin lines, legends, PNG bytes, and the rendering of a
 sweep's figures (in forked workers for large sweeps) into files.
 
@@ -23,8 +23,6 @@ from gridrun.rundir import atomic_write_bytes
 # SA-RL look the same in every panel and figure.
 OKABE_ITO = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
 SERIES_COLORS = {"IP": OKABE_ITO[0], "SP": OKABE_ITO[1], "SA-RL": OKABE_ITO[2]}
-# The paper's short names of the policies, as every figure labels them.
-POLICY_LABELS = {"isolated": "IP", "shared": "SP"}
 
 Series = dict[int, float]  # step -> value
 THIN_POINTS = 150  # points per seed's thin line

@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gridrun.grid.analysis.plotting import OKABE_ITO, POLICY_LABELS, legend, new_figure, to_png
+from gridrun.grid.analysis.plotting import OKABE_ITO, legend, new_figure, to_png
 from gridrun.grid.analysis.summary import MetricColumns
-from gridrun.grid.analysis.tables import Table, number
+from gridrun.grid.analysis.tables import POLICY_LABELS, Table, number
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.mechanisms import ALERTS
 
