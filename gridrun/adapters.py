@@ -23,7 +23,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from gridrun.rundir import ROLES_FILE, RunDir, adapter_dir, first_peak, val_accuracy
+from gridrun.accuracy import first_peak, val_accuracy
+from gridrun.rundir import ROLES_FILE, RunDir, adapter_dir
 
 STEP_CHOICES = "peak, last or a step number"
 PEFT_CONFIG = "adapter_config.json"

@@ -30,6 +30,6 @@ def model_files(spec: ModelSpec) -> str:
 
 def run_cell(path: Path) -> int:
     """Run the cell in `path` to its end; the process exit code."""
-    from gridrun.train.trainer import run_cell as run_under_lock
+    from gridrun.train.trainer import run_under_lock
 
     return run_under_lock(path, model_files)

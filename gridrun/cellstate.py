@@ -15,7 +15,8 @@ JSON object whose `state` is a `CellState` value, other fields as the writers se
 Three states are never written: `damaged` (a file of the cell cannot be read) and
 `missing` (its folder, or the folder's config.yaml, is gone: deleted by hand, even while it
 ran), both derived by `RunDir.read_state`, and `blocked` (a queued cell whose need can no
-longer finish; derived by gridrun/grid/launchers/dispatch.py). Left out: which process may write (the run's lock and the
+longer finish). All three, with a lost job's `failed`, are a cell's observed state:
+gridrun/grid/observe.py. Left out: which process may write (the run's lock and the
 sweep's lock decide that) and reading (RunDir.read_state, tolerant of damage).
 Standard library only: both halves import it.
 """

@@ -124,7 +124,7 @@ def _cmd_toy(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from gridrun.grid.analysis.figures import plot_cell
+    from gridrun.grid.analysis.paper_figures import plot_cell
     from gridrun.grid.errors import GridError
     from gridrun.grid.show import find_cell
     from gridrun.grid.sweepdir import results_root

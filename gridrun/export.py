@@ -22,9 +22,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from gridrun.accuracy import first_peak, val_accuracy
 from gridrun.adapters import AdapterSourceError, Checkpoint, find_checkpoint
 from gridrun.runconfig import ConfigError, RunConfig, load_config
-from gridrun.rundir import ROLES_FILE, DamagedFile, RunDir, first_peak, val_accuracy
+from gridrun.rundir import ROLES_FILE, DamagedFile, RunDir
 
 
 class ExportError(ValueError):

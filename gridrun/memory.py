@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from gridrun.arch import lora_parameter_count, parameter_count, published
-from gridrun.engines import HFParams, VLLMParams
+from gridrun.engine_params import HFParams, VLLMParams
 from gridrun.runconfig import RunConfig
 
 GIB = 2**30

@@ -3,7 +3,7 @@ node takes (a params dataclass) and where its code lives, declared in the option
 
 The built-in options register themselves when their module is imported: every module in
 `gridrun/workflows/`, the tasks of BUILTIN_MODULES (gridrun/tasks/ also holds modules that are
-no task) and the engines of `gridrun/engines.py`. They are imported on the first lookup, not
+no task) and the engines of `gridrun/engine_params.py`. They are imported on the first lookup, not
 with this module, so the seam stays cheap to import. An option from a user's module is found the same way in every process
 (the grid at plan time, `gridrun run` in the cell's subprocess): its config node names that
 module in `plugin:` (a dotted module name importable there, or an absolute path to a .py
@@ -37,7 +37,7 @@ BUILTIN_MODULES = (
     "gridrun.tasks.arith",
     "gridrun.tasks.math",
     "gridrun.tasks.code",
-    "gridrun.engines",
+    "gridrun.engine_params",
 )
 
 

@@ -1,7 +1,8 @@
 """The run directory: the seam between the grid and the trainer.
 
 `RunDir` is the one owner of every path inside a cell's directory; no other code formats
-those paths. Both halves import it, so it imports only the standard library.
+those paths. Both halves import it, so it imports only the standard library (and the seam
+modules beside it).
 
     cells/<cell_id>/
       config.yaml  cell.json  state.json  metrics.jsonl  .run.lock
@@ -18,7 +19,8 @@ A folder without config.yaml (deleted, even under its run) reads `missing`, and 
 refuses to write into it. `hold` is the run's exclusive lock (one `gridrun run` per cell);
 `held` probes it, the truth about whether a cell that reads running still runs.
 Left out: repairing a damaged file (the messages say how), locking between ranks of one job
-(rank 0 holds the lock for all of them).
+(rank 0 holds the lock for all of them), and what a metric means (an accuracy, a run's peak:
+gridrun/accuracy.py).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
-import math
 import os
 import tempfile
 import time
@@ -35,6 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from gridrun.accuracy import is_accuracy
 from gridrun.cellstate import RECORDED, Transition
 
 COMPLETE_MARKER = "COMPLETE"
@@ -497,27 +499,6 @@ def adapter_dir(checkpoint: Path, adapter: str) -> Path:
     return checkpoint / "adapters" / adapter
 
 
-def val_accuracy(rows: Iterable[Mapping[str, Any]]) -> dict[int, float]:
-    """step -> validation accuracy (`val/acc`) of metrics rows, finite values only, a later
-    row for a step winning (as `gridrun collect` reads them)."""
-    return {
-        row["step"]: float(row["val/acc"])
-        for row in rows
-        if row["split"] == "val" and row.get("val/acc") is not None and math.isfinite(row["val/acc"])
-    }
-
-
-def first_peak(val_acc: Mapping[int, float]) -> tuple[int, float] | None:
-    """(step, accuracy) of the highest validation accuracy, at the first step reaching it;
-    None without validations. The one definition of a cell's peak: metrics.jsonl is its one
-    source (`gridrun collect` reads it there; state.json carries the trainer's copy, derived
-    from the same rows, because `gridrun status` must not read every cell's metrics)."""
-    if not val_acc:
-        return None
-    step = min(val_acc, key=lambda s: (-val_acc[s], s))
-    return step, val_acc[step]
-
-
 def _metric_row(line: bytes) -> tuple[dict[str, Any] | None, str]:
     """A metrics row (flat: `step`, `split`, then /-namespaced numbers), or None and why not."""
     try:
@@ -539,10 +520,3 @@ def _metric_row(line: bytes) -> tuple[dict[str, Any] | None, str]:
         if value is not None and is_accuracy(key) and not (isinstance(value, _NUMBER) and 0 <= value <= 1):
             return None, f"{key} is {value!r}, not an accuracy in [0, 1]"
     return row, ""
-
-
-def is_accuracy(key: str) -> bool:
-    """Whether a metric is a fraction of problems right: `val/acc`, `val/pass@3`, a role's
-    `acc`, the evaluator's `verdict_acc`, the aggregator's `select_acc`."""
-    name = key.rsplit("/", 1)[-1]
-    return name == "acc" or name.endswith("_acc") or name.startswith("pass@")

@@ -1,4 +1,4 @@
-"""Advantage rows of a training step (trainer.turn_advantages) under both presets, on
+"""Advantage rows of a training step (gridrun/train/advantages.py: turn_advantages) under both presets, on
 hand-built episodes: the released code's turn-level groups vs the text's episode groups."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from gridrun.registry import workflow as get_workflow
 from gridrun.runconfig import GRPOSpec
 from gridrun.tasks.base import Problem, Score
+from gridrun.train.advantages import shuffle_rewards, turn_advantages
 from gridrun.train.episode import Episode, Turn
-from gridrun.train.trainer import shuffle_rewards, turn_advantages
 
 RELEASED = GRPOSpec(group_key="problem_trajectory", adv_eps=0.0)
 AS_WRITTEN = GRPOSpec(group_key="problem", adv_eps=0.0)
@@ -196,3 +196,24 @@ def test_the_reward_control_refuses_unscored_episodes() -> None:
     unscored = Episode(Problem(id="p", question="q", answer="a"), 0, [turn("generator")])
     with pytest.raises(RuntimeError, match="after scoring"):
         shuffle_rewards([unscored], seed=0, step=1)
+
+
+def test_estimators_are_registered_by_name_and_the_trainer_asks_for_grpo(monkeypatch) -> None:
+    # A researcher's estimator is one decorated function: here every row gets its reward
+    # minus 1, so rewards 1 and 0 give 0 and -1, whatever the groups.
+    from gridrun.train import advantages
+
+    monkeypatch.setattr(advantages, "ESTIMATORS", dict(advantages.ESTIMATORS))
+    assert advantages.DEFAULT_ESTIMATOR == "grpo" and advantages.estimator("grpo") is advantages.grpo_estimator
+
+    @advantages.register_estimator("minus_one")
+    def minus_one(rewards, keys, spec):
+        return rewards - 1.0, advantages.GroupStats(len(set(keys)), 0, 0)
+
+    episodes = [episode("p", k, r, [turn("generator")]) for k, r in enumerate([1.0, 0.0])]
+    values, stats = turn_advantages(episodes, get_workflow("single"), AS_WRITTEN, estimator_name="minus_one")
+    assert values == [[0.0], [-1.0]] and stats.groups == 1
+    with pytest.raises(ValueError, match="registered twice"):
+        advantages.register_estimator("minus_one")(minus_one)
+    with pytest.raises(ValueError, match=r"no advantage estimator 'gpro' \(registered: grpo, minus_one\)"):
+        advantages.estimator("gpro")

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from gridrun.train import grpo
+from gridrun.train import advantages, grpo
 
 
 def test_equal_rewards_give_zero_advantage_and_are_counted() -> None:
-    adv, stats = grpo.group_advantages(torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0]), ["a", "a", "a", "b", "c"])
+    adv, stats = advantages.group_advantages(torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0]), ["a", "a", "a", "b", "c"])
     # Group a has zero variance; b and c are singletons: all zero, never raw rewards.
     assert adv.tolist() == [0.0] * 5
     assert (stats.groups, stats.singleton, stats.zero_variance) == (3, 2, 1)
@@ -21,13 +21,13 @@ def test_a_singleton_group_gets_its_raw_reward_under_released() -> None:
     # verl's GRPO takes mean 0 and std 1 for a group of one row: advantage r / (1 + eps).
     # Group a has zero variance (0 under both), b, c and d are singletons; all are counted.
     rewards, keys = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, -0.1]), ["a", "a", "a", "b", "c", "d"]
-    raw, stats = grpo.group_advantages(rewards, keys, eps=0.0, singleton="raw")
+    raw, stats = advantages.group_advantages(rewards, keys, eps=0.0, singleton="raw")
     assert raw.tolist() == pytest.approx([0.0, 0.0, 0.0, 0.0, 1.0, -0.1])
     assert (stats.groups, stats.singleton, stats.zero_variance) == (4, 3, 1)
     # With the default eps 1e-6: 1 / (1 + 1e-6); without the std, the reward itself.
-    assert grpo.group_advantages(rewards, keys, singleton="raw")[0][4].item() == pytest.approx(1 / (1 + 1e-6), rel=1e-7)
-    assert grpo.group_advantages(rewards, keys, norm_by_std=False, singleton="raw")[0][5].item() == pytest.approx(-0.1)
-    zero, zero_stats = grpo.group_advantages(rewards, keys, eps=0.0, singleton="zero")
+    assert advantages.group_advantages(rewards, keys, singleton="raw")[0][4].item() == pytest.approx(1 / (1 + 1e-6), rel=1e-7)
+    assert advantages.group_advantages(rewards, keys, norm_by_std=False, singleton="raw")[0][5].item() == pytest.approx(-0.1)
+    zero, zero_stats = advantages.group_advantages(rewards, keys, eps=0.0, singleton="zero")
     assert zero.tolist() == [0.0] * 6 and zero_stats == stats
 
 
@@ -56,14 +56,14 @@ def test_chi2_and_ppl_per_micro_batch_against_pooled() -> None:
 def test_known_four_sample_group() -> None:
     # rewards [1, 0, 0, 0]: mean 0.25; unbiased std = sqrt((0.75^2 + 3 * 0.25^2) / 3) = 0.5
     # -> advantages (r - 0.25) / 0.5 = [1.5, -0.5, -0.5, -0.5].
-    adv, _ = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), ["g"] * 4, eps=0.0)
+    adv, _ = advantages.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), ["g"] * 4, eps=0.0)
     assert adv.tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5])
-    centred, _ = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), ["g"] * 4, norm_by_std=False)
+    centred, _ = advantages.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), ["g"] * 4, norm_by_std=False)
     assert centred.tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25])
 
 
 def test_groups_are_normalised_separately() -> None:
-    adv, _ = grpo.group_advantages(torch.tensor([1.0, 0.0, 3.0, 1.0]), ["x", "x", "y", "y"], eps=0.0)
+    adv, _ = advantages.group_advantages(torch.tensor([1.0, 0.0, 3.0, 1.0]), ["x", "x", "y", "y"], eps=0.0)
     # Each pair: mean-centred +-0.5 (x) / +-1 (y), unbiased std of a pair = |diff| / sqrt(2).
     s = math.sqrt(2) / 2
     assert adv.tolist() == pytest.approx([s, -s, s, -s])
@@ -139,7 +139,7 @@ def test_equal_non_integer_rewards_are_zero_variance() -> None:
     for value in (-0.1, 0.3, 0.7):
         assert torch.tensor([value] * 8).std().item() != 0.0
     rewards = torch.tensor([-0.1] * 8 + [0.3] * 8 + [0.7] * 8)
-    adv, stats = grpo.group_advantages(rewards, ["a"] * 8 + ["b"] * 8 + ["c"] * 8)
+    adv, stats = advantages.group_advantages(rewards, ["a"] * 8 + ["b"] * 8 + ["c"] * 8)
     assert adv.tolist() == [0.0] * 24
     assert (stats.groups, stats.singleton, stats.zero_variance) == (3, 0, 3)
 

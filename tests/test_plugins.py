@@ -19,7 +19,8 @@ import yaml
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError
-from gridrun.grid.launchers.dispatch import make_launcher, queue, runnable
+from gridrun.grid.launchers.base import make_launcher
+from gridrun.grid.launchers.dispatch import queue, runnable
 from gridrun.grid.plan import freeze, make_plan
 from gridrun.grid.spec import load_spec
 from gridrun.grid.sweepdir import SweepDir

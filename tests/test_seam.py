@@ -1,5 +1,6 @@
 """The seam between the halves: only run directories cross it, and the torch-free modules
-beside `rundir.py` that own it (the run schema, the cell state, the mechanism alerts)."""
+beside `rundir.py` that own it (the run schema, the cell state, what an accuracy and a peak
+are, the mechanism alerts)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,9 @@ def test_grid_takes_the_run_schema_from_the_seam_module_only() -> None:
 
 
 def test_seam_modules_import_only_the_standard_library() -> None:
-    seam = ["gridrun.runconfig", "gridrun.registry", "gridrun.rundir", "gridrun.cellstate", "gridrun.mechanisms"]
+    seam = [
+        "gridrun.runconfig", "gridrun.registry", "gridrun.rundir", "gridrun.accuracy", "gridrun.cellstate", "gridrun.mechanisms",
+    ]
     loaded = imported_after(seam)
     assert {m for m in loaded if m.startswith("gridrun.")} == set(seam)
     assert not {m for m in loaded if m.split(".")[0] in ("torch", "hydra", "omegaconf", "yaml", "numpy")}
@@ -76,7 +79,7 @@ def test_tasks_import_neither_half() -> None:
 def test_the_registries_built_ins_import_neither_half_nor_torch() -> None:
     # The grid checks a workflow, task or engine node at plan time from its registry entry:
     # loading every built-in one must not pull in the trainer (or torch) with it.
-    loaded = imported_after(["gridrun.registry", "gridrun.engines", *modules("gridrun.workflows")])
+    loaded = imported_after(["gridrun.registry", "gridrun.engine_params", *modules("gridrun.workflows")])
     assert not {m for m in loaded if m.startswith(("gridrun.grid", "gridrun.train")) or m.split(".")[0] == "torch"}
 
 

@@ -1,18 +1,21 @@
 """The orchestration half: Hydra composition, cells, launching, status and Table 1.
 
-    spec.py      a sweep file + command-line overrides -> axes and settings
-    compose.py   Hydra composition of one cell's config (conf/)
-    cells.py     cell kinds, coordinates and readable ids
-    plan.py      expand, validate and freeze cells into results/<sweep>/cells/<id>/
-    sweepdir.py  SweepDir: the one owner of results/<sweep>/ paths, sweep.json and its lock
-    launchers/   the Launcher interface and queueing (dispatch.py), the local launcher
-                 (subprocesses with a progress display), the SLURM one (submitit job arrays)
-    status.py    reading every cell's state fast (stdlib only) and drawing the table
-    show.py      one cell's resolved config and state
-    collect.py   the analysis: cells/metrics.parquet, tables, figures, report (analysis/)
-    console.py   the rich Console the commands draw on
-    errors.py    GridError, the one-line error that names the fix
-    commands.py  the `gridrun` subcommands of this half
+    spec.py        a sweep file + command-line overrides -> axes and settings
+    compose.py     Hydra composition of one cell's config (conf/)
+    gridconfig.py  the grid root's schema (gpu, cluster, launcher, ...), checked at plan time
+    presets.py     the whole-run presets seen from the grid
+    cells.py       cell kinds, coordinates and readable ids
+    plan.py        expand, validate and freeze cells into results/<sweep>/cells/<id>/
+    sweepdir.py    SweepDir: the one owner of results/<sweep>/ paths, sweep.json and its lock
+    observe.py     a cell's observed state: lost jobs, the scheduler's word, waiting, blocked
+    launchers/     the Launcher interface (base.py), queueing (dispatch.py), the local launcher
+                   (subprocesses with a progress display), the SLURM one (submitit job arrays)
+    status.py      reading every cell's state fast (stdlib only) and drawing the table
+    show.py        one cell's resolved config and state
+    collect.py     the analysis: cells/metrics.parquet, tables, figures, report (analysis/)
+    console.py     the rich Console the commands draw on
+    errors.py      GridError, the one-line error that names the fix
+    commands.py    the `gridrun` subcommands of this half
 
 Imports Hydra, rich, pandas and filelock, never torch: everything here runs on a login node.
 The trainer is reached only through a run directory and `gridrun run <run_dir>`.

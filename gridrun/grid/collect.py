@@ -17,8 +17,8 @@ sweeps) and writes, under results/<sweep>/:
     early_warning_calibration, early_warning_search, mechanism_shown   with an early_warning
                       plan in sweep.json: thresholds chosen on its fit seeds and reported on
                       its held-out seeds (grid/analysis/calibration.py)
-    figures/          PNGs: grid/figures.py (learning curves, gradient shares),
-                      grid/analysis/figures.py (Figures 2-6), early_warning-<task>-<scale>
+    figures/          PNGs: grid/analysis/curves.py (learning curves, gradient shares),
+                      grid/analysis/paper_figures.py (Figures 2-6), early_warning-<task>-<scale>
     report.md, report.html   grid/analysis/report.py
 
 In a sweep with variants, tables 1-6 and findings_alerts are written per variant (over its
@@ -287,9 +287,10 @@ def export_peaks(sweep: SweepDir, cells: pd.DataFrame, out: Path, console: Any) 
 def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0, export_to: Path | None = None) -> list[Table]:
     """Write every output (see the module docstring); print Table 1 and where the rest went;
     with `export_to`, export every done cell's peak there too."""
-    from gridrun.grid.analysis.figures import paper_figure_jobs
+    from gridrun.grid.analysis.curves import figure_jobs
+    from gridrun.grid.analysis.paper_figures import paper_figure_jobs
+    from gridrun.grid.analysis.plotting import render
     from gridrun.grid.analysis.report import write_report
-    from gridrun.grid.figures import figure_jobs, render
 
     data = read_sweep(sweep, tolerance_pp)
     cells = data.cells

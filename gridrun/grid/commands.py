@@ -86,7 +86,8 @@ def _plan(args: argparse.Namespace) -> int:
         return 0
 
     from gridrun.cellstate import UNREADABLE_STATES
-    from gridrun.grid.launchers.dispatch import make_launcher, queue, runnable
+    from gridrun.grid.launchers.base import make_launcher
+    from gridrun.grid.launchers.dispatch import queue, runnable
 
     launcher = make_launcher(plan.launcher) if dispatching else None
     with sweep.lock():
@@ -185,7 +186,8 @@ def _selected(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]
 
 def _resubmit(args: argparse.Namespace) -> int:
     from gridrun.cellstate import UNREADABLE_STATES
-    from gridrun.grid.launchers.dispatch import make_launcher, queue
+    from gridrun.grid.launchers.base import make_launcher
+    from gridrun.grid.launchers.dispatch import queue
     from gridrun.grid.status import sweep_rows
     from gridrun.grid.sweepdir import SweepDir, results_root
 
@@ -226,7 +228,7 @@ def _resubmit(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    from gridrun.grid.launchers.dispatch import launcher_class
+    from gridrun.grid.launchers.base import launcher_class
     from gridrun.grid.status import sweep_rows
     from gridrun.grid.sweepdir import SweepDir, results_root
 

@@ -152,7 +152,7 @@ def grid_root(node: Mapping[str, Any], files: Mapping[str, str] | None = None) -
     """The composed `grid` node, checked against the schema; a bad key or value is a one-line
     GridError naming it, its closest valid spelling and the file to fix (`files`: group ->
     the option file it was composed from, Composer.option_files; else named by `name:`)."""
-    from gridrun.grid.launchers.dispatch import launcher_class
+    from gridrun.grid.launchers.base import launcher_class
 
     files = files or {}
     # The user-written parts first, so that an error names their file.

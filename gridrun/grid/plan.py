@@ -39,14 +39,14 @@ import yaml
 
 from gridrun import cellstate, registry
 from gridrun.cellstate import ACTIVE_STATES
-from gridrun.engines import HFParams, VLLMParams
+from gridrun.engine_params import HFParams, VLLMParams
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.cells import TOY_SCALE, Cell, expand
 from gridrun.grid.compose import Composer
 from gridrun.grid.console import track
 from gridrun.grid.errors import GridError
 from gridrun.grid.gridconfig import GpuSpec, GridRoot, GridSpec, as_dict, grid_root
-from gridrun.grid.launchers.dispatch import live_state, observe
+from gridrun.grid.observe import live_state, observe
 from gridrun.grid.spec import SweepSpec
 from gridrun.grid.sweepdir import SweepDamaged, SweepDir, sibling_cell
 from gridrun.runconfig import ConfigError, RunConfig, config_from_dict, dump_config, load_config

@@ -23,7 +23,7 @@ from typing import Any
 
 from gridrun.cellstate import STATES, UNREADABLE_STATES
 from gridrun.grid.cells import base_control
-from gridrun.grid.launchers.dispatch import live_state, needs_of, observe
+from gridrun.grid.observe import live_state, needs_of, observe
 from gridrun.grid.sweepdir import SweepDamaged, SweepDir, planned_sweeps
 
 STATE_STYLES = {

@@ -8,7 +8,7 @@
       jobs/        the SLURM launcher's submitit folders: sbatch scripts, pickles, job logs
       cells.parquet  metrics.parquet  report.html  report.md
       table1.md  table1.csv  table1.tex  (and table1_final, table2 ... table6)
-      figures/     PNGs drawn by `gridrun collect` (gridrun/grid/figures.py, grid/analysis/)
+      figures/     PNGs drawn by `gridrun collect` (gridrun/grid/analysis/)
 
 A damaged sweep.json (not UTF-8 JSON, wrong types) raises `SweepDamaged` for that sweep
 alone: plain `gridrun status` and `gridrun collect` go on with the other sweeps, and

@@ -1,0 +1,25 @@
+"""The cell half: one cell's multi-agent GRPO run, `gridrun run <run_dir>`. Never imports
+Hydra or gridrun.grid; reads config.yaml and writes only inside its run directory.
+
+    trainer.py      the loop (rollout -> reward -> advantages -> update -> log -> validate ->
+                    checkpoint) and `run_under_lock`: the run's lock, state and signals
+    rollout.py      stage-batched rollouts: episodes as coroutines, their LLM calls batched
+    engines/        the rollout engines behind one interface: hf (transformers), vllm
+    episode.py      what a rollout records: every turn of every role, the committed answer
+    scoring.py      rewards computed while the rollout goes on
+    advantages.py   the reward control's shuffle, GRPO's rows and groups, named estimators
+    grpo.py         pure GRPO maths: clipped loss, KL, aggregation, mini-batch order, LR schedule
+    update.py       the policy update of a step: per adapter, mini-batches, per-role metrics
+    logprobs.py     per-token log-probs and entropies; padding.py: ragged rows to tensors
+    attention.py    grouped-query attention on the CPU without copies
+    policy.py       policy routing: which LoRA adapter serves and learns from each role
+    coherence.py    I6, the gradient-direction coherence regularizer
+    diagnostics.py  trajectory-side drift signatures; validate.py: validation metrics
+    sampler.py      the order train problems are drawn in
+    seeds.py        every derived seed, by named stream
+    checkpoint.py   adapters, optimizers, RNG states and data position, atomically
+    metrics_log.py  metrics.jsonl and offline wandb
+    distributed.py  data parallelism over a job's ranks (Dist)
+    model.py        the base model and tokenizer; random_init.py: random Qwen3 weights;
+                    precision.py: which dtypes this CPU computes natively
+"""

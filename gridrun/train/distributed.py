@@ -38,6 +38,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from gridrun.train.seeds import Stream, derive
+
 log = logging.getLogger("gridrun")
 T = TypeVar("T")
 # Seconds a rank waits for the others at a collective before giving up (a dead peer).
@@ -174,8 +176,7 @@ class Dist:
         """Give ranks > 0 their own sampling stream (rank 0 keeps the single-process one).
         Call after the model is built (adapter init must match) and after a resume."""
         if self.rank:
-            digest = hashlib.sha256(f"{seed}:{self.rank}:{step}".encode()).digest()
-            torch.manual_seed(int.from_bytes(digest[:8], "little"))
+            torch.manual_seed(derive(seed, Stream.RANK, self.rank, step))
 
     def digest(self, params: Iterable[torch.Tensor]) -> str:
         """A short hash of parameter values, to check that every rank holds the same weights."""

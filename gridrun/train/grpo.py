@@ -1,5 +1,5 @@
-"""GRPO maths, kept pure: group advantages, the clipped policy loss, the KL term, loss
-aggregation, the order mini-batches are cut in, and the LR schedule.
+"""GRPO maths, kept pure: the clipped policy loss, the KL term, loss aggregation, the order
+mini-batches are cut in, and the LR schedule (the group advantages: gridrun/train/advantages.py).
 
 How this departs from the original GRPO (Shao et al. 2024), on purpose and as the paper ran
 (conf/preset/ picks between its released code and its text; every switch is a parameter here):
@@ -12,9 +12,8 @@ How this departs from the original GRPO (Shao et al. 2024), on purpose and as th
 - Loss aggregation "seq-mean-token-mean" (mean over sequences of each sequence's token
   mean) or "token-mean" (mean over every token of the mini-batch).
 - Outcome reward: one scalar per episode, given to every row of the episode (a row is an
-  episode or one role turn, per preset; the grouping is the caller's `keys`).
-- Groups whose rewards are all equal get advantage 0 and are counted. A group of size 1 is
-  counted too, and gets either its raw reward (verl: mean 0, std 1) or 0 (`singleton`).
+  episode or one role turn, per preset). Groups whose rewards are all equal get advantage 0
+  and are counted; a group of size 1 its raw reward (verl) or 0 (gridrun/train/advantages.py).
 Not here: entropy bonus, process rewards.
 """
 
@@ -22,55 +21,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import defaultdict
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-
-
-@dataclass(frozen=True)
-class GroupStats:
-    groups: int
-    singleton: int
-    zero_variance: int
-
-
-def group_advantages(
-    rewards: torch.Tensor,
-    keys: Sequence[Hashable],
-    norm_by_std: bool = True,
-    eps: float = 1e-6,
-    singleton: str = "zero",
-) -> tuple[torch.Tensor, GroupStats]:
-    """Per-row advantage (r - mean_g) / (std_g + eps), std unbiased as in verl.
-
-    rewards: (rows,) float; keys: the group of each row. Returns (rows,) float32.
-    A group is zero-variance when its max equals its min: a float32 std of equal values such
-    as -0.1 or 0.3 need not be exactly 0, and would hand the group a small equal advantage.
-    singleton: a group of one row gets "raw" (verl's mean 0 and std 1: r / (1 + eps), or r
-    without the std) or "zero".
-    """
-    if singleton not in ("raw", "zero"):
-        raise ValueError(f"unknown singleton advantage '{singleton}': use raw or zero")
-    members: dict[Hashable, list[int]] = defaultdict(list)
-    for i, key in enumerate(keys):
-        members[key].append(i)
-    advantages = torch.zeros_like(rewards, dtype=torch.float32)
-    singletons = zero_variance = 0
-    for idx in members.values():
-        if len(idx) == 1:
-            singletons += 1
-            if singleton == "raw":
-                advantages[idx] = rewards[idx].float() / (1.0 + eps) if norm_by_std else rewards[idx].float()
-            continue
-        group = rewards[idx].float()
-        if group.max().item() == group.min().item():
-            zero_variance += 1
-            continue
-        centred = group - group.mean()
-        advantages[idx] = centred / (group.std() + eps) if norm_by_std else centred
-    return advantages, GroupStats(len(members), singletons, zero_variance)
 
 
 def clipped_policy_loss(

@@ -33,9 +33,7 @@ from filelock import FileLock
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from gridrun.arch import QWEN3_SPECIAL_IDS, published
-
-# Seed of the random base weights: fixed, so a base cell and a training cell's step 0 agree.
-INIT_SEED = 0
+from gridrun.train.seeds import INIT_SEED
 
 
 def _cache_root() -> Path:
@@ -85,6 +83,7 @@ def load_random(name_or_path: str, dtype: torch.dtype, device: torch.device, toy
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir(toy_dir), padding_side="left")
     # The caller's RNG streams are left as they were: seeding the init must not reseed training.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        # Fixed whatever the cell's seed, so a base cell and a training cell's step 0 agree.
         torch.manual_seed(INIT_SEED)
         # Built on its device in its dtype: a 4B model never exists in float32 on the host.
         with torch.device(device):

@@ -1,7 +1,7 @@
 """The order train problems are drawn in: an epoch-wise shuffled pass, seeded per cell.
 
 Its position (epoch, index) is part of every checkpoint, so a resumed run draws exactly the
-problems an uninterrupted one would. Leaves out sharding across ranks (the trainer's Dist
+problems an uninterrupted one would (its seed: gridrun/train/seeds.py's SAMPLER stream). Leaves out sharding across ranks (the trainer's Dist
 splits each step's draw) and any curriculum or weighting.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 from gridrun.tasks.base import Problem
+from gridrun.train.seeds import Stream, derive
 
 
 class ProblemSampler:
@@ -22,7 +23,7 @@ class ProblemSampler:
 
     def _shuffle(self) -> list[int]:
         order = list(range(len(self.problems)))
-        random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
+        random.Random(derive(self.seed, Stream.SAMPLER, self.epoch)).shuffle(order)
         return order
 
     def take(self, count: int) -> list[Problem]:

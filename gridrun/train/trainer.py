@@ -31,15 +31,16 @@ from typing import Any
 import torch
 
 from gridrun import cellstate
+from gridrun.accuracy import first_peak, val_accuracy
 from gridrun.adapters import AdapterSourceError
 from gridrun.mechanisms import RESPONSE_CAP, MechanismWatch, alert_flags
-from gridrun.registry import Workflow
-from gridrun.runconfig import GRPOSpec, ModelSpec, RunConfig, load_config
-from gridrun.rundir import RUN_DISK_FIXES, RunDir, atomic_write_text, disk_error, first_peak, val_accuracy
+from gridrun.runconfig import ModelSpec, RunConfig, load_config
+from gridrun.rundir import RUN_DISK_FIXES, RunDir, atomic_write_text, disk_error
 from gridrun.tasks import make_task
 from gridrun.tasks.base import Problem
 from gridrun.tasks.sandbox import SandboxUnavailable
 from gridrun.train import checkpoint, grpo
+from gridrun.train.advantages import shuffle_rewards, turn_advantages
 from gridrun.train.coherence import Coherence
 from gridrun.train.distributed import Dist
 from gridrun.train.engines import make_engine
@@ -50,59 +51,13 @@ from gridrun.train.policy import adapter_parameters, attach_adapters, routing_fo
 from gridrun.train.rollout import ChatEncoder, SamplingParams, StageBatcher
 from gridrun.train.sampler import ProblemSampler
 from gridrun.train.scoring import BackgroundScorer
+from gridrun.train.seeds import Stream, derive
 from gridrun.train.update import TrainSeq, UpdateSettings, update
 from gridrun.train.validate import validation_metrics
 
 log = logging.getLogger("gridrun")
-VAL_SEED = 1234
 # The launcher's id of the job running this cell, written into the run's lock file.
 JOB_ID_ENV = "GRIDRUN_JOB_ID"
-
-
-def turn_advantages(
-    episodes: list[Episode], workflow: Workflow, spec: GRPOSpec, dist: Dist | None = None
-) -> tuple[list[list[float]], grpo.GroupStats]:
-    """The advantage of every turn of every episode (outer list: episodes, inner: turns).
-
-    group_key=problem_trajectory (released): one row per turn, reward = its episode's final
-    outcome, grouped by (problem, the workflow's trajectory name of the turn).
-    group_key=problem (as_written): one row per episode grouped by problem, its advantage
-    copied to every turn. With several ranks the rows of every rank are gathered (a
-    problem's episodes are all on one rank) and each rank gets its own turns' values."""
-    dist = dist or Dist()
-    rows: list[tuple[Any, float]]  # group key (a problem, or a problem and trajectory) and reward
-    if spec.group_key == "problem":
-        rows = [(e.problem.id, e.reward) for e in episodes]
-    else:
-        rows = [((e.problem.id, workflow.trajectory_name(t)), e.reward) for e in episodes for t in e.turns]
-    everyone, mine = dist.gather(rows)
-    values, stats = grpo.group_advantages(
-        torch.tensor([r for _, r in everyone], dtype=torch.float32), [k for k, _ in everyone], spec.norm_by_std, spec.adv_eps,
-        spec.singleton_advantage,
-    )
-    own = values[mine].tolist()
-    if spec.group_key == "problem":
-        return [[adv] * len(e.turns) for e, adv in zip(episodes, own)], stats
-    out, at = [], 0
-    for e in episodes:
-        out.append(own[at : at + len(e.turns)])
-        at += len(e.turns)
-    return out, stats
-
-
-def shuffle_rewards(episodes: list[Episode], seed: int, step: int, dist: Dist | None = None) -> None:
-    """The reward control: each episode trains on the reward of another episode of this step.
-
-    One permutation of the whole step's rewards (every rank's, gathered), drawn from (seed,
-    step) alone: every rank draws the same one, and a resumed run the one it drew before."""
-    dist = dist or Dist()
-    scores = [e.score for e in episodes]
-    if any(score is None for score in scores):
-        raise RuntimeError("shuffle_rewards runs after scoring: an episode has no score")
-    everyone, mine = dist.gather([score.reward for score in scores if score is not None])
-    order = torch.randperm(len(everyone), generator=torch.Generator().manual_seed(seed * 1_000_003 + step)).tolist()
-    for episode, source in zip(episodes, order[mine]):
-        episode.shuffled_reward = everyone[source]
 
 
 class Cancelled(BaseException):
@@ -120,8 +75,8 @@ class Trainer:
         self.config, self.run_dir = config, run_dir
         self.dist = dist or Dist()
         seed = config.cell.seed
-        random.seed(seed)
-        torch.manual_seed(seed)
+        random.seed(derive(seed, Stream.CELL))
+        torch.manual_seed(derive(seed, Stream.CELL))
         self.task = make_task(config.task)
         self.workflow = config.workflow_entry()
         # Adapters trained elsewhere (transfer, eval) are found first: a missing one fails fast.
@@ -148,7 +103,7 @@ class Trainer:
         self.engine = make_engine(config, self.model, self.tokenizer, self.routing.trainable)
         self.encoder = ChatEncoder(self.tokenizer, config.model.enable_thinking, config.lengths.max_prompt_tokens)
         self.sampler = ProblemSampler(self.task.train_problems(), seed)
-        self.update_rng = random.Random(seed + 1)
+        self.update_rng = random.Random(derive(seed, Stream.UPDATE))
         # I6 (grpo.coherence > 0): the per-role gradient EMAs, kept in every checkpoint.
         self.coherence = Coherence(config.grpo.coherence, config.grpo.coherence_decay) if config.grpo.coherence else None
         # Optimizer steps skipped for a non-finite loss or gradient, over the whole run.
@@ -304,7 +259,7 @@ class Trainer:
         # weights give the same validation whatever ran before (a `base` cell and a training
         # cell's step 0 agree exactly), and validating does not perturb training.
         with torch.random.fork_rng(devices=[self.dist.device] if self.dist.device.type == "cuda" else []):
-            torch.manual_seed(VAL_SEED)
+            torch.manual_seed(derive(cfg.cell.seed, Stream.VALIDATION))
             episodes = self.rollout(self.dist.shard(problems), 1, cfg.sampling.val_temperature)
         episodes, _ = self.dist.gather(episodes)
         if not self.dist.is_main:
@@ -400,7 +355,7 @@ def _raise_cancelled(signum: int, frame: Any) -> None:
     raise Cancelled(signal.Signals(signum).name)
 
 
-def run_cell(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int:
+def run_under_lock(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int:
     """One cell's run under its lock and state: returns the process exit code. `resolve_model`
     gives the base model's files (it may build the toy world for minutes: the cell is running
     by then, and a failure is recorded)."""

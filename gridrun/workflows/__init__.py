@@ -6,4 +6,6 @@ config at plan time from the same declaration the trainer runs.
 A workflow module takes duck-typed objects: the episode (gridrun/train/episode.py), the
 rollout's per-episode LLM (gridrun/train/rollout.py) and the task (gridrun/tasks/base.py).
 Left out: batching the calls, routing roles to adapters and scoring, which those do.
+
+    single.py  eval_opt.py  voting.py  orch_workers.py
 """

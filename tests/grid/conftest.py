@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gridrun.cli import main
-from gridrun.grid.launchers import dispatch
+from gridrun.grid.launchers import base
 from gridrun.grid.sweepdir import SweepDir
 
 
@@ -51,7 +51,7 @@ def tree(root: Path) -> list[str]:
 @pytest.fixture
 def recording_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
     """`grid.launcher.name=record`: tests/grid/recording.py's launcher, which runs nothing."""
-    monkeypatch.setitem(dispatch.LAUNCHERS, "record", "tests.grid.recording:RecordingLauncher")
+    monkeypatch.setitem(base.LAUNCHERS, "record", "tests.grid.recording:RecordingLauncher")
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from typing import Any
 
 from gridrun import cellstate
 from gridrun.grid.gridconfig import LocalSettings
-from gridrun.grid.launchers.dispatch import Launcher
+from gridrun.grid.launchers.base import Launcher
 from gridrun.grid.sweepdir import SweepDir
 
 

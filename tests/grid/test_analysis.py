@@ -350,7 +350,7 @@ def test_results_api_loads_without_torch_or_matplotlib(gridrun: Gridrun, analyse
 
 
 def test_render_in_worker_processes_writes_what_one_process_writes(tmp_path: Path) -> None:
-    from gridrun.grid.figures import render
+    from gridrun.grid.analysis.plotting import render
 
     # Forked workers draw; the parent writes. A job that draws nothing removes a stale file.
     stale = tmp_path / "stale.png"
@@ -361,7 +361,7 @@ def test_render_in_worker_processes_writes_what_one_process_writes(tmp_path: Pat
 
 
 def test_mean_band_over_seeds_uses_the_steps_all_reached() -> None:
-    from gridrun.grid.analysis.figures import mean_band
+    from gridrun.grid.analysis.paper_figures import mean_band
 
     # Step 0: 10 and 14 -> mean 12, sd 2.828, se 2, t(1) 12.706 -> 25.41. Step 10: 20 and 30 ->
     # mean 25, se 5 -> 63.53. Step 20: one seed lags, so no mean there (it would jump).

@@ -208,8 +208,9 @@ def test_a_sweep_of_one_sa_rl_cell_has_metrics_but_no_figure_to_draw(gridrun: Gr
 
 
 def test_the_peak_has_one_definition_read_off_metrics(tmp_path: Path) -> None:
+    from gridrun.accuracy import first_peak, val_accuracy
     from gridrun.grid.analysis.summary import accuracy_summary
-    from gridrun.rundir import RunDir, first_peak, val_accuracy
+    from gridrun.rundir import RunDir
 
     run_dir = RunDir(tmp_path / "cell")
     run_dir.root.mkdir()

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from gridrun.grid.errors import GridError
-from gridrun.grid.launchers.dispatch import make_launcher, queue, runnable
-from gridrun.grid.launchers.local import HOST
+from gridrun.grid.launchers.base import make_launcher
+from gridrun.grid.launchers.dispatch import queue, runnable
+from gridrun.grid.observe import HOST
 from gridrun.grid.sweepdir import SweepDir
 from tests.grid.conftest import Gridrun
 from tests.grid.recording import submissions

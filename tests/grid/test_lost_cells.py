@@ -148,7 +148,7 @@ def test_a_status_probe_never_makes_a_starting_run_refuse(smoke: SweepDir) -> No
 def test_a_free_lock_is_no_verdict_on_a_cell_a_scheduler_may_requeue(smoke: SweepDir) -> None:
     # SLURM may requeue a killed job (its cell still reads running, its lock is free until the
     # job starts again): sacct, through reconcile, judges it; the lock judges the others.
-    from gridrun.grid.launchers.dispatch import HOST, live_state
+    from gridrun.grid.observe import HOST, live_state
     from tests.states import put_state
 
     by_slurm, by_hand = smoke.cell("voting-ip-toy-arith-s0"), smoke.cell("voting-sp-toy-arith-s0")

@@ -13,7 +13,7 @@ import pytest
 
 from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError
-from gridrun.grid.launchers import dispatch
+from gridrun.grid.launchers import base, dispatch
 from gridrun.grid.plan import make_plan
 from gridrun.grid.spec import load_spec
 from gridrun.grid.sweepdir import SweepDir
@@ -28,7 +28,7 @@ TRANSFERS = ["transfer-eval_opt-toy-arith-s0", "transfer-voting-toy-arith-s0", "
 
 @pytest.fixture(autouse=True)
 def recording_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(dispatch.LAUNCHERS, "record", "tests.grid.recording:RecordingLauncher")
+    monkeypatch.setitem(base.LAUNCHERS, "record", "tests.grid.recording:RecordingLauncher")
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,7 @@ def smoke(gridrun: Gridrun, results: Path) -> SweepDir:
 def test_transfer_cells_are_handed_over_after_their_sa_rl_and_show_waiting(gridrun: Gridrun, smoke: SweepDir) -> None:
     # Handed in after them: queued after their sa_rl all the same.
     with smoke.lock():
-        handed = dispatch.queue(smoke, [*TRANSFERS, SA_RL], dispatch.make_launcher({"name": "record"}))
+        handed = dispatch.queue(smoke, [*TRANSFERS, SA_RL], base.make_launcher({"name": "record"}))
     assert handed == [SA_RL, *TRANSFERS]
     status = rows(gridrun)
     assert [status[t]["waiting"] for t in TRANSFERS] == [SA_RL] * 3
@@ -150,7 +150,7 @@ def test_a_failed_sa_rl_blocks_its_transfer_cells_and_resubmitting_it_releases_t
     gridrun: Gridrun, smoke: SweepDir
 ) -> None:
     with smoke.lock():
-        dispatch.queue(smoke, smoke.cell_ids(), dispatch.make_launcher({"name": "record"}))
+        dispatch.queue(smoke, smoke.cell_ids(), base.make_launcher({"name": "record"}))
     put_state(smoke.cell(SA_RL), state="failed", error="boom")
     status = rows(gridrun)
     assert {status[t]["state"] for t in TRANSFERS} == {"blocked"}
@@ -175,7 +175,7 @@ def test_a_failed_sa_rl_blocks_its_transfer_cells_and_resubmitting_it_releases_t
 
 def test_cancel_takes_blocked_cells_too(gridrun: Gridrun, smoke: SweepDir) -> None:
     with smoke.lock():
-        dispatch.queue(smoke, smoke.cell_ids(), dispatch.make_launcher({"name": "record"}))
+        dispatch.queue(smoke, smoke.cell_ids(), base.make_launcher({"name": "record"}))
     put_state(smoke.cell(SA_RL), state="failed")
     result = gridrun("cancel", "conf=smoke")
     assert result.code == 0

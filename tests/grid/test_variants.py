@@ -96,7 +96,7 @@ def test_the_other_policy_twin_keeps_the_variant() -> None:
     # Fig. 6 and `gridrun plot` draw a cell beside its other-policy twin: of the same variant.
     import pandas as pd
 
-    from gridrun.grid.analysis.figures import twin
+    from gridrun.grid.analysis.paper_figures import twin
 
     cells = pd.DataFrame([
         {"cell": f"voting-{tag}-s0-{variant}", "kind": "train", "workflow": "voting", "task": "arith", "scale": "toy",

@@ -40,11 +40,10 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from gridrun.grid.analysis.stats import mean_ci95
-from gridrun.grid.analysis.tables import Table, blocks, number
+from gridrun.grid.analysis.tables import POLICY_LABELS, Table, blocks, number
 from gridrun.mechanisms import MECHANISMS
 
 HOLDS, FAILS, UNSURE = "holds", "does not hold", "inconclusive"
-POLICY_NAMES = {"isolated": "IP", "shared": "SP"}
 STATEMENTS = {
     "a": "Multi-agent RL beats the base model in most cells, and beats its shuffled-reward control.",
     "b": "IP peaks higher than SP on most matched cells, and falls further from its peak by the end.",
@@ -159,7 +158,7 @@ def claim_a(cells: pd.DataFrame) -> Claim:
             train = _select(cells, "train", task, scale, workflow, policy)
             if not len(train):
                 continue
-            where = (task, scale, workflow, POLICY_NAMES[policy])
+            where = (task, scale, workflow, POLICY_LABELS[policy])
             peaks = _done(train, "peak_val_acc")
             values = [100 * (peak - base) for _, peak in sorted(peaks.items())] if base is not None else []
             over_base.append(_measured("peak − base", where, values, "pp", 1,
@@ -268,7 +267,7 @@ def claim_e(cells: pd.DataFrame) -> Claim:
             natural, treated = block[block["variant"] == REFERENCE_VARIANT], block[block["variant"] == remedy]
             if not (len(natural) and len(treated)):
                 continue
-            where = (task, scale, workflow, POLICY_NAMES.get(policy, policy))
+            where = (task, scale, workflow, POLICY_LABELS.get(policy, policy))
             needs = f"done `{REFERENCE_VARIANT}` and `{remedy}` cells of the same seeds"
             kept.append(_measured(f"{remedy} peak − natural peak (+{PEAK_MARGIN_PP:g} pt margin)", where,
                                   _paired(_done(treated, "peak_val_acc"), _done(natural, "peak_val_acc"), 100,

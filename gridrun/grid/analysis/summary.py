@@ -51,8 +51,8 @@ from typing import Any
 
 import numpy as np
 
+from gridrun.accuracy import first_peak
 from gridrun.mechanisms import ALERTS, THRESHOLDS, Thresholds, alert_history, applies, firings
-from gridrun.rundir import first_peak
 
 Column = tuple["np.ndarray", "np.ndarray"]  # steps (int64), values (float64), sorted by step
 ROLE_KEY = re.compile(r"^role/([^/]+)/([^/]+)$")

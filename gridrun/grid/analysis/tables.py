@@ -38,6 +38,8 @@ SHUFFLED_HEADERS = {"sa_rl_shuffled": "SA-RL shuffled", "ip_shuffled": "IP shuff
 TABLE1_COLUMNS = ("task", "scale", "workflow", *HEADERS)
 TRAIN_POLICIES = {"isolated": "ip", "shared": "sp"}
 WORKFLOW_ORDER = ("eval_opt", "voting", "orch_workers")
+# The paper's short names of the policies, as every table and figure labels them.
+POLICY_LABELS = {"isolated": "IP", "shared": "SP"}
 
 
 @dataclass

@@ -36,8 +36,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gridrun.grid.analysis.plotting import OKABE_ITO, legend, new_figure, to_png
 from gridrun.grid.analysis.summary import MetricColumns
-from gridrun.grid.analysis.tables import Table, number
+from gridrun.grid.analysis.tables import POLICY_LABELS, Table, number
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.mechanisms import ALERTS
 
@@ -163,7 +164,7 @@ def _panels(records: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any
     for record in records:
         if record["kind"] not in TRAINED_KINDS:
             continue
-        policy = {"isolated": "IP", "shared": "SP"}.get(record.get("policy") or "", "")
+        policy = POLICY_LABELS.get(record.get("policy") or "", "")
         title = " ".join(p for p in (record["workflow"], policy, "shuffled" if record["kind"] == "shuffled" else "") if p)
         keyed.setdefault(title, []).append(record)
     return list(keyed.items())
@@ -172,8 +173,6 @@ def _panels(records: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any
 def early_warning_png(records: list[dict[str, Any]], accuracy: Callable[[str], dict[int, float]], title: str) -> bytes | None:
     """Validation accuracy (%) per cell, a panel per workflow x policy (colour: variant or
     seed), each alert's first firing marked on the curve and the cliff's bottom as a cross."""
-    from gridrun.grid.figures import OKABE_ITO, legend, new_figure, to_png
-
     panels = [(t, cells) for t, cells in _panels(records) if any(accuracy(c["cell"]) for c in cells)]
     if not panels:
         return None

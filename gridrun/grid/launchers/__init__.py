@@ -1,7 +1,10 @@
 """Launchers: how queued cells become running `gridrun run <run_dir>` processes.
 
-    dispatch.py   the Launcher interface, queueing (attempts, needs), what a cell's state
-                  really is when its job died silently, and starting one cell's process
+    base.py       the Launcher interface (admit, submit, wait, reconcile, cancel) and the
+                  registry of launchers by name
+    dispatch.py   queueing: a cell's next attempt, its needs first, which cells a sweep
+                  dispatches (judged by their observed state, gridrun/grid/observe.py)
+    process.py    one cell's process, as every launcher starts it
     local.py      cells as subprocesses of `gridrun sweep`, with a progress display
     slurm.py      cells as submitit job arrays (slurm_job.py runs inside each job)
 """

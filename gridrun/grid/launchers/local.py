@@ -14,7 +14,7 @@ whatever process ran them; when one ends otherwise, the pool gives it up (it rea
 
 A cell whose process dies without recording a final state (kill -9, out of memory) is
 marked failed by this launcher if it is still running, and otherwise read as failed ("lost"):
-a running cell whose run lock no process holds (gridrun/grid/launchers/dispatch.py's
+a running cell whose run lock no process holds (gridrun/grid/observe.py's
 `live_state`, for cells run by hand too), a queued one whose gridrun process exited
 (`reconcile`). A cell whose folder was deleted under it ends `missing`; the others go on.
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections import deque
@@ -40,14 +39,14 @@ from gridrun.cellstate import ACTIVE_STATES, BLOCKING_STATES
 from gridrun.grid.console import console
 from gridrun.grid.errors import GridError
 from gridrun.grid.gridconfig import LocalSettings
-from gridrun.grid.launchers.dispatch import Launcher, live_state, observe, sweep_needs
+from gridrun.grid.launchers.base import Launcher
 from gridrun.grid.launchers.process import cell_env, last_own_line, log_tail, start_cell
+from gridrun.grid.observe import HOST, live_state, observe, sweep_needs
 from gridrun.rundir import DamagedFile, RunDir
 
 if TYPE_CHECKING:
     from gridrun.grid.sweepdir import SweepDir
 
-HOST = socket.gethostname()
 # A process that started this long after a cell's timestamp is a recycled pid, not the cell's.
 START_SLACK_S = 2.0
 
@@ -158,7 +157,7 @@ class LocalLauncher(Launcher):
 
     @classmethod
     def reconcile(cls, states: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
-        # A running cell is judged by its run lock before this (dispatch.live_state); a queued
+        # A running cell is judged by its run lock before this (observe.live_state); a queued
         # one, by the gridrun process that queued it and would start it.
         lost: dict[str, tuple[str, str]] = {}
         for cell_id, state in states.items():

@@ -61,8 +61,9 @@ from gridrun import cellstate
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.errors import GridError
 from gridrun.grid.gridconfig import CellOverride, ClusterSpec, SlurmSettings, cluster_spec, launcher_settings
-from gridrun.grid.launchers.dispatch import Launcher, sweep_needs
+from gridrun.grid.launchers.base import Launcher
 from gridrun.grid.launchers.process import interpreter_line
+from gridrun.grid.observe import sweep_needs
 
 if TYPE_CHECKING:
     from gridrun.grid.sweepdir import SweepDir

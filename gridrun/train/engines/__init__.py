@@ -1,6 +1,6 @@
 """Rollout engines: `hf` (transformers generate; CPU, tests) and `vllm` (GPU clusters).
 
-`make_engine` calls the factory the engine's registry entry names (gridrun/engines.py for the
+`make_engine` calls the factory the engine's registry entry names (gridrun/engine_params.py for the
 built-ins, declared torch-free so the grid can check their settings); each engine module is
 imported only when chosen (vLLM is an optional extra)."""
 
@@ -10,7 +10,7 @@ import importlib
 from typing import Any
 
 from gridrun import registry
-from gridrun.engines import HFParams
+from gridrun.engine_params import HFParams
 from gridrun.runconfig import RunConfig
 from gridrun.train.rollout import RolloutEngine
 

@@ -59,10 +59,11 @@ from safetensors.torch import load_file, save_file
 from vllm.inputs import TokensPrompt
 from vllm.lora.request import LoRARequest
 
-from gridrun.engines import VLLMParams
+from gridrun.engine_params import VLLMParams
 from gridrun.runconfig import RunConfig
 from gridrun.train.engines.hf import stop_token_ids
 from gridrun.train.rollout import Completion, GenRequest, RolloutEngine, SamplingParams
+from gridrun.train.seeds import Stream, derive
 
 log = logging.getLogger("gridrun")
 
@@ -183,7 +184,7 @@ class VLLMEngine(RolloutEngine):
                 model=self.tokenizer.name_or_path,
                 tokenizer=self.tokenizer.name_or_path,
                 dtype=cfg.model.dtype,
-                seed=cfg.cell.seed,
+                seed=derive(cfg.cell.seed, Stream.CELL),
                 tensor_parallel_size=1,
                 max_model_len=max_len,
                 enable_prefix_caching=self.params.enable_prefix_caching,

@@ -32,15 +32,23 @@ from typing import Any
 
 import pandas as pd
 
+from gridrun.grid.analysis.plotting import (
+    OKABE_ITO,
+    SERIES_COLORS,
+    Job,
+    legend,
+    new_figure,
+    save_png,
+    thin_runs,
+    to_png,
+)
 from gridrun.grid.analysis.stats import mean_ci95, t95
 from gridrun.grid.analysis.summary import MetricColumns
-from gridrun.grid.analysis.tables import ordered_workflows
+from gridrun.grid.analysis.tables import POLICY_LABELS, ordered_workflows
 from gridrun.grid.errors import GridError
-from gridrun.grid.figures import OKABE_ITO, SERIES_COLORS, Job, legend, new_figure, save_png, thin_runs, to_png
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.rundir import RunDir
 
-POLICY_LABEL = {"isolated": "IP", "shared": "SP"}
 POLICY_MARKER = {"IP": "o", "SP": "s"}
 WORKFLOW_MARKER = {"eval_opt": "o", "voting": "s", "orch_workers": "^"}
 WORKFLOW_CODE = {"eval_opt": "E", "voting": "V", "orch_workers": "O"}
@@ -141,7 +149,7 @@ def fig2(cells: pd.DataFrame, sweep_name: str) -> bytes | None:
                 else:
                     ref = sa_mean
                 for offset, policy in ((-0.15, "isolated"), (0.15, "shared")):
-                    label = POLICY_LABEL[policy]
+                    label = POLICY_LABELS[policy]
                     peaks = _done(train[(train["workflow"] == workflow) & (train["policy"] == policy)], "peak_val_acc")
                     if ref is None or not peaks:
                         continue
@@ -222,7 +230,7 @@ def fig4(cells: pd.DataFrame, columns: dict[str, MetricColumns], task: str, scal
                                                        ("val", "val/acc", "validation accuracy (%)"))):
             ax = axes[row][column]
             for policy, linestyle in (("isolated", "-"), ("shared", "--")):
-                label = POLICY_LABEL[policy]
+                label = POLICY_LABELS[policy]
                 ids = train.loc[(train["workflow"] == workflow) & (train["policy"] == policy), "cell"]
                 runs = [{s: 100 * v for s, v in columns[c].series(split, metric).items()} for c in ids if c in columns]
                 drawn |= _draw_runs(ax, runs, SERIES_COLORS[label], label, linestyle)
@@ -257,7 +265,7 @@ def fig5(cells: pd.DataFrame, sweep_name: str) -> bytes | None:
         for x, (workflow, task, scale) in enumerate(matched):
             group = train[(train["workflow"] == workflow) & (train["task"] == task) & (train["scale"] == scale)]
             for offset, policy in ((-0.15, "isolated"), (0.15, "shared")):
-                label = POLICY_LABEL[policy]
+                label = POLICY_LABELS[policy]
                 values = _done(group[group["policy"] == policy], name)
                 _point(ax, x + offset, values, SERIES_COLORS[label], POLICY_MARKER[label],
                        None if label in labelled or not values else label)
@@ -333,7 +341,7 @@ def fig6(cells: pd.DataFrame, columns: dict[str, MetricColumns], cell: str) -> b
             ax.text(0.5, 0.5, f"no {name} logged", ha="center", va="center", transform=ax.transAxes, color="grey")
     overlay = axes[4]
     other = twin(cells, cell)
-    policy = {c: POLICY_LABEL.get(p, str(p)) for c, p in zip(cells["cell"], cells["policy"])}
+    policy = {c: POLICY_LABELS.get(p, str(p)) for c, p in zip(cells["cell"], cells["policy"])}
     for index, (run, linestyle) in enumerate(((cell, "-"), (other, "--"))):
         if run is None or run not in columns:
             continue

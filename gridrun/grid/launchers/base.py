@@ -1,0 +1,86 @@
+"""The Launcher interface and the registry of launchers: how queued cells become running
+`gridrun run <run_dir>` processes.
+
+    admit(sweep, ids) -> ids             under the lock, before anything is queued: checks the
+                                         launcher's settings (raises GridError) and may hold
+                                         cells back (an attempt cap)
+    submit(sweep, ids) -> {id: job_id}   under the sweep's lock; returns quickly
+    wait(sweep, ids) -> exit code        after the lock is released; blocking launchers
+                                         (local) run the cells here, schedulers return
+    reconcile(states) -> {id: (state, why)}  cells whose state.json says queued/running but
+                                         whose job is gone (killed, lost node, preempted); a
+                                         result equal to the cell's state is no change, only
+                                         the scheduler's word for it (shown by `gridrun status`;
+                                         gridrun/grid/observe.py asks it)
+    cancel(sweep, ids)                   under the lock; the cells end as cancelled
+
+A launcher is named in conf/launcher/<name>.yaml and registered in LAUNCHERS; a SLURM
+launcher (submitit) plugs in the same way. Every launcher starts a cell's process the same
+way (gridrun/grid/launchers/process.py). Left out: queueing (dispatch.py) and what a cell's
+state really is (gridrun/grid/observe.py). Stdlib only: `gridrun status` imports this.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from gridrun.grid.errors import GridError
+from gridrun.grid.gridconfig import LauncherSettings
+
+if TYPE_CHECKING:
+    from gridrun.grid.sweepdir import SweepDir
+
+# name -> "module:Class"; imported only when a cell of that launcher is touched.
+LAUNCHERS: dict[str, str] = {
+    "local": "gridrun.grid.launchers.local:LocalLauncher",
+    "slurm": "gridrun.grid.launchers.slurm:SlurmLauncher",
+}
+
+
+class Launcher(ABC):
+    name: ClassVar[str]
+    # Whether a free run lock means the cell's job is over (`live_state`); False for a
+    # scheduler that may requeue a killed job, whose own word `reconcile` asks for.
+    lock_is_liveness: ClassVar[bool] = True
+    # The settings its conf/launcher/<name>.yaml may hold, checked at plan time.
+    settings_type: ClassVar[type[LauncherSettings]] = LauncherSettings
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        self.settings = dict(settings)
+
+    def admit(self, sweep: SweepDir, ids: list[str]) -> list[str]:
+        """The cells to queue, before any is marked queued; raise GridError to refuse them all."""
+        return ids
+
+    @abstractmethod
+    def submit(self, sweep: SweepDir, ids: list[str]) -> dict[str, str]:
+        """Hand queued cells to the scheduler; return each one's job id. Under the lock."""
+
+    def wait(self, sweep: SweepDir, ids: list[str]) -> int:
+        """Run or watch the submitted cells until they end (blocking launchers); 0 if all done."""
+        return 0
+
+    @classmethod
+    @abstractmethod
+    def reconcile(cls, states: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
+        """For active cells (id -> state.json), those whose job is gone: id -> (state, why)."""
+
+    @abstractmethod
+    def cancel(self, sweep: SweepDir, ids: list[str]) -> list[str]:
+        """Stop these active cells' jobs; returns a line per cell saying what was done."""
+
+
+def launcher_class(name: str) -> type[Launcher]:
+    if name not in LAUNCHERS:
+        raise GridError(f"no launcher '{name}' (registered: {', '.join(LAUNCHERS)}): set launcher=<one of them>")
+    module, _, name_in_module = LAUNCHERS[name].partition(":")
+    cls: type[Launcher] = getattr(importlib.import_module(module), name_in_module)
+    return cls
+
+
+def make_launcher(settings: Mapping[str, Any]) -> Launcher:
+    """The launcher named by settings['name'] (conf/launcher/<name>.yaml, as in sweep.json)."""
+    return launcher_class(str(settings.get("name", "local")))(settings)
