@@ -109,10 +109,14 @@ def test_missing_metrics_and_zero_first_values_give_no_number() -> None:
     assert summary["peak_val_acc"] == 0.3 and summary["cliff_drop"] is None and summary["cliff_step"] is None
     for key in ("train_acc_start", "max_chi2", "max_grad_norm", "entropy_collapse"):
         assert summary[key] is None
-    # chi2 logged as E[rho^2]-1 starts at 0 on-policy: a ratio to 0 says nothing. A metric the
-    # trainer does not log (here ppl) gives no column value either.
-    summary = cell_summary(MetricColumns.from_rows(rows_of({"role/generator/chi2": [0.0, 0.2]}, {})))
-    assert summary["role/generator/chi2_ratio"] is None and summary["role/generator/chi2_peak_step"] == 2
+    # chi2 logged as E[rho^2]-1 starts at 0 on-policy (LR 0 under the warmup): a ratio to 0
+    # says nothing, so its baseline is its first value above the alerts' floor (1e-4):
+    # 0 -> 0.05 -> 0.2 is 4x; a chi2 never above the floor (always on-policy) is 1x. A metric
+    # the trainer does not log (here ppl) gives no column value.
+    summary = cell_summary(MetricColumns.from_rows(rows_of({"role/generator/chi2": [0.0, 0.05, 0.2],
+                                                            "role/aggregator/chi2": [0.0, 2e-7, -1e-7]}, {})))
+    assert summary["role/generator/chi2_ratio"] == pytest.approx(4.0) and summary["role/generator/chi2_peak_step"] == 3
+    assert summary["role/aggregator/chi2_ratio"] == 1.0
     assert summary["role/generator/ppl_ratio"] is None and summary["val_acc_step0"] is None
 
 

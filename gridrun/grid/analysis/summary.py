@@ -20,6 +20,10 @@ columns, so a cell's file is parsed once.
     entropy_collapse                          first - minimum of the step's entropy (roles'
                                               `role/<r>/entropy` weighted by their tokens)
     role/<r>/{chi2,ppl,grad_norm}_ratio       Table 2: peak over the first training step's value
+                                              (chi2: over its first value above the alerts'
+                                              chi2_floor: under a warmup from 0 the first
+                                              update is on-policy, chi2 0, where verl's
+                                              carries the train-inference mismatch)
     role/<r>/chi2_peak_step                   the step of that role's largest chi2
     role/<r>/opt_steps                        the role's optimizer steps per training step (mean)
     adapter/<a>/{...same four}                the same for a cell's one adapter when it serves
@@ -194,20 +198,26 @@ def token_weighted(columns: MetricColumns, roles: list[str], metric: str) -> Col
     return steps, np.where(weighted_ok, weighted, plain)
 
 
-def peak_over_first(column: Column) -> tuple[float | None, int | None]:
-    """(max / value at the first step, step of the max); None ratio when the first is not > 0."""
+def peak_over_first(column: Column, floor: float | None = None) -> tuple[float | None, int | None]:
+    """(max / value at the first step, step of the max); None ratio when the first is not > 0.
+    With a `floor` (chi2's): the first value above it is the baseline and the max counts as at
+    least the floor, as the gradient_amplification alert reads them; a column never above
+    the floor (always on-policy) has ratio 1."""
     steps, values = column
     kept = np.isfinite(values)
     steps, values = steps[kept], values[kept]
     if not len(steps):
         return None, None
     peak = int(np.argmax(values))  # the first step reaching the max
+    if floor is not None:
+        above = np.flatnonzero(values > floor)
+        return (max(float(values[peak]), floor) / float(values[above[0]]) if len(above) else 1.0), int(steps[peak])
     first = float(values[0])
     return (float(values[peak]) / first if first > 0 else None), int(steps[peak])
 
 
 def ratio_columns(prefix: str, chi2: Column, ppl: Column, grad_norm: Column) -> dict[str, Any]:
-    chi2_ratio, chi2_peak_step = peak_over_first(chi2)
+    chi2_ratio, chi2_peak_step = peak_over_first(chi2, THRESHOLDS.chi2_floor)
     return {
         f"{prefix}/chi2_ratio": chi2_ratio,
         f"{prefix}/ppl_ratio": peak_over_first(ppl)[0],
