@@ -57,7 +57,7 @@ findings: ## the seeded toy study (sweeps/findings.yaml: 46 cells, about 50 min 
 	$(GRIDRUN) sweep conf=findings; status=$$?; \
 		$(GRIDRUN) collect conf=findings && exit $$status
 
-mechanisms: ## the mechanisms study (sweeps/mechanisms.yaml: 54 cells, sized to ~100 min on 2 cores), then its early warning, findings and report
+mechanisms: ## the mechanisms study (sweeps/mechanisms.yaml: 54 cells, 1h20m measured on 2 shared cores, ~60 min idle), then its early warning, calibration, findings and report
 	$(GRIDRUN) toy build
 	$(GRIDRUN) sweep conf=mechanisms; status=$$?; \
 		$(GRIDRUN) collect conf=mechanisms && exit $$status
