@@ -52,7 +52,7 @@ demo: ## the toy world, the smoke sweep on it (CPU, 11 cells), its status, table
 	$(GRIDRUN) sweep conf=smoke --max-parallel 2; status=$$?; \
 		$(GRIDRUN) status conf=smoke && $(GRIDRUN) collect conf=smoke && exit $$status
 
-findings: ## the seeded toy study (sweeps/findings.yaml: 46 cells, about 50 min on 2 cores), then its findings table and report
+findings: ## the seeded toy study (sweeps/findings.yaml: 46 cells, 34 min on 2 idle cores), then its findings table and report
 	$(GRIDRUN) toy build
 	$(GRIDRUN) sweep conf=findings; status=$$?; \
 		$(GRIDRUN) collect conf=findings && exit $$status
