@@ -36,8 +36,16 @@ from typing import Any
 
 import pandas as pd
 
+from gridrun.accuracy import val_accuracy
 from gridrun.grid.analysis.tables import Table, number
-from gridrun.grid.analysis.warning import CLIFF_PP, LEAD_VALIDATIONS, TRAINED_KINDS, cliff_from_peak, lead
+from gridrun.grid.analysis.warning import (
+    CLIFF_PP,
+    LEAD_VALIDATIONS,
+    TRAINED_KINDS,
+    alert_counts,
+    cliff_from_peak,
+    warning_columns,
+)
 from gridrun.grid.spec import EarlyWarningPlan
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.mechanisms import (
@@ -97,21 +105,19 @@ class Score:
 
 
 def score(curves: Sequence[CellCurve], mechanism: str, thresholds: Thresholds) -> Score:
-    """Recall and false alarms of `mechanism`'s alert under `thresholds` on `curves`."""
-    cliffs = warned = calm = false = 0
+    """Recall and false alarms of `mechanism`'s alert under `thresholds` on `curves`: each
+    curve's cliff and lead as collect writes them (`warning_columns`), counted as the early
+    warning table counts them (`alert_counts`)."""
+    first = f"alert/{mechanism}/first_step"
+    records = []
     for curve in curves:
-        cliff = cliff_from_peak(curve.val_acc)
-        if cliff is None:
-            continue
         fired = curve.first_firing(mechanism, thresholds)
-        if cliff.drop_pp >= CLIFF_PP:
-            cliffs += 1
-            ahead = lead(sorted(curve.val_acc), cliff.onset_step, fired)
-            warned += ahead is not None and ahead >= LEAD_VALIDATIONS
-        else:
-            calm += 1
-            false += fired is not None
-    return Score(cliffs, warned, calm, false)
+        # Steps replayed: none (no training row) leaves the cell out, as collect's alert_summary does.
+        trained = sum(row.get("split") == "train" for row in curve.rows) or None
+        records.append({"kind": "train", "state": "done", f"alert/{mechanism}/steps": trained, first: fired,
+                        **warning_columns(curve.val_acc, {first: fired})})
+    counts = alert_counts(pd.DataFrame.from_records(records), mechanism)
+    return Score(counts["cliffs"], counts["warned"], counts["calm"], counts["false"])
 
 
 def candidates(mechanism: str, search: Mapping[str, Sequence[float]]) -> list[Thresholds]:
@@ -149,10 +155,9 @@ def read_curves(sweep: SweepDir, cells: pd.DataFrame) -> list[CellCurve]:
     curves = []
     for record in done.to_dict("records"):
         rows = RunDir(sweep.cell(record["cell"]).root).read_metrics()
-        val_acc = {int(r["step"]): float(r["val/acc"]) for r in rows if r.get("split") == "val" and "val/acc" in r}
         variant = record.get("variant")
         curves.append(CellCurve(record["cell"], int(record["seed"]), str(record["workflow"]), record.get("policy"),
-                                None if variant is None or pd.isna(variant) else str(variant), rows, val_acc))
+                                None if variant is None or pd.isna(variant) else str(variant), rows, val_accuracy(rows)))
     return curves
 
 

@@ -106,7 +106,9 @@ def warning_columns(val_acc: Mapping[int, float], summary: Mapping[str, Any]) ->
     return out
 
 
-def _counts(cells: pd.DataFrame, alert: str) -> dict[str, int]:
+def alert_counts(cells: pd.DataFrame, alert: str) -> dict[str, int]:
+    """Recall's and false alarms' counts of `alert` over cells.parquet-shaped rows: the one
+    definition of a warned cliff and a false alarm (the calibration scores candidates with it)."""
     steps = f"alert/{alert}/steps"
     if steps not in cells:
         return {"cells": 0, "cliffs": 0, "warned": 0, "calm": 0, "calm_shuffled": 0, "false": 0}
@@ -136,7 +138,7 @@ def early_warning_table(cells: pd.DataFrame, name: str = "early_warning") -> Tab
                "false_alarm_rate"]
     rows, shown = [], []
     for alert in ALERTS:
-        c = _counts(cells, alert)
+        c = alert_counts(cells, alert)
         recall = c["warned"] / c["cliffs"] if c["cliffs"] else None
         false_rate = c["false"] / c["calm"] if c["calm"] else None
         rows.append([alert, str(c["cells"]), str(c["cliffs"]), str(c["warned"]), number(recall, 3),
