@@ -307,10 +307,11 @@ def _fill_old_logprobs(
         trained[key].old_logp = trained[key].old_entropy = None
     # Every row is in one mini-batch of the first epoch (later epochs repeat the rows).
     first_epoch = [dist.stride(batch) for cuts in plan.values() for batch in cuts[: len(cuts) // gcfg.ppo_epochs]]
+    kl_roles = _kl_roles(gcfg)
     fill_reference_logprobs(
         model,
         [rows for batch in first_epoch if (rows := [s for s in batch if id(s) not in on_policy])],
-        [s for s in trained.values() if s.role in _kl_roles(gcfg)],
+        [s for s in trained.values() if s.role in kl_roles],
         settings,
     )
 
