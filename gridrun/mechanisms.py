@@ -99,7 +99,7 @@ class Thresholds:
     the float rounding of a one-mini-batch role's chi2 (1e-7) and ~30x below an
     off-policy mini-batch's on the toy world (3e-3 for Voting-IP's generator in a 3-step
     sizing run); ratio_window 1 is Table 2's peak-over-first. The drift thresholds are the
-    trainer's former fixed ones (gridrun/train/alerts.py, now here): a rate halving from at
+    trainer's former fixed ones, now defined here only: a rate halving from at
     least 50%, code fences or truncation above 20%, slots' Jaccard above 0.9 from below 0.7.
     """
 
