@@ -2,7 +2,7 @@
 and flag (from the CLI's argparse parser), config group option (`preset=`, `engine=`, ...:
 the option files under the config dir), sweep (`conf=<name>`, `sweeps/<name>.yaml`: the sweep
 files), `make` target (the Makefile's rules), repository path and test function they name,
-and every relative link of the README. Only code (inline spans and fenced blocks) is read:
+and every relative link (its file, and its heading). Only code (inline spans and fenced blocks) is read:
 prose may say "make" or "task". Placeholders (`<sweep>`, `{cell}`, `XXXXXX`) are skipped.
 bench/measured/ is history and is not checked."""
 
@@ -56,12 +56,15 @@ def known() -> Known:
     )
 
 
+FENCES = re.compile(r"^[ \t]*```[^\n]*\n(.*?)^[ \t]*```", re.MULTILINE | re.DOTALL)
+SPANS = re.compile(r"`([^`]+)`")
+
+
 def code_of(text: str) -> Iterator[str]:
     """The fenced blocks' lines, then the inline code spans (a span may wrap a line)."""
-    fences = re.compile(r"^[ \t]*```[^\n]*\n(.*?)^[ \t]*```", re.MULTILINE | re.DOTALL)
-    for block in fences.findall(text):
+    for block in FENCES.findall(text):
         yield from block.splitlines()
-    for span in re.findall(r"`([^`]+)`", fences.sub("", text)):
+    for span in SPANS.findall(FENCES.sub("", text)):
         yield span.replace("\n", " ")
 
 
@@ -140,13 +143,28 @@ def check_tests(text: str, repo: Path) -> Iterator[str]:
                 yield f"`{current.relative_to(repo)}::{name}`: no such test"
 
 
-def check_links(text: str, source: Path, repo: Path) -> Iterator[str]:
-    for target in re.findall(r"\]\(([^)\s]+)\)", text):
-        if re.match(r"[a-z]+:|#", target):
+def _anchors(markdown: str) -> set[str]:
+    """Each heading's anchor as GitHub and as MkDocs (Python-Markdown's toc) spell it."""
+    anchors = set()
+    for heading in re.findall(r"^#+\s+(.+?)\s*$", markdown, re.MULTILINE):
+        text = heading.lower()
+        anchors.add(re.sub(r" ", "-", re.sub(r"[^\w\s-]", "", text)))
+        anchors.add(re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text).strip()))
+    return anchors
+
+
+def check_links(text: str, source: Path) -> Iterator[str]:
+    """Relative links reach a file and, with `#anchor`, a heading of that file."""
+    prose = SPANS.sub("", FENCES.sub("", text))
+    for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+        if re.match(r"[a-z]+:", target):
             continue
-        path = (source.parent / target.split("#")[0]).resolve()
+        file, _, anchor = target.partition("#")
+        path = (source.parent / file).resolve() if file else source
         if not path.exists():
             yield f"link ({target}) does not exist"
+        elif anchor and path.suffix == ".md" and anchor not in _anchors(path.read_text()):
+            yield f"link ({target}): {file or source.name} has no heading #{anchor}"
 
 
 def problems(text: str, source: Path, k: Known, repo: Path = REPO) -> list[str]:
@@ -156,8 +174,7 @@ def problems(text: str, source: Path, k: Known, repo: Path = REPO) -> list[str]:
         found += check_names(code, k)
         found += check_paths(code, repo)
     found += check_tests(text, repo)
-    if source.name == "README.md":
-        found += check_links(text, source, repo)
+    found += check_links(text, source)
     return found
 
 
@@ -193,11 +210,11 @@ make demoo && make test
 
 Options: `gpu=h200`, `scale=1.7b`, `sweeps/nope.yaml`, `conf/cluster/nope.yaml`,
 `tests/test_grpo.py::test_k3_kl_clamps_as_verl`, `::test_no_such_thing`, `make table1 SWEEP=fulll_matrix`.
-See [the design](docs/nope.md).
+See [the design](docs/nope.md) and [its map](docs/design.md#no-such-heading), [analysis](#analysis).
 """
     found = problems(planted, REPO / "README.md", valid)
     for wrong in ("gridrun sweeep", "--wacth", "gridrun toy bild", "conf=smokee", "preset=as_writen",
                   "engine=vllmm", "make demoo", "gpu=h200", "sweeps/nope.yaml", "conf/cluster/nope.yaml",
-                  "test_no_such_thing", "SWEEP=fulll_matrix", "docs/nope.md"):
+                  "test_no_such_thing", "SWEEP=fulll_matrix", "docs/nope.md", "#no-such-heading"):
         assert any(wrong in line for line in found), f"{wrong} was not caught: {found}"
     assert not any(name in line for line in found for name in ("scale=1.7b", "make test", "engine=hf`", "as_verl"))
