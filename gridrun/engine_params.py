@@ -35,5 +35,5 @@ class VLLMParams(EngineParams):
     enable_sleep_mode: bool = True
 
 
-HF = register_engine(Engine(name="hf", params=HFParams, factory="gridrun.train.engines:hf_engine"))
-VLLM = register_engine(Engine(name="vllm", params=VLLMParams, factory="gridrun.train.engines:vllm_engine"))
+register_engine(Engine(name="hf", params=HFParams, factory="gridrun.train.engines:hf_engine"))
+register_engine(Engine(name="vllm", params=VLLMParams, factory="gridrun.train.engines:vllm_engine"))

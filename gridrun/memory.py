@@ -16,7 +16,7 @@ A cell's GPU holds, per data-parallel rank (every rank keeps a full replica):
 
 The peak is the larger of the rollout phase and the update phase. The constants below
 were fitted to peaks measured with torch.cuda.max_memory_allocated on an H100 (1.7B and
-4B, bench/gpu.py, bench/measured/): predicted/measured is in the README, not assumed.
+4B, bench/gpu.py, bench/measured/): predicted/measured is in docs/real-scale.md, not assumed.
 Torch-free: the grid imports it at plan time.
 
 Not counted: the CUDA context (outside PyTorch's allocator), NCCL buffers, vLLM's CUDA
