@@ -138,3 +138,15 @@ def test_the_canary_says_no_go_and_why(tmp_path: Path, state: str, ranks: list[d
     run_dir, cell = _canary_dir(tmp_path, state, ranks)
     verdict = report(run_dir, cell, "full_matrix", [cell], cpu=False)
     assert not verdict.go and verdict.lines[-1].startswith("NO-GO: ") and why in verdict.lines[-1]
+
+
+def test_a_cell_gpu_that_is_not_a_mapping_of_classes_is_refused(tmp_path: Path) -> None:
+    sweep = tmp_path / "mine.yaml"
+    text = (Path(__file__).parents[2] / "sweeps" / "smoke.yaml").read_text()
+    sweep.write_text(text + "cell_gpu: [h100]\n")
+    with pytest.raises(Exception, match=r"'cell_gpu' must map a glob on cell ids to a GPU class, e.g. "):
+        load_spec(str(sweep), [], Composer())
+    # A class that does not exist is named by the composer, for the cells it applies to.
+    sweep.write_text(text + "cell_gpu: {'voting-*': a100}\n")
+    with pytest.raises(Exception, match=r"a100"):
+        make_plan(load_spec(str(sweep), ["workflow=voting", "kind=train", "policy=shared"], Composer()), Composer())
