@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gridrun.cellstate import ACTIVE_STATES, FINAL_STATES
+from gridrun.cellstate import ACTIVE_STATES
 from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError
 from gridrun.grid.plan import PlannedCell, freeze, make_plan
@@ -134,10 +134,10 @@ def _watch(sweep: SweepDir, cell_id: str, launcher: Any, timeout_min: float) -> 
     last = None
     while True:
         state = sweep.cell(cell_id).read_state()
-        if state.get("state") in FINAL_STATES:
+        if state.get("state") not in ACTIVE_STATES:
             return
         seen = launcher.reconcile({cell_id: state}).get(cell_id)
-        if seen and seen[0] in FINAL_STATES:
+        if seen and seen[0] not in ACTIVE_STATES:
             return
         now = (state.get("state"), state.get("step"))
         if now != last:
