@@ -23,5 +23,8 @@ The trainer is reached only through a run directory and `gridrun run <run_dir>`.
 
 from pathlib import Path
 
-# conf/ and sweeps/ live beside the package (an editable install of the repository).
-REPO_ROOT = Path(__file__).resolve().parents[2]
+# The package's own folder: its shipped conf/ (Hydra groups), sweeps/ and slurm/ (the node
+# setup script and site scripts) are package data, found here in a wheel and in a checkout.
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+# The folder holding the package: the repository checkout in an editable install.
+REPO_ROOT = PACKAGE_DIR.parent

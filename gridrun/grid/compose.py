@@ -53,12 +53,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from gridrun import registry
-from gridrun.grid import REPO_ROOT
+from gridrun.grid import PACKAGE_DIR, REPO_ROOT
 from gridrun.grid.errors import GridError, closest
 from gridrun.registry import ConfigError, OptionParams
 from gridrun.runconfig import ToySpec, run_defaults
 
-CONF_DIR = REPO_ROOT / "conf"
+CONF_DIR = PACKAGE_DIR / "conf"
 PRIMARY = "config"
 # The tables of conf/tables.yaml: (table, (row group, key naming the row), (column group, key
 # naming the column)); the keys are where the chosen options' names land in the tree.

@@ -37,13 +37,13 @@ from typing import Any
 import yaml
 from hydra.core.override_parser.types import Glob
 
-from gridrun.grid import REPO_ROOT
+from gridrun.grid import PACKAGE_DIR
 from gridrun.grid.cells import AXES, KINDS
 from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError, closest
 from gridrun.grid.sweepdir import check_sweep_name
 
-SWEEPS_DIR = REPO_ROOT / "sweeps"
+SWEEPS_DIR = PACKAGE_DIR / "sweeps"
 # A variant's name ends cell ids: no '-' (the ids' separator) and nothing a path refuses.
 VARIANT_NAME = re.compile(r"[A-Za-z0-9_]+")
 SWEEP_KEYS = ("axes", "restrict", "overrides", "variants", "early_warning")
