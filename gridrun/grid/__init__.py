@@ -28,3 +28,9 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 # The folder holding the package: the repository checkout in an editable install.
 REPO_ROOT = PACKAGE_DIR.parent
+
+
+def checkout() -> Path | None:
+    """The repository checkout gridrun runs from (an editable install); None when installed as
+    a wheel (REPO_ROOT is then site-packages)."""
+    return REPO_ROOT if (REPO_ROOT / "pyproject.toml").is_file() else None
