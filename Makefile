@@ -15,7 +15,7 @@ install: ## create .venv/ with gridrun and its dev tools (torch first: CPU machi
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e '.[dev]'
+	$(PY) -m pip install -e '.[train,dev]'
 	@$(MAKE) --no-print-directory sandbox
 
 # Without a working bubblewrap the code task runs no program at all (it fails closed), so this

@@ -34,7 +34,9 @@ export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
 export GRIDRUN_CACHE=${GRIDRUN_CACHE:-$HOME/.cache/gridrun}
 
 if [[ ${1:-} == --check ]]; then
+    # The checkout's venv (make install); installed as a wheel, the python on PATH.
     python=${GRIDRUN_PYTHON:-$_gridrun_repo/.venv/bin/python}
+    [[ -n ${GRIDRUN_PYTHON:-} || -x $python ]] || python=$(command -v python3 || echo python3)
     failed=0
     check() { # check <what> <command...>
         local what=$1

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gridrun.cli import missing_train_stack
 from gridrun.grid import PACKAGE_DIR
 from tests.grid.conftest import Gridrun, tree
 
@@ -135,3 +136,12 @@ def test_a_sweep_file_by_path_still_plans(gridrun: Gridrun, results: Path, cwd: 
     my_cluster(cwd)
     result = gridrun("plan", f"conf={path}", "--dry-run")
     assert result.code == 0 and "2 cells" in result.out, result.err
+
+
+def test_a_command_that_needs_the_trainer_names_the_extra() -> None:
+    err = ModuleNotFoundError("No module named 'torch'", name="torch")
+    assert missing_train_stack(err, "run") == (
+        "gridrun run needs the training stack (torch is not installed): pip install 'gridrun[train]' "
+        "(from a gridrun checkout: pip install '.[train]')")
+    assert missing_train_stack(ModuleNotFoundError("x", name="peft.tuners"), "export") is not None
+    assert missing_train_stack(ModuleNotFoundError("x", name="nonexistent"), "run") is None
