@@ -21,4 +21,7 @@ The halves and what sits above them:
     adapters.py      where a trained adapter is; export.py: `gridrun export`
     memory.py arch/  the dry run's GPU-memory model; Qwen3 architectures
     results.py       a collected sweep as pandas DataFrames
+Package data (shipped in the wheel; a user's own are found first, grid/search.py):
+    conf/ sweeps/    the Hydra config groups and the sweeps
+    slurm/           the SLURM node setup script and its site scripts
 """

@@ -1,5 +1,6 @@
 """The orchestration half: Hydra composition, cells, launching, status and Table 1.
 
+    search.py      where sweeps and config groups are found: the user's folder, then the shipped ones
     spec.py        a sweep file + command-line overrides -> axes and settings
     compose.py     Hydra composition of one cell's config (conf/)
     gridconfig.py  the grid root's schema (gpu, cluster, launcher, ...), checked at plan time
