@@ -175,7 +175,8 @@ class Trainer:
         if cfg.shuffles_rewards:
             shuffle_rewards(episodes, cfg.cell.seed, step, self.dist)
         # Every rank's outcomes, in single-process order (groups are whole on one rank).
-        outcomes, _ = self.dist.gather([(e.reward, e.scored.correct, e.scored.parsed is None) for e in episodes])
+        outcomes, _ = self.dist.gather([(e.reward, e.scored.correct, e.scored.parsed is None,
+                                         e.scored.flag == "timeout") for e in episodes])
         rewards = torch.tensor([o[0] for o in outcomes])
         advantages, groups = turn_advantages(episodes, self.workflow, cfg.grpo, self.dist)
         trainable = set(self.routing.trainable)
@@ -213,6 +214,8 @@ class Trainer:
             "reward/mean": float(rewards.mean()),
             "reward/acc": sum(o[1] for o in outcomes) / len(outcomes),
             "reward/no_answer_rate": sum(o[2] for o in outcomes) / len(outcomes),
+            # Answers the grader gave up on (past its time limit), scored wrong: a count.
+            "reward/grader_timeouts": sum(o[3] for o in outcomes),
             "adv/groups": groups.groups,
             "adv/singleton_groups": groups.singleton,
             "adv/zero_variance_groups": groups.zero_variance,
