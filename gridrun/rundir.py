@@ -16,7 +16,9 @@ value of the wrong type) makes the cell read as the `damaged` state, whose `erro
 file and the fix, and never raises; damaged metrics.jsonl rows are skipped and reported by
 `metrics_damage` (an accuracy outside [0, 1], NaN and Infinity included, damages its row).
 A folder without config.yaml (deleted, even under its run) reads `missing`, and `record`
-refuses to write into it. `hold` is the run's exclusive lock (one `gridrun run` per cell);
+refuses to write into it. A config.yaml whose bytes do not match the hash cell.json recorded
+at plan time (`config_sha256`; cells planned before it have none and are not checked) reads
+`damaged`, and `require` refuses it: a cut that still parses would train with defaults. `hold` is the run's exclusive lock (one `gridrun run` per cell);
 `held` probes it, the truth about whether a cell that reads running still runs.
 Left out: repairing a damaged file (the messages say how), locking between ranks of one job
 (rank 0 holds the lock for all of them), and what a metric means (an accuracy, a run's peak:
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import tempfile
@@ -76,7 +79,13 @@ RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "fingerprint": (str,),
     "coords": (dict,),
     "resources": (dict,),
+    "config_sha256": (str,),  # config.yaml's bytes as planned (absent in cells planned before it)
 }
+
+
+def config_digest(data: bytes) -> str:
+    """The hash cell.json records of config.yaml's bytes (`config_sha256`)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def _umask() -> int:
@@ -288,7 +297,27 @@ class RunDir:
                 f"{self.config_yaml} is damaged (not UTF-8 text): re-plan its sweep "
                 "(`gridrun plan conf=<sweep>`, with --replace if it says so) to write it again"
             ) from None
+        damage = self.config_damage()
+        if damage:
+            raise DamagedFile(damage)
         return self
+
+    def config_damage(self) -> str | None:
+        """Why config.yaml is not the file planned (its bytes do not match cell.json's
+        `config_sha256`), with the fix; None when it matches, or when there is nothing to check
+        it against (a cell planned before the hash; an absent or damaged cell.json, which
+        `inspect` and `plan` report themselves)."""
+        try:
+            expected = (self.read_record() or {}).get("config_sha256")
+            if not expected or config_digest(self.config_yaml.read_bytes()) == expected:
+                return None
+        except (DamagedFile, OSError):
+            return None
+        return (
+            f"{self.config_yaml} is damaged (it is not the file planned: its hash differs from the one in "
+            f"{self.cell_json.name}; truncated or edited?): re-plan its sweep (`gridrun plan conf=<sweep>`) "
+            "to write it again"
+        )
 
     # --- state -------------------------------------------------------------------------
     def _state_fix(self) -> str:
@@ -310,8 +339,16 @@ class RunDir:
         )
 
     def read_state(self) -> dict[str, Any]:
-        """state.json, `planned` when absent, the `damaged` state naming the file and fix, or
-        `missing` when the folder or its config.yaml is gone (whatever state.json says)."""
+        """state.json, `planned` when absent, the `damaged` state naming the file and fix (a
+        config.yaml that is not the one planned included), or `missing` when the folder or its
+        config.yaml is gone (whatever state.json says)."""
+        state = self._read_state_file()
+        if state["state"] in ("missing", "damaged"):
+            return state
+        damage = self.config_damage()
+        return {**state, "state": "damaged", "error": damage} if damage else state
+
+    def _read_state_file(self) -> dict[str, Any]:
         gone = self.missing()
         if gone:
             return {"state": "missing", "step": 0, "attempt": 0, "error": gone}
@@ -354,7 +391,7 @@ class RunDir:
         the transition then writes what it knows (there is no state to judge it from). A
         missing cell (its folder deleted, even under a running trainer) is NotARunDir, and
         nothing is written: a write would bring back a folder with no config.yaml."""
-        current = self.read_state()
+        current = self._read_state_file()  # a damaged config.yaml leaves state.json's history as is
         if current["state"] == "missing":
             raise NotARunDir(f"cannot record {change.name}: {current['error']}")
         damaged = current["state"] == "damaged"
