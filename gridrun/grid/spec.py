@@ -41,7 +41,7 @@ from gridrun.grid import REPO_ROOT
 from gridrun.grid.cells import AXES, KINDS
 from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError, closest
-from gridrun.grid.sweepdir import check_sweep_name
+from gridrun.grid.sweepdir import SWEEP_FILE_SUFFIXES, check_sweep_name
 
 SWEEPS_DIR = REPO_ROOT / "sweeps"
 # A variant's name ends cell ids: no '-' (the ids' separator) and nothing a path refuses.
@@ -145,7 +145,7 @@ def split_conf(args: Sequence[str]) -> tuple[str | None, list[str]]:
 
 def sweep_file(conf: str) -> Path:
     path = Path(conf)
-    if path.suffix in (".yaml", ".yml"):
+    if path.suffix in SWEEP_FILE_SUFFIXES:
         if not path.is_file():
             raise GridError(f"sweep file {path} does not exist")
         return path
