@@ -16,7 +16,9 @@ value of the wrong type) makes the cell read as the `damaged` state, whose `erro
 file and the fix, and never raises; damaged metrics.jsonl rows are skipped and reported by
 `metrics_damage` (an accuracy outside [0, 1], NaN and Infinity included, damages its row).
 A folder without config.yaml (deleted, even under its run) reads `missing`, and `record`
-refuses to write into it. A config.yaml whose bytes do not match the hash cell.json recorded
+refuses to write into it, as do all of a run's writers (`check_present`): while a RunDir
+holds the run, the folder must be the very one it held, not one planned again at its path.
+A config.yaml whose bytes do not match the hash cell.json recorded
 at plan time (`config_sha256`; cells planned before it have none and are not checked) reads
 `damaged`, and `require` refuses it: a cut that still parses would train with defaults. `hold` is the run's exclusive lock (one `gridrun run` per cell);
 `held` probes it, the truth about whether a cell that reads running still runs.
@@ -210,6 +212,8 @@ def read_json_file(path: Path, fields: dict[str, tuple[type, ...]], fix: str) ->
 class RunDir:
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root)
+        # (device, inode) of the folder while this object holds the run (`hold`).
+        self._identity: tuple[int, int] | None = None
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.root)!r})"
@@ -338,6 +342,26 @@ class RunDir:
             "still holds metrics or checkpoints needs --replace, which moves it to replaced/)"
         )
 
+    def _folder_identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.root)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def check_present(self, doing: str = "stopped writing") -> None:
+        """NotARunDir, naming the fix, unless this is still the planned cell's folder: config.yaml
+        is there and, while this object holds the run, it is the folder it held. Every writer
+        of a run's files calls it first, so a folder deleted under its run stays deleted."""
+        gone = self.missing()
+        if gone:
+            raise NotARunDir(f"{doing}: {gone}")
+        if self._identity is not None and self._folder_identity() != self._identity:
+            raise NotARunDir(
+                f"{doing}: {self.root} was deleted and planned again under this run, whose results are not the new "
+                "cell's: run the new cell (`gridrun sweep conf=<sweep>`)"
+            )
+
     def read_state(self) -> dict[str, Any]:
         """state.json, `planned` when absent, the `damaged` state naming the file and fix (a
         config.yaml that is not the one planned included), or `missing` when the folder or its
@@ -391,6 +415,7 @@ class RunDir:
         the transition then writes what it knows (there is no state to judge it from). A
         missing cell (its folder deleted, even under a running trainer) is NotARunDir, and
         nothing is written: a write would bring back a folder with no config.yaml."""
+        self.check_present(f"cannot record {change.name}")
         current = self._read_state_file()  # a damaged config.yaml leaves state.json's history as is
         if current["state"] == "missing":
             raise NotARunDir(f"cannot record {change.name}: {current['error']}")
@@ -423,8 +448,10 @@ class RunDir:
                 os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
             except OSError as err:
                 raise OSError(err.errno, err.strerror, str(self.run_lock)) from err
+            self._identity = self._folder_identity()
             yield
         finally:
+            self._identity = None
             os.close(fd)
 
     def held(self) -> bool:
@@ -462,6 +489,7 @@ class RunDir:
         lines = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
         if not lines:
             return
+        self.check_present()
         try:
             with open(self.metrics_jsonl, "a") as handle:
                 handle.write(lines)

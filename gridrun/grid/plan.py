@@ -320,8 +320,10 @@ def check(plan: Plan, sweep: SweepDir, replace: bool) -> Freeze:
         if run_dir is None or not any(run_dir.root.iterdir()):
             result.new.append(pc.id)
             continue
-        if not run_dir.config_yaml.is_file() and not _holds_run(run_dir) and not _busy(states[pc.id], run_dir):
-            # What a deleted cell leaves (logs, state.json, samples): no result to lose, but
+        deleted = not run_dir.config_yaml.is_file() and (not _holds_run(run_dir) or not run_dir.cell_json.exists())
+        if deleted and not _busy(states[pc.id], run_dir):
+            # What a deleted cell leaves (logs, state.json, samples; metric rows a run wrote
+            # while `rm -rf` ran, with neither config.yaml nor cell.json to say what it ran):
             # kept, moved aside like a replaced run, and the cell is planned afresh.
             result.replaced.append(pc.id)
             continue

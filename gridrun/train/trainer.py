@@ -35,7 +35,7 @@ from gridrun.accuracy import first_peak, val_accuracy
 from gridrun.adapters import AdapterSourceError
 from gridrun.mechanisms import RESPONSE_CAP, MechanismWatch, alert_flags
 from gridrun.runconfig import ModelSpec, RunConfig, load_config
-from gridrun.rundir import RUN_DISK_FIXES, RunDir, atomic_write_text, disk_error
+from gridrun.rundir import RUN_DISK_FIXES, NotARunDir, RunDir, atomic_write_text, disk_error
 from gridrun.tasks import make_task
 from gridrun.tasks.base import Problem
 from gridrun.tasks.sandbox import SandboxUnavailable
@@ -273,6 +273,7 @@ class Trainer:
         self.log_row(row)
         self.summarise(step, metrics)
         dumped = "".join(json.dumps(e.to_json()) + "\n" for e in episodes[: cfg.train.val_samples])
+        self.run_dir.check_present()
         atomic_write_text(self.run_dir.samples(step), dumped)
         log.info("step %d validation: acc %.3f on %d problems", step, metrics["val/acc"], len(problems))
 
@@ -392,6 +393,9 @@ def run_under_lock(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int
             record(cellstate.preempted(str(stop)))
             log.info("%s", stop)
             return 75
+        except NotARunDir as gone:  # the cell's folder was deleted under the run: write nothing more
+            log.error("%s", gone)
+            return 1
         except (SandboxUnavailable, AdapterSourceError) as refused:  # a fix for the user, not a bug: one line
             record(cellstate.failed(str(refused)))
             log.error("%s", refused)
