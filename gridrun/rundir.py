@@ -489,7 +489,8 @@ class RunDir:
         lines = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
         if not lines:
             return
-        self.check_present()
+        if self._identity is not None:  # the run's own writer (tools and tests append to bare folders)
+            self.check_present()
         try:
             with open(self.metrics_jsonl, "a") as handle:
                 handle.write(lines)
