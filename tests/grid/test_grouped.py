@@ -1,0 +1,148 @@
+"""policy=grouped: any role -> adapter grouping as a policy, planned like shared and isolated.
+
+The fingerprints below were computed, not copied from anywhere: on main at 78a8fde (before
+grouped, grpo.estimator and reward.credit existed) with
+
+    from gridrun.grid.compose import Composer; from gridrun.grid.plan import make_plan
+    from gridrun.grid.spec import load_spec
+    c = Composer(); plan = make_plan(load_spec("smoke", [], c), c)
+    print({pc.id: pc.fingerprint for pc in plan.cells})
+
+Those keys are left out of config.yaml at their defaults (runconfig.OMITTED_AT_DEFAULT), so
+every shared and isolated cell (and each control) must hash exactly as it did then.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gridrun.grid.compose import Composer
+from gridrun.grid.errors import GridError
+from gridrun.grid.plan import make_plan
+from gridrun.grid.spec import load_spec
+from gridrun.mechanisms import GRADIENT_AMPLIFICATION, SP_ROLE_CAPTURE, applies
+from gridrun.runconfig import ConfigError
+
+MAIN_78A8FDE_SMOKE = {
+    "eval_opt-ip-toy-arith-s0": "f920244d427d0b3b",
+    "eval_opt-sp-toy-arith-s0": "953d7da1577ef36a",
+    "voting-ip-toy-arith-s0": "e6ecad70825eafce",
+    "voting-sp-toy-arith-s0": "292f4423051d91dd",
+    "orch_workers-ip-toy-arith-s0": "e8bfa1ba87e51911",
+    "orch_workers-sp-toy-arith-s0": "30314ec14fae9590",
+    "sa_rl-toy-arith-s0": "df990d746718bb50",
+    "base-single-toy-arith": "e93cee124d77e30a",
+    "base-eval_opt-toy-arith": "24dd0001cb77784b",
+    "base-voting-toy-arith": "c348f271f9318a82",
+    "base-orch_workers-toy-arith": "8969a5c4e4658bd4",
+}
+ORCH_GROUPS = ["+policy.groups.planners=[orchestrator,synthesizer]", "+policy.groups.workers=[worker]"]
+
+
+@pytest.fixture(scope="module")
+def composer() -> Composer:
+    return Composer()
+
+
+def test_shared_and_isolated_cells_keep_their_fingerprints(composer: Composer) -> None:
+    plan = make_plan(load_spec("smoke", [], composer), composer)
+    assert {pc.id: pc.fingerprint for pc in plan.cells} == MAIN_78A8FDE_SMOKE
+    # ... because the new keys stay out of config.yaml at their defaults.
+    tree = plan.cells[0].config.to_dict()
+    assert "groups" not in tree["policy"] and "estimator" not in tree["grpo"] and "reward" not in tree
+
+
+def test_shared_and_isolated_are_two_groupings(composer: Composer) -> None:
+    plan = make_plan(load_spec("smoke", ["workflow=orch_workers", "kind=train"], composer), composer)
+    by_id = {pc.id: pc.config for pc in plan.cells}
+    assert by_id["orch_workers-sp-toy-arith-s0"].adapter_groups() == {
+        "shared": ("orchestrator", "worker", "synthesizer")}
+    assert by_id["orch_workers-ip-toy-arith-s0"].adapter_groups() == {
+        "orchestrator": ("orchestrator",), "worker": ("worker",), "synthesizer": ("synthesizer",)}
+
+
+def test_a_grouped_cell_plans_with_its_option_name_as_the_policy(composer: Composer) -> None:
+    plan = make_plan(load_spec("smoke", ["workflow=orch_workers", "policy=planners", "kind=train"], composer), composer)
+    (cell,) = plan.cells
+    # The id writes the option's name where shared and isolated write sp and ip.
+    assert cell.id == "orch_workers-planners-toy-arith-s0" and cell.entry()["coords"]["policy"] == "planners"
+    config = cell.config
+    assert config.policy.name == "grouped"
+    # Two adapters: the planners (orchestrator and synthesizer, in the workflow's role order)
+    # and the workers.
+    assert config.adapter_groups() == {"planners": ("orchestrator", "synthesizer"), "workers": ("worker",)}
+    assert config.adapter_of() == {"orchestrator": "planners", "synthesizer": "planners", "worker": "workers"}
+    assert config.to_dict()["policy"]["groups"] == {"planners": ["orchestrator", "synthesizer"], "workers": ["worker"]}
+    # The same grouping given on the command line plans the same config under another id token.
+    inline = make_plan(load_spec("smoke", ["workflow=orch_workers", "policy=grouped", "kind=train", *ORCH_GROUPS],
+                                 composer), composer).cells[0]
+    assert inline.id == "orch_workers-grouped-toy-arith-s0"
+    assert inline.config.policy == config.policy
+
+
+@pytest.mark.parametrize(("groups", "message"), [
+    ([], (r"policy=grouped needs policy.groups naming an adapter for every role of orch_workers "
+           r"\(orchestrator, worker, synthesizer\)")),
+    (["+policy.groups.planners=[orchestrator,synthesiser]", "+policy.groups.workers=[worker]"],
+     (r"policy.groups.planners: 'synthesiser' is not a role of orch_workers \(did you mean 'synthesizer'\? "
+     r"its roles: orchestrator, worker, synthesizer\)")),
+    (["+policy.groups.planners=[orchestrator]", "+policy.groups.workers=[worker]"], r"role 'synthesizer' of orch_workers is in no group"),
+    (["+policy.groups.a=[orchestrator,worker]", "+policy.groups.b=[worker,synthesizer]"], r"role 'worker' is in both a and b"),
+    (["+policy.groups.a=[orchestrator,worker,synthesizer]", "+policy.groups.b=[]"], r"policy.groups.b is empty"),
+    (["+policy.groups.my-group=[orchestrator,worker,synthesizer]"], r"group name 'my-group' must be a letter"),
+])
+def test_a_bad_grouping_is_one_line_naming_the_fix(composer: Composer, groups: list[str], message: str) -> None:
+    spec = load_spec("smoke", ["workflow=orch_workers", "policy=grouped", "kind=train", *groups], composer)
+    with pytest.raises((ConfigError, GridError), match=message) as err:
+        make_plan(spec, composer)
+    assert "\n" not in str(err.value)
+
+
+def test_groups_under_another_policy_and_per_adapter_knobs_on_a_shared_group_are_refused(composer: Composer) -> None:
+    with pytest.raises((ConfigError, GridError), match="policy.groups is for policy=grouped, not isolated"):
+        make_plan(load_spec("smoke", ["workflow=orch_workers", "policy=isolated", "kind=train", *ORCH_GROUPS],
+                            composer), composer)
+    # An LR scale acts on a role's own adapter: the synthesizer shares the planners'.
+    with pytest.raises((ConfigError, GridError), match=r"optim.role_lr_scale.synthesizer acts on synthesizer's own "
+                       r"adapter, and policy.groups.planners shares it with orchestrator"):
+        make_plan(load_spec("smoke", ["workflow=orch_workers", "policy=planners", "kind=train",
+                                      "+optim.role_lr_scale.synthesizer=2.0"], composer), composer)
+    # The workers are alone on theirs: their scale and steps are keyed by that adapter.
+    plan = make_plan(load_spec("smoke", ["workflow=orch_workers", "policy=planners", "kind=train",
+                                         "+optim.role_lr_scale.parallel=2.0", "grpo.multiplicity_norm=steps"],
+                               composer), composer)
+    config = plan.cells[0].config
+    assert config.adapter_lr_scales() == {"workers": 2.0} and config.adapter_steps() == {"workers": 1}
+
+
+def test_a_variant_names_its_settings_per_grouping(tmp_path: Path, composer: Composer) -> None:
+    sweep = tmp_path / "g.yaml"
+    sweep.write_text("""
+axes: {workflow: [orch_workers], task: [arith], scale: [toy], policy: [isolated, shared, planners], seed: [0],
+       kind: [train]}
+variants:
+  natural: []
+  weighted: {isolated: [grpo.coherence=0.5], shared: [+grpo.role_weight.parallel=2.0],
+             planners: [+grpo.role_weight.synthesizer=2.0]}
+""")
+    plan = make_plan(load_spec(str(sweep), [], composer), composer)
+    by_id = {pc.id: pc.config for pc in plan.cells}
+    assert by_id["orch_workers-planners-toy-arith-s0-weighted"].grpo.role_weight == {"synthesizer": 2.0}
+    assert by_id["orch_workers-planners-toy-arith-s0-natural"].grpo.role_weight == {}
+    sweep.write_text(sweep.read_text().replace("planners: [+grpo.role_weight.synthesizer=2.0]", ""))
+    with pytest.raises(GridError, match="variants.weighted has no settings for policy planners: add 'planners: \\[\\]'"):
+        make_plan(load_spec(str(sweep), [], composer), composer)
+
+
+def test_the_mechanisms_are_read_per_adapter_of_a_grouping() -> None:
+    planners = {"planners": ("orchestrator", "synthesizer"), "workers": ("worker",)}
+    # The workers have an adapter of their own (amplification, as IP) and the planners share
+    # one (capture, as SP).
+    assert applies(GRADIENT_AMPLIFICATION, "orch_workers", "grouped", planners)
+    assert applies(SP_ROLE_CAPTURE, "orch_workers", "grouped", planners)
+    every_role_alone = {"orchestrator": ("orchestrator",), "worker": ("worker",), "synthesizer": ("synthesizer",)}
+    assert not applies(SP_ROLE_CAPTURE, "orch_workers", "grouped", every_role_alone)
+    workers_with_synth = {"o": ("orchestrator",), "ws": ("worker", "synthesizer")}
+    assert not applies(GRADIENT_AMPLIFICATION, "orch_workers", "grouped", workers_with_synth)
