@@ -50,7 +50,7 @@ GROUP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 # fingerprint) while they hold these defaults: (node, key, default); a whole node goes
 # when every key of it is listed and at its default.
 OMITTED_AT_DEFAULT: tuple[tuple[str, str, Any], ...] = (
-    ("policy", "groups", {}), ("grpo", "estimator", "grpo"),
+    ("policy", "groups", {}), ("grpo", "estimator", "grpo"), ("reward", "credit", "broadcast"),
 )
 
 
@@ -345,6 +345,18 @@ class ProtocolSpec:
 
 
 @dataclass
+class RewardSpec:
+    """Which reward trains each role's turns (the task scores the episode either way)."""
+
+    # "broadcast" (the paper's): the episode's one outcome reward on every role's turns.
+    # "per_role": each role its own, as its workflow defines them (gridrun/workflows/:
+    # Eval-Opt's evaluator scored on whether its verdict was right, Voting's aggregator on
+    # whether it picked a correct candidate when one existed, a worker on its own answer);
+    # a workflow that defines none refuses it. Left out of config.yaml at its default.
+    credit: Literal["broadcast", "per_role"] = "broadcast"
+
+
+@dataclass
 class LoggingSpec:
     """Experiment tracking: wandb runs offline inside the cell dir (`wandb sync` later)."""
 
@@ -376,6 +388,7 @@ class RunConfig:
     train: TrainSpec = field(default_factory=TrainSpec)
     protocol: ProtocolSpec = field(default_factory=ProtocolSpec)
     logging: LoggingSpec = field(default_factory=LoggingSpec)
+    reward: RewardSpec = field(default_factory=RewardSpec)
 
     def __post_init__(self) -> None:
         self._check()
@@ -405,6 +418,7 @@ class RunConfig:
         if self.cell.kind == "transfer" and self.workflow.name == "single":
             raise ConfigError("a transfer cell plugs an adapter into a multi-agent workflow: set workflow.name to one")
         self._check_groups()
+        self._check_credit()
         if self.grpo.clip_low <= 0 or self.grpo.clip_high <= 0:
             raise ConfigError("grpo.clip_low and grpo.clip_high must be > 0")
         for name in ("total_steps", "batch_problems", "ppo_mini_batch", "val_every", "save_every"):
@@ -498,6 +512,16 @@ class RunConfig:
         if missing:
             raise ConfigError(f"policy.groups: role '{missing[0]}' of {self.workflow.name} is in no group: add it to "
                               f"one (roles of {self.workflow.name}: {', '.join(roles)})")
+
+    def _check_credit(self) -> None:
+        if self.reward.credit != "per_role":
+            return
+        if self.workflow_entry().credit is None:
+            raise ConfigError(f"reward.credit=per_role: workflow {self.workflow.name} defines no per-role rewards (its "
+                              "registry entry's `credit`); set reward.credit=broadcast for it")
+        if self.cell.kind == "shuffled":
+            raise ConfigError("reward.credit=per_role gives each turn its own reward, and the shuffled control permutes "
+                              "the episodes' one reward: set reward.credit=broadcast for shuffled cells")
 
     def _check_own_adapters(self, workflow: registry.Workflow) -> None:
         """Under policy grouped, the per-adapter knobs (an LR scale, optimizer steps, the

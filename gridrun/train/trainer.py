@@ -42,6 +42,7 @@ from gridrun.tasks.sandbox import SandboxUnavailable
 from gridrun.train import checkpoint, grpo
 from gridrun.train.advantages import estimator, shuffle_rewards, turn_advantages
 from gridrun.train.coherence import Coherence
+from gridrun.train.credit import assign_credit, role_reward_metrics
 from gridrun.train.distributed import Dist
 from gridrun.train.engines import make_engine
 from gridrun.train.episode import Episode
@@ -176,6 +177,8 @@ class Trainer:
         rolled = time.time()
         if cfg.shuffles_rewards:
             shuffle_rewards(episodes, cfg.cell.seed, step, self.dist)
+        if cfg.reward.credit == "per_role":
+            assign_credit(episodes, self.task, self.workflow)
         # Every rank's outcomes, in single-process order (groups are whole on one rank).
         outcomes, _ = self.dist.gather([(e.reward, e.scored.correct, e.scored.parsed is None) for e in episodes])
         rewards = torch.tensor([o[0] for o in outcomes])
@@ -215,6 +218,7 @@ class Trainer:
             "reward/mean": float(rewards.mean()),
             "reward/acc": sum(o[1] for o in outcomes) / len(outcomes),
             "reward/no_answer_rate": sum(o[2] for o in outcomes) / len(outcomes),
+            **role_reward_metrics(episodes, self.dist),
             "adv/groups": groups.groups,
             "adv/singleton_groups": groups.singleton,
             "adv/zero_variance_groups": groups.zero_variance,
