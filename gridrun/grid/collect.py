@@ -113,7 +113,7 @@ def _grouping(run_dir: RunDir, policy: str | None) -> dict[str, tuple[str, ...]]
         return None
     try:
         config = load_config(run_dir.config_yaml)
-    except ConfigError:
+    except (ConfigError, OSError, UnicodeDecodeError):
         return None
     return config.adapter_groups() if config.policy.name == "grouped" else None
 

@@ -146,3 +146,40 @@ def test_the_mechanisms_are_read_per_adapter_of_a_grouping() -> None:
     assert not applies(SP_ROLE_CAPTURE, "orch_workers", "grouped", every_role_alone)
     workers_with_synth = {"o": ("orchestrator",), "ws": ("worker", "synthesizer")}
     assert not applies(GRADIENT_AMPLIFICATION, "orch_workers", "grouped", workers_with_synth)
+
+
+def test_estimator_and_credit_are_set_by_key_and_change_the_fingerprint(composer: Composer) -> None:
+    base = ["workflow=voting", "kind=train", "policy=isolated"]
+    plain = make_plan(load_spec("smoke", base, composer), composer).cells[0]
+    chosen = make_plan(load_spec("smoke", [*base, "grpo.estimator=per_role", "reward.credit=per_role"], composer),
+                       composer).cells[0]
+    assert plain.fingerprint == MAIN_78A8FDE_SMOKE["voting-ip-toy-arith-s0"] != chosen.fingerprint
+    tree = chosen.config.to_dict()
+    assert tree["grpo"]["estimator"] == "per_role" and tree["reward"] == {"credit": "per_role"}
+
+
+def test_per_role_credit_is_refused_where_no_per_role_rewards_are_defined(composer: Composer) -> None:
+    # The sa_rl control runs `single`, which defines none; the shuffled control permutes one
+    # reward per episode.
+    with pytest.raises((ConfigError, GridError), match="reward.credit=per_role: workflow single defines no per-role "
+                                                        "rewards"):
+        make_plan(load_spec("smoke", ["kind=sa_rl", "reward.credit=per_role"], composer), composer)
+    with pytest.raises((ConfigError, GridError), match="the shuffled control permutes"):
+        make_plan(load_spec("smoke", ["kind=shuffled", "workflow=voting", "restrict.shuffled.workflow=voting",
+                                      "reward.credit=per_role"], composer), composer)
+
+
+def test_the_credit_study_plans_36_cells_whose_natural_and_injected_are_the_mechanisms_studys(composer: Composer) -> None:
+    plan = make_plan(load_spec("credit", [], composer), composer)
+    by_id = {pc.id: pc for pc in plan.cells}
+    assert len(by_id) == 36 and {pc.cell.kind for pc in plan.cells} == {"train"}
+    mechanisms = {pc.id: pc for pc in make_plan(load_spec("mechanisms", ["workflow=voting", "kind=train",
+                                                                          "variant=natural,injected"], composer),
+                                                composer).cells}
+    for cell_id, mine in by_id.items():
+        if cell_id in mechanisms:
+            assert mine.config.to_dict() == mechanisms[cell_id].config.to_dict(), cell_id
+    assert sum(cell_id in mechanisms for cell_id in by_id) == 12
+    ip = by_id["voting-ip-toy-arith-s0-injected_credit"].config
+    assert ip.reward.credit == "per_role" and ip.optim.role_lr_scale == {"parallel": 4.0}
+    assert by_id["voting-sp-toy-arith-s2-injected_per_role_adv"].config.grpo.estimator == "per_role"
