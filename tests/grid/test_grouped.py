@@ -183,3 +183,22 @@ def test_the_credit_study_plans_36_cells_whose_natural_and_injected_are_the_mech
     ip = by_id["voting-ip-toy-arith-s0-injected_credit"].config
     assert ip.reward.credit == "per_role" and ip.optim.role_lr_scale == {"parallel": 4.0}
     assert by_id["voting-sp-toy-arith-s2-injected_per_role_adv"].config.grpo.estimator == "per_role"
+
+
+def test_table1_has_a_column_per_grouping(gridrun, results: Path) -> None:
+    from gridrun.grid.sweepdir import SweepDir
+    from tests.grid.test_collect import add_cell, coords, read_csv
+
+    sweep = SweepDir(results, "groups")
+    data: dict = {"name": "groups", "cells": [], "plans": []}
+    add_cell(sweep, data, "orch_workers-ip-1.7b-math-s0", "train", coords("orch_workers", "isolated"), "done",
+             {0: 0.40, 10: 0.55})
+    add_cell(sweep, data, "orch_workers-planners-1.7b-math-s0", "train", coords("orch_workers", "planners"), "done",
+             {0: 0.40, 10: 0.58, 20: 0.50})
+    sweep.write(data)
+    assert gridrun("collect", "conf=groups").code == 0
+    row = read_csv(sweep.table1("csv"))["orch_workers"]
+    # The grouping's peak (58) in its own column, beside IP's (55); no SP cell: missing.
+    assert (row["ip"], row["sp"], row["policy_planners"]) == ("55.0", "missing", "58.0")
+    header = next(line for line in sweep.table1("md").read_text().splitlines() if line.startswith("| Task"))
+    assert header.rstrip(" |").endswith("planners")
