@@ -52,7 +52,7 @@ import yaml
 from gridrun import registry
 from gridrun.grid.analysis.calibration import calibration_tables
 from gridrun.grid.analysis.findings import alerts_table, findings_table
-from gridrun.grid.analysis.summary import MetricColumns, alert_summary, cell_hours, cell_summary
+from gridrun.grid.analysis.summary import MetricColumns, alert_summary, cell_grouping, cell_hours, cell_summary
 from gridrun.grid.analysis.tables import Table, base_mismatch_notes, flags, signature_tables, table1, table2, table3
 from gridrun.grid.analysis.warning import early_warning_jobs, early_warning_table, warning_columns
 from gridrun.grid.cells import base_control
@@ -60,7 +60,7 @@ from gridrun.grid.console import track
 from gridrun.grid.status import sweep_rows
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.mechanisms import ALERTS
-from gridrun.runconfig import EVALUATES_ADAPTERS, ConfigError, load_config
+from gridrun.runconfig import EVALUATES_ADAPTERS
 from gridrun.rundir import COMPLETE_MARKER, RunDir, atomic_write_bytes, atomic_write_text
 
 # Kinds that train nothing: no base check, no peak checkpoint.
@@ -85,7 +85,7 @@ def read_cell(root: str, workflow: str | None = None, policy: str | None = None)
     _load_workflow_plugin(RunDir(root), workflow)
     rows, damage = RunDir(root).read_metrics_checked()
     columns = MetricColumns.from_rows(rows)
-    alerts = alert_summary(rows, workflow, policy, groups=_grouping(RunDir(root), policy))
+    alerts = alert_summary(rows, workflow, policy, groups=cell_grouping(RunDir(root), policy))
     warning = warning_columns(columns.series("val", "val/acc"), alerts)
     return columns, {**cell_summary(columns), **alerts, **warning}, damage
 
@@ -103,19 +103,6 @@ def _load_workflow_plugin(run_dir: RunDir, workflow: str | None) -> None:
         return
     if isinstance(node, dict) and isinstance(node.get("plugin"), str):
         registry.load_plugin(node["plugin"])
-
-
-def _grouping(run_dir: RunDir, policy: str | None) -> dict[str, tuple[str, ...]] | None:
-    """A grouped cell's adapters and their roles, from its config.yaml (the policy axis names
-    the option, not the grouping); None for the paper's policies, or a config that does not
-    read (its mechanism alerts then stay unknown, as a damaged cell's)."""
-    if policy in (None, "shared", "isolated"):
-        return None
-    try:
-        config = load_config(run_dir.config_yaml)
-    except (ConfigError, OSError, UnicodeDecodeError):
-        return None
-    return config.adapter_groups() if config.policy.name == "grouped" else None
 
 
 def _workers(cells: int) -> int:

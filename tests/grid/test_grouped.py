@@ -202,3 +202,26 @@ def test_table1_has_a_column_per_grouping(gridrun, results: Path) -> None:
     assert (row["ip"], row["sp"], row["policy_planners"]) == ("55.0", "missing", "58.0")
     header = next(line for line in sweep.table1("md").read_text().splitlines() if line.startswith("| Task"))
     assert header.rstrip(" |").endswith("planners")
+
+
+def test_collect_and_the_calibration_read_a_grouped_cells_grouping_from_its_config(tmp_path: Path,
+                                                                                    composer: Composer) -> None:
+    from gridrun.grid.analysis.calibration import CellCurve
+    from gridrun.grid.analysis.summary import cell_grouping
+    from gridrun.runconfig import dump_config
+    from gridrun.rundir import RunDir
+
+    (cell,) = make_plan(load_spec("smoke", ["workflow=orch_workers", "policy=planners", "kind=train"], composer),
+                        composer).cells
+    run_dir = RunDir(tmp_path / cell.id)
+    run_dir.root.mkdir()
+    run_dir.config_yaml.write_text(dump_config(cell.config))
+    groups = cell_grouping(run_dir, "planners")
+    assert groups == {"planners": ("orchestrator", "synthesizer"), "workers": ("worker",)}
+    # The paper's policies need no config read; an unreadable config leaves the alerts unknown.
+    assert cell_grouping(run_dir, "isolated") is None
+    run_dir.config_yaml.write_text("cell: [")
+    assert cell_grouping(run_dir, "planners") is None
+    curve = CellCurve(cell.id, 0, "orch_workers", "planners", None, [], {}, groups)
+    assert curve.applies(GRADIENT_AMPLIFICATION) and curve.applies(SP_ROLE_CAPTURE)
+    assert not CellCurve(cell.id, 0, "orch_workers", "planners", None, [], {}).applies(SP_ROLE_CAPTURE)

@@ -57,6 +57,8 @@ import numpy as np
 
 from gridrun.accuracy import first_peak
 from gridrun.mechanisms import ALERTS, THRESHOLDS, Groups, Thresholds, alert_history, applies, firings
+from gridrun.runconfig import ConfigError, load_config
+from gridrun.rundir import RunDir
 
 Column = tuple["np.ndarray", "np.ndarray"]  # steps (int64), values (float64), sorted by step
 ROLE_KEY = re.compile(r"^role/([^/]+)/([^/]+)$")
@@ -270,6 +272,19 @@ def cell_summary(columns: MetricColumns) -> dict[str, Any]:
     """Every per-cell statistic of cells.parquet (see the module docstring)."""
     return {**accuracy_summary(columns.series("val", "val/acc")), **training_summary(columns),
             **signature_changes(columns)}
+
+
+def cell_grouping(run_dir: RunDir, policy: str | None) -> dict[str, tuple[str, ...]] | None:
+    """A grouped cell's adapters and their roles, from its config.yaml (the policy axis names
+    the option, not the grouping); None for the paper's policies, or a config that does not
+    read (its mechanism alerts then stay unknown, as a damaged cell's)."""
+    if policy in (None, "shared", "isolated"):
+        return None
+    try:
+        config = load_config(run_dir.config_yaml)
+    except (ConfigError, OSError, UnicodeDecodeError):
+        return None
+    return config.adapter_groups() if config.policy.name == "grouped" else None
 
 
 def alert_summary(rows: Iterable[Mapping[str, Any]], workflow: str | None, policy: str | None,
