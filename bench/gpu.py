@@ -18,7 +18,7 @@ that of N tokens. The JSON says which was done (`rollout_tokens`).
 
 Printed per case: s/step, rollout s, update s, peak memory per GPU of the rollout and of the
 update (torch.cuda.max_memory_allocated; peak RSS on CPU, both phases together), sequences
-and micro-batches of the update, and the memory model's prediction (gridrun/grid/memory.py).
+and micro-batches of the update, and the memory model's prediction (gridrun/memory.py).
 Only one GPU is used: data-parallel ranks each hold a full replica, so per-GPU memory is the
 same on two; the step time on two is what the dry run's cost model assumes.
 """

@@ -48,7 +48,6 @@ class CellState(StrEnum):
 
 STATES = tuple(state.value for state in CellState)
 ACTIVE_STATES = (CellState.QUEUED.value, CellState.RUNNING.value)
-FINAL_STATES = (CellState.DONE.value, CellState.FAILED.value, CellState.PREEMPTED.value, CellState.CANCELLED.value)
 # A needed cell in one of these states will not become done by itself: its dependents are blocked.
 BLOCKING_STATES = (CellState.FAILED.value, CellState.CANCELLED.value, CellState.PREEMPTED.value, CellState.BLOCKED.value)
 # What a file on disk can say (the other three are derived by readers, never written).

@@ -39,12 +39,6 @@ def _config(run_dir: RunDir) -> RunConfig:
         raise ExportError(str(err)) from None
 
 
-def preset_of(config: RunConfig) -> str:
-    """The cell's preset: the whole-run `preset` where the schema has one, else GRPO's."""
-    preset = getattr(config, "preset", None) or getattr(config.grpo, "preset", None)
-    return str(preset) if preset else "unknown"
-
-
 def export(run_dir: RunDir, which: str | int = "peak", out: Path | None = None, merged: bool = False) -> Path:
     """Write the cell's adapters at `which` into `out` (default: the run dir's exports/
     folder); returns `out`. Refuses an `out` that already exists (nothing is overwritten)."""
@@ -121,7 +115,7 @@ def model_card(config: RunConfig, found: Checkpoint, adapters: dict[str, Path], 
         f"| task | {config.task.name} |",
         f"| policy | {config.policy.name} |",
         f"| seed | {config.cell.seed} |",
-        f"| preset | {preset_of(config)} |",
+        f"| preset | {config.preset} |",
         f"| base model | {model}, {config.model.dtype} |",
         f"| step | {found.step} of {config.train.total_steps}{peak_note} |",
         f"| validation accuracy at this step | {acc} |",

@@ -88,23 +88,23 @@ class Thresholds:
     a 5-point share rise, a quarter of the length gap and a 20-point terse-rate fall are
     each about twice the step-to-step noise of those metrics on the toy smoke sweep.
 
-    Checked on the findings study (sweeps/findings.yaml, 3 seeds, 30 steps; README "The
-    findings study"), and left as they were: neither alert fired on any of the 21
-    shuffled-reward twins (a reward with no signal); the parallel role's perplexity ratio
+    Checked on the findings study (sweeps/findings.yaml, 3 seeds, 30 steps; docs/studies.md,
+    bench/measured/findings-study.md), and left as they were: neither alert fired on any of
+    the 21 shuffled-reward twins (a reward with no signal); the parallel role's perplexity ratio
     reached at most 1.14 against the other roles' 1.00-1.05 (below 1.2x), while the
     aggregator's rose 3.4x and 24x in two Voting cells (the reverse of the mechanism: no
     alert); chi2 is exactly 0 for every role whose data fits one mini-batch per step (the
     first mini-batch is on-policy), so on the toy world only the perplexity test can fire;
     sp_role_capture fired in 2 of 3 Eval-Opt-SP seeds, 5 and 6 steps before their peak.
 
-    Still provisional: the mechanisms study (sweeps/mechanisms.yaml, README "The mechanisms
-    study") chose chi2_factor 10 on its seeds 0-1 (recall 3/5, 1/11 false alarms), which
-    on the held-out seed 2 warned 0 of 3 cliffs against the default 2x's 1 of 3 (1 of 5
+    Still provisional: the mechanisms study (sweeps/mechanisms.yaml, docs/studies.md,
+    bench/measured/mechanisms-study.md) chose chi2_factor 10 on its seeds 0-1 (recall 3/5,
+    1/11 false alarms), which on the held-out seed 2 warned 0 of 3 cliffs against the default 2x's 1 of 3 (1 of 5
     false alarms): the defaults stay, and collect writes the calibration beside them. chi2_floor 1e-4 sits 1000x above
     the float rounding of a one-mini-batch role's chi2 (1e-7) and ~30x below an
     off-policy mini-batch's on the toy world (3e-3 for Voting-IP's generator in a 3-step
     sizing run); ratio_window 1 is Table 2's peak-over-first. The drift thresholds are the
-    trainer's former fixed ones (gridrun/train/alerts.py, now here): a rate halving from at
+    trainer's former fixed ones, now defined here only: a rate halving from at
     least 50%, code fences or truncation above 20%, slots' Jaccard above 0.9 from below 0.7.
     """
 

@@ -10,7 +10,7 @@
 `load` reads what `gridrun collect` wrote (cells.parquet, metrics.parquet, table*.csv);
 `load(..., fresh=True)` reads the run dirs instead and writes nothing, for a sweep still
 running or never collected. Column meanings: gridrun/grid/analysis/summary.py and the
-README's "Analysis" section. Never imports torch (a test checks), so it runs on any laptop.
+docs/analysis.md. Never imports torch (a test checks), so it runs on any laptop.
 """
 
 from __future__ import annotations

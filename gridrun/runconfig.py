@@ -230,7 +230,7 @@ class GRPOSpec:
     # adapter whose every role weighs 0 is not stepped at all). A key is a role of the
     # workflow, or `parallel` for its parallel role (Voting's generator, Orch-Workers' worker).
     # It moves a role's share of a shared adapter (SP); under IP AdamW undoes a constant
-    # weight almost entirely (README "Per-role update strength").
+    # weight almost entirely (docs/fidelity.md, "Per-role update strength").
     role_weight: dict[str, float] = field(default_factory=dict)
     # Multiplicity normalization (a remedy): the parallel role, k slots, trains as if it had
     # one. "share": loss weight 1/k (SP's form); "steps": its adapter takes one optimizer step

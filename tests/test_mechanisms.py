@@ -225,7 +225,7 @@ def test_non_finite_steps_sum_over_train_rows() -> None:
 
 
 def test_default_thresholds() -> None:
-    # The documented defaults (README, mechanisms.py): provisional until the mechanisms study.
+    # The documented defaults (docs/cell.md, mechanisms.py): provisional until the mechanisms study.
     assert THRESHOLDS == Thresholds(chi2_factor=2.0, ppl_factor=1.2, chi2_floor=1e-4, ratio_window=1,
                                     share_window=5, share_shrink=0.25, gap_close=0.25, terse_drop=0.2,
                                     rate_floor=0.5, fence_rate=0.2, trunc_rate=0.2, jaccard_high=0.9,

@@ -1,5 +1,5 @@
 """Seed derivation (gridrun/train/seeds.py): every named stream gives, bit for bit, what the
-formula it replaced gave (a running study, the README's numbers, exact resume and the
+formula it replaced gave (a running study, the documented measurements, exact resume and the
 fingerprints depend on it), and the modules that draw from a stream draw those values."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ its value of an item is not the one its preset gives (an override on the command
 a sweep), which `gridrun show` lists.
 
 Left out: composing (gridrun/grid/compose.py does it, with Hydra); the presets' meaning (the
-README's parity ledger).
+parity ledger, docs/fidelity.md).
 """
 
 from __future__ import annotations

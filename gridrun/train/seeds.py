@@ -3,7 +3,7 @@
 A cell has one seed (`cell.seed`); each random stream of its run is a named function of it
 (and of the stream's position: an epoch, a step, a rank), so that a resumed run, every rank
 of a job and a rerun on another machine draw the same values. Each stream keeps the formula
-it had before it moved here, bit for bit (fingerprints, the README's numbers and the
+it had before it moved here, bit for bit (fingerprints, the documented measurements and the
 exact-resume tests depend on them; tests/test_seeds.py pins each):
 
     CELL        seed                                   torch's and Python's global RNGs at the start, vLLM's engine

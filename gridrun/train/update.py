@@ -19,7 +19,7 @@ Semantics (the paper's stack, reproduced rather than smoothed; `preset=` picks t
 - Because micro-batches are role-pure and ordered by role, the gradient each role adds to
   a mini-batch is read off at role boundaries: that is the per-role gradient norm and
   gradient-mass share, measured, not estimated from token counts.
-- Per-role update strength (README "Per-role update strength"): a role's loss weight
+- Per-role update strength (docs/fidelity.md, "Per-role update strength"): a role's loss weight
   multiplies its tokens' loss weights; `adapter_steps` cuts an adapter's sequences into a
   set number of mini-batches (each weighed as a full one); the LR scale is in `lrs`.
 - A mini-batch whose loss or gradient norm is not finite is skipped for its adapter: no

@@ -1,5 +1,5 @@
 """A fourth workflow and a second toy task, registered from outside gridrun's package: the
-README's "Adding a workflow" / "Adding a task" example, which tests/test_plugins.py copies to
+example of docs/extending.md ("A workflow", "A task"), which tests/test_plugins.py copies to
 a temporary folder and names in `plugin:` (it is never imported from here).
 
 `debate`: a proposer answers, a skeptic challenges it, the proposer answers again (its roles
