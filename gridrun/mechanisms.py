@@ -43,6 +43,11 @@ reached the response cap (the row's `val/response_cap`, which the trainer logs) 
 its slots' 3-gram Jaccard rose above `jaccard_high` from below `jaccard_low`. Each
 validation's drift replaces the last one's.
 
+Under a grouping (policy grouped: `groups`, adapter -> its roles) each mechanism is read per
+adapter: gradient_amplification where the parallel role has an adapter of its own (as under
+IP), sp_role_capture within each adapter serving several roles (as under SP; the dominant
+role's share is then its part of that adapter's roles' summed mean shares).
+
 non_finite (any cell; train rows): optimizer steps skipped because the loss or the gradient
 was not finite (`train/skipped_nonfinite`, summed over the steps so far).
 
@@ -55,7 +60,7 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,8 +126,17 @@ class Thresholds:
 THRESHOLDS = Thresholds()
 
 
-def applies(mechanism: str, workflow: str, policy: str | None) -> bool:
-    """Whether a cell of this workflow and policy can show the mechanism at all."""
+# A grouping: adapter name -> the roles it serves (RunConfig.adapter_groups).
+Groups = Mapping[str, Sequence[str]]
+
+
+def applies(mechanism: str, workflow: str, policy: str | None, groups: Groups | None = None) -> bool:
+    """Whether a cell of this workflow and policy (or, given, grouping) can show the mechanism."""
+    if groups is not None and mechanism in MECHANISMS:
+        if mechanism == GRADIENT_AMPLIFICATION:
+            parallel = registry.workflow(workflow).parallel_role
+            return any(list(members) == [parallel] for members in groups.values()) and len(groups) > 1
+        return bool(_shared_groups(groups))
     if mechanism == GRADIENT_AMPLIFICATION:
         return policy == "isolated" and registry.workflow(workflow).parallel_role is not None
     if mechanism == SP_ROLE_CAPTURE:
@@ -175,6 +189,8 @@ class MechanismWatch:
     workflow: str
     policy: str | None
     thresholds: Thresholds = THRESHOLDS
+    # A grouping's adapters and their roles (policy grouped); None: read `policy`.
+    groups: Groups | None = None
     _parallel: str | None = field(init=False, default=None)
     _peaks: dict[tuple[str, str], _Peak] = field(init=False, default_factory=dict)  # (role, metric)
     _early: dict[str, list[float]] = field(init=False, default_factory=dict)  # role -> first shares
@@ -194,7 +210,7 @@ class MechanismWatch:
 
     def __post_init__(self) -> None:
         self._parallel = registry.workflow(self.workflow).parallel_role
-        self._applies = {m: applies(m, self.workflow, self.policy) for m in MECHANISMS}
+        self._applies = {m: applies(m, self.workflow, self.policy, self.groups) for m in MECHANISMS}
 
     def see(self, row: Mapping[str, Any]) -> list[str]:
         """Take one metrics row; return the alerts that hold now (one line per mechanism)."""
@@ -285,21 +301,35 @@ class MechanismWatch:
 
     # --- sp_role_capture ------------------------------------------------------------------------
     def _capture(self) -> str | None:
-        t = self.thresholds
-        if not self._applies[SP_ROLE_CAPTURE] or len(self._recent) < 2 or self._val_rows < 2:
+        if not self._applies[SP_ROLE_CAPTURE] or self._val_rows < 2:
             return None
-        dominant = max(self._recent, key=lambda role: _mean(self._recent[role]))
-        early, recent = self._early[dominant], self._recent[dominant]
+        if self.groups is None:
+            return self._capture_within(list(self._recent), normalise=False)
+        found = [c for members in _shared_groups(self.groups)
+                 if (c := self._capture_within([r for r in members if r in self._recent], normalise=True))]
+        return "; ".join(found) or None
+
+    def _capture_within(self, roles: list[str], normalise: bool) -> str | None:
+        """Capture of one adapter by one of its `roles`; `normalise`: their shares as parts
+        of the roles' summed mean shares (an adapter that trains only some of the roles)."""
+        t = self.thresholds
+        if len(roles) < 2:
+            return None
+        dominant = max(roles, key=lambda role: _mean(self._recent[role]))
         if self._shares[dominant] < 2 * t.share_window:
             return None  # the first and last windows would share steps
+        early, recent = _mean(self._early[dominant]), _mean(self._recent[dominant])
+        if normalise:
+            early /= sum(_mean(self._early[r]) for r in roles) or 1.0
+            recent /= sum(_mean(self._recent[r]) for r in roles) or 1.0
         # The other roles' part of the gradient shrank: a relative test, so a role that owns
         # 99% of it from the start (Voting's generator) can still be seen taking the rest.
-        if 1 - _mean(recent) > (1 - t.share_shrink) * (1 - _mean(early)):
+        if 1 - recent > (1 - t.share_shrink) * (1 - early):
             return None
-        drifts = [d for role in self._recent if role != dominant and (d := self._drift(role, dominant))]
+        drifts = [d for role in roles if role != dominant and (d := self._drift(role, dominant))]
         if not drifts:
             return None
-        return f"{dominant} grad share {_mean(early):.2f}->{_mean(recent):.2f}; " + "; ".join(drifts)
+        return f"{dominant} grad share {early:.2f}->{recent:.2f}; " + "; ".join(drifts)
 
     def _drift(self, role: str, dominant: str) -> str | None:
         t = self.thresholds
@@ -347,11 +377,12 @@ def drift_alerts(
 
 
 def alert_history(
-    rows: Iterable[Mapping[str, Any]], workflow: str, policy: str | None, thresholds: Thresholds = THRESHOLDS
+    rows: Iterable[Mapping[str, Any]], workflow: str, policy: str | None, thresholds: Thresholds = THRESHOLDS,
+    groups: Groups | None = None,
 ) -> list[tuple[int, list[str]]]:
     """(step, alerts holding after that step's last row) for every step from the first
     training row on, replaying the rows in order: what the trainer saw, under `thresholds`."""
-    watch = MechanismWatch(workflow, policy, thresholds)
+    watch = MechanismWatch(workflow, policy, thresholds, groups)
     history: list[tuple[int, list[str]]] = []
     trained = False
     for row in rows:
@@ -382,6 +413,11 @@ def alert_flags(alerts: list[str]) -> dict[str, int]:
 def _names(alerts: list[str], mechanism: str) -> bool:
     """Whether one of `alerts` (each "<mechanism>: <why>") is `mechanism`'s."""
     return any(a.startswith(mechanism + ":") for a in alerts)
+
+
+def _shared_groups(groups: Groups) -> list[list[str]]:
+    """The roles of each adapter that serves several."""
+    return [list(members) for members in groups.values() if len(members) > 1]
 
 
 def _number(value: Any) -> bool:

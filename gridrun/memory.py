@@ -90,9 +90,7 @@ def architecture(config: RunConfig) -> dict | None:
 def trainable_adapters(config: RunConfig) -> int:
     if not config.trains:
         return 0
-    if config.policy.name == "isolated":
-        return len(config.workflow_entry().roles)
-    return 1
+    return len(config.adapter_groups())
 
 
 def adapter_bytes(config: RunConfig, arch: dict) -> float:

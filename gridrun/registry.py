@@ -75,6 +75,9 @@ class EngineParams(OptionParams):
 Program = Callable[[Any, Any, Any, Any, Any], Coroutine[Any, Any, None]]
 # (episodes, correct(turn) -> bool, params) -> validation metrics without the `val/` prefix.
 WorkflowMetrics = Callable[[list[Any], Callable[[Any], bool], Any], dict[str, float]]
+# (episode, score(turn) -> the task's Score of that answering turn's own text) -> each turn's
+# training reward under reward.credit=per_role, in the order of episode.turns.
+RoleCredit = Callable[[Any, Callable[[Any], Any]], list[float]]
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,9 @@ class Workflow:
     answer_roles: tuple[str, ...] = ()
     # Its own validation metrics (an evaluator's verdict accuracy, ...), if any.
     metrics: WorkflowMetrics | None = None
+    # Its per-role rewards (reward.credit=per_role), if it defines them; it may score only
+    # turns of answer_roles.
+    credit: RoleCredit | None = None
 
     def slots(self, params: WorkflowParams) -> int:
         """Same-role multiplicity of parallel_role (1 without one)."""

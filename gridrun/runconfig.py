@@ -22,6 +22,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -46,6 +47,16 @@ PARALLEL = "parallel"
 EVALUATES_ADAPTERS = ("transfer", "eval")
 # policy.adapters' key for every role the map does not name.
 ALL_ROLES = "all_roles"
+# The adapter of policy shared (and of any one-role workflow's trained cell).
+SHARED_ADAPTER = "shared"
+# A group's name is its adapter's (peft's adapter name, metric keys adapter/<name>/...).
+GROUP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+# Keys added after the paper's cells were fingerprinted, left out of config.yaml (so of the
+# fingerprint) while they hold these defaults: (node, key, default); a whole node goes
+# when every key of it is listed and at its default.
+OMITTED_AT_DEFAULT: tuple[tuple[str, str, Any], ...] = (
+    ("policy", "groups", {}), ("grpo", "estimator", "grpo"), ("reward", "credit", "broadcast"),
+)
 
 
 @dataclass
@@ -110,9 +121,16 @@ class LengthSpec:
 
 @dataclass
 class PolicySpec:
-    # shared: one adapter for every role; isolated: one per role type; transfer: trained
-    # adapters plugged (frozen) into the roles `adapters` names, other roles on the base model.
-    name: Literal["shared", "isolated", "transfer"] = "shared"
+    # shared: one adapter for every role; isolated: one per role type; grouped: one per group
+    # of `groups`; transfer: trained adapters plugged (frozen) into the roles `adapters`
+    # names, other roles on the base model.
+    name: Literal["shared", "isolated", "grouped", "transfer"] = "shared"
+    # grouped only: adapter name -> the role types it serves (and learns from), every role of
+    # the workflow in exactly one group, e.g. {planners: [orchestrator, synthesizer],
+    # workers: [worker]} (partial sharing). shared is the one group {shared: every role},
+    # isolated one group per role named after it; absent from config.yaml (and the
+    # fingerprint) when empty, so shared and isolated cells hash as they did before.
+    groups: dict[str, list[str]] = field(default_factory=dict)
     # transfer only: role -> where its adapter is, resolved when the cell runs
     # (gridrun/adapters.py): a run dir, an export or a peft folder, relative paths taken from
     # this cell's run dir, or a cell id of the same sweep; `@peak`, `@last` (the default) or
@@ -186,6 +204,12 @@ class GRPOSpec:
     # "<module>:<name>" for one a module registers when imported (checked at train start:
     # the grid never imports torch).
     policy_loss: str = "vanilla"
+    # The advantage estimator, by its registered name (gridrun/train/advantages.py): "grpo"
+    # (the paper's: each group's rewards normalised by the group's mean and std), "per_role"
+    # (Dr.MAS's per-agent normalisation: the same, within each role's rows of a problem),
+    # or "<module>:<name>" for one a module registers when imported (checked at train start).
+    # Left out of config.yaml at its default, so the paper's cells keep their fingerprints.
+    estimator: str = "grpo"
     # Loss aggregation: mean over each sequence's tokens, then over sequences.
     loss_agg: Literal["seq-mean-token-mean", "token-mean"] = "seq-mean-token-mean"
     # Passes over a step's rollouts.
@@ -326,6 +350,18 @@ class ProtocolSpec:
 
 
 @dataclass
+class RewardSpec:
+    """Which reward trains each role's turns (the task scores the episode either way)."""
+
+    # "broadcast" (the paper's): the episode's one outcome reward on every role's turns.
+    # "per_role": each role its own, as its workflow defines them (gridrun/workflows/:
+    # Eval-Opt's evaluator scored on whether its verdict was right, Voting's aggregator on
+    # whether it picked a correct candidate when one existed, a worker on its own answer);
+    # a workflow that defines none refuses it. Left out of config.yaml at its default.
+    credit: Literal["broadcast", "per_role"] = "broadcast"
+
+
+@dataclass
 class LoggingSpec:
     """Experiment tracking: wandb runs offline inside the cell dir (`wandb sync` later)."""
 
@@ -357,6 +393,7 @@ class RunConfig:
     train: TrainSpec = field(default_factory=TrainSpec)
     protocol: ProtocolSpec = field(default_factory=ProtocolSpec)
     logging: LoggingSpec = field(default_factory=LoggingSpec)
+    reward: RewardSpec = field(default_factory=RewardSpec)
 
     def __post_init__(self) -> None:
         self._check()
@@ -385,6 +422,8 @@ class RunConfig:
             )
         if self.cell.kind == "transfer" and self.workflow.name == "single":
             raise ConfigError("a transfer cell plugs an adapter into a multi-agent workflow: set workflow.name to one")
+        self._check_groups()
+        self._check_credit()
         if not all(math.isfinite(c) and c > 0 for c in (self.grpo.clip_low, self.grpo.clip_high)):
             raise ConfigError("grpo.clip_low and grpo.clip_high must be finite numbers > 0")
         self._check_numbers()
@@ -458,10 +497,102 @@ class RunConfig:
         if per_adapter and self.policy.name == "shared":
             raise ConfigError(f"{per_adapter[0]} acts on a role's own adapter, and under policy shared one adapter "
                               "trains every role: use grpo.role_weight (or grpo.multiplicity_norm=share)")
+        if per_adapter and self.policy.name == "grouped":
+            self._check_own_adapters(workflow)
         if self.optim.role_lr_ramp < 0:
             raise ConfigError(f"optim.role_lr_ramp must be >= 0 training steps, got {self.optim.role_lr_ramp}")
         if self.grpo.coherence < 0 or not 0 <= self.grpo.coherence_decay < 1:
             raise ConfigError("grpo.coherence must be >= 0 and grpo.coherence_decay in [0, 1)")
+
+    def _check_groups(self) -> None:
+        """policy.groups: with policy grouped only, every role of the workflow in exactly one
+        named group (a typo named with its closest role)."""
+        groups, name = self.policy.groups, self.policy.name
+        if groups and name != "grouped":
+            raise ConfigError(f"policy.groups is for policy=grouped, not {name}: drop it, or set policy=grouped")
+        if name != "grouped":
+            return
+        roles = self.workflow_entry().roles
+        example = "{" + ", ".join(f"{r}: [{r}]" for r in roles) + "}"
+        if not groups:
+            raise ConfigError(f"policy=grouped needs policy.groups naming an adapter for every role of "
+                              f"{self.workflow.name} ({', '.join(roles)}), e.g. policy.groups={example}")
+        owner: dict[str, str] = {}
+        for group, members in groups.items():
+            if not GROUP_NAME.fullmatch(group):
+                raise ConfigError(f"policy.groups: group name '{group}' must be a letter then letters, digits or '_' "
+                                  "(it names the group's adapter)")
+            if not members:
+                raise ConfigError(f"policy.groups.{group} is empty: name its roles, or drop the group")
+            for role in members:
+                if role not in roles:
+                    close = difflib.get_close_matches(role, roles, n=1)
+                    hint = f"did you mean '{close[0]}'? " if close else ""
+                    raise ConfigError(f"policy.groups.{group}: '{role}' is not a role of {self.workflow.name} "
+                                      f"({hint}its roles: {', '.join(roles)})")
+                if role in owner:
+                    raise ConfigError(f"policy.groups: role '{role}' is in both {owner[role]} and {group}: put each "
+                                      "role in exactly one group")
+                owner[role] = group
+        missing = [r for r in roles if r not in owner]
+        if missing:
+            raise ConfigError(f"policy.groups: role '{missing[0]}' of {self.workflow.name} is in no group: add it to "
+                              f"one (roles of {self.workflow.name}: {', '.join(roles)})")
+
+    def _check_credit(self) -> None:
+        if self.reward.credit != "per_role":
+            return
+        if self.workflow_entry().credit is None:
+            raise ConfigError(f"reward.credit=per_role: workflow {self.workflow.name} defines no per-role rewards (its "
+                              "registry entry's `credit`); set reward.credit=broadcast for it")
+        if self.cell.kind == "shuffled":
+            raise ConfigError("reward.credit=per_role gives each turn its own reward, and the shuffled control permutes "
+                              "the episodes' one reward: set reward.credit=broadcast for shuffled cells")
+
+    def _check_own_adapters(self, workflow: registry.Workflow) -> None:
+        """Under policy grouped, the per-adapter knobs (an LR scale, optimizer steps, the
+        multiplicity normalization's steps and lr) name only roles alone in their group."""
+        named = [(f"optim.{key}.{role}", role) for key in ("role_lr_scale", "role_steps")
+                 for role in getattr(self.optim, key)]
+        if self.grpo.multiplicity_norm in ("steps", "lr"):
+            named.append((f"grpo.multiplicity_norm={self.grpo.multiplicity_norm}", PARALLEL))
+        groups = self.adapter_groups()
+        for knob, role in named:
+            if role == PARALLEL:
+                role = self._parallel()
+            group = next(g for g, members in groups.items() if role in members)
+            others = [r for r in groups[group] if r != role]
+            if others:
+                raise ConfigError(f"{knob} acts on {role}'s own adapter, and policy.groups.{group} shares it with "
+                                  f"{', '.join(others)}: give {role} a group of its own, or use grpo.role_weight")
+
+    def adapter_groups(self) -> dict[str, tuple[str, ...]]:
+        """Each trained adapter -> the roles it serves and learns from, in the workflow's role
+        order: policy shared's one adapter (`shared`, also a one-role workflow's under any
+        policy but grouped), isolated's one per role named after it, grouped's policy.groups.
+        Empty under policy transfer (its adapters are frozen, found when the cell runs)."""
+        roles = self.workflow_entry().roles
+        if self.policy.name == "transfer":
+            return {}
+        if self.policy.name == "grouped":
+            return {group: tuple(r for r in roles if r in members) for group, members in self.policy.groups.items()}
+        if self.policy.name == "shared" or len(roles) == 1:
+            return {SHARED_ADAPTER: roles}
+        return {role: (role,) for role in roles}
+
+    def adapter_of(self) -> dict[str, str]:
+        """Role -> the name of the trained adapter it runs on (adapter_groups, inverted)."""
+        return {role: adapter for adapter, members in self.adapter_groups().items() for role in members}
+
+    def adapter_lr_scales(self, step: int | None = None) -> dict[str, float]:
+        """role_lr_scales keyed by each role's adapter (the checks leave a scaled role alone on it)."""
+        of = self.adapter_of()
+        return {of[role]: scale for role, scale in self.role_lr_scales(step).items()}
+
+    def adapter_steps(self) -> dict[str, int]:
+        """role_steps keyed by each role's adapter (the checks leave such a role alone on it)."""
+        of = self.adapter_of()
+        return {of[role]: steps for role, steps in self.role_steps().items()}
 
     def _parallel(self) -> str:
         """The workflow's parallel role (the checks refuse `parallel` keys and
@@ -538,13 +669,23 @@ class RunConfig:
         return self.train.total_steps if self.trains else 0
 
     def to_dict(self) -> dict[str, Any]:
-        """config.yaml's tree (and the fingerprint's): model.toy only where the model is the toy world."""
-        tree = dataclasses.asdict(self)
+        """config.yaml's tree (and the fingerprint's): model.toy only where the model is the toy
+        world, and the OMITTED_AT_DEFAULT keys only where they differ from their default."""
+        tree = self.full_tree()
         if tree["model"]["toy"] is None:
             del tree["model"]["toy"]
         if tree["cell"]["variant"] is None:
             del tree["cell"]["variant"]
+        for node, key, default in OMITTED_AT_DEFAULT:
+            if tree[node][key] == default:
+                del tree[node][key]
+                if not tree[node]:
+                    del tree[node]
         return tree
+
+    def full_tree(self) -> dict[str, Any]:
+        """Every field with its value, defaults included (the schema Hydra composes on)."""
+        return dataclasses.asdict(self)
 
 
 def _type_name(tp: Any) -> str:
@@ -652,7 +793,7 @@ def run_defaults() -> dict[str, Any]:
     conf/ composes on top of (gridrun/grid/compose.py), so that conf/ sets only what differs.
     Left out: the cell node (the grid's), the model's identity (scale/ names it) and the
     workflow, task and engine nodes, whose keys depend on the option each names."""
-    defaults = RunConfig(cell=CellSpec(id="", kind="base")).to_dict()
+    defaults = RunConfig(cell=CellSpec(id="", kind="base")).full_tree()
     for node in ("cell", "workflow", "task", "engine"):
         del defaults[node]
     for key in ("name_or_path", "toy"):

@@ -204,6 +204,7 @@ def test_estimators_are_registered_by_name_and_the_trainer_asks_for_grpo(monkeyp
     from gridrun.train import advantages
 
     monkeypatch.setattr(advantages, "ESTIMATORS", dict(advantages.ESTIMATORS))
+    monkeypatch.setattr(advantages, "PER_TURN", set(advantages.PER_TURN))
     assert advantages.DEFAULT_ESTIMATOR == "grpo" and advantages.estimator("grpo") is advantages.grpo_estimator
 
     @advantages.register_estimator("minus_one")
@@ -215,5 +216,88 @@ def test_estimators_are_registered_by_name_and_the_trainer_asks_for_grpo(monkeyp
     assert values == [[0.0], [-1.0]] and stats.groups == 1
     with pytest.raises(ValueError, match="registered twice"):
         advantages.register_estimator("minus_one")(minus_one)
-    with pytest.raises(ValueError, match=r"no advantage estimator 'gpro' \(registered: grpo, minus_one\)"):
+    with pytest.raises(ValueError, match=r"no advantage estimator 'gpro' \(registered: grpo, minus_one, per_role\)"):
         advantages.estimator("gpro")
+
+
+def voting_pair(voters: list[list[float]] | None = None, aggregator: list[float] | None = None) -> list[Episode]:
+    """Problem p, two Voting episodes rewarded 1 and 0 (three voters, then the aggregator);
+    with `voters` / `aggregator`, each turn's own reward (reward.credit=per_role)."""
+    episodes = [episode("p", k, r, [turn("generator", s) for s in range(3)] + [turn("aggregator")])
+                for k, r in enumerate([1.0, 0.0])]
+    if voters is not None and aggregator is not None:
+        for e, own, agg in zip(episodes, voters, aggregator):
+            e.turn_rewards = [*own, agg]
+    return episodes
+
+
+def test_per_role_pools_a_roles_slots_into_one_normalisation_per_problem() -> None:
+    # Broadcast rewards 1 and 0. grpo (released): each voter slot is its own trajectory,
+    # rows [1, 0]: mean 0.5, std sqrt(0.5), so +-0.5 / 0.70711 = +-0.70711. per_role (Dr.MAS,
+    # the agent is the role): the generator's 6 rows [1 1 1 0 0 0] form one group, mean 0.5,
+    # std sqrt(6 * 0.25 / 5) = sqrt(0.3), so +-0.5 / 0.54772 = +-0.91287. The aggregator is
+    # one trajectory either way: +-0.70711.
+    workflow = get_workflow("voting")
+    grpo, grpo_stats = turn_advantages(voting_pair(), workflow, RELEASED)
+    per_role, stats = turn_advantages(voting_pair(), workflow, RELEASED, estimator_name="per_role")
+    assert grpo == [pytest.approx([0.70711] * 4, rel=1e-4), pytest.approx([-0.70711] * 4, rel=1e-4)]
+    assert per_role == [pytest.approx([0.91287] * 3 + [0.70711], rel=1e-4),
+                        pytest.approx([-0.91287] * 3 + [-0.70711], rel=1e-4)]
+    assert (grpo_stats.groups, stats.groups) == (4, 2)
+    # The config key chooses it (the trainer passes no name).
+    chosen, _ = turn_advantages(voting_pair(), workflow, GRPOSpec(group_key="problem_trajectory", adv_eps=0.0,
+                                                                   estimator="per_role"))
+    assert chosen == per_role
+
+
+def test_per_role_on_each_turns_own_reward() -> None:
+    # Turn rewards (as reward.credit=per_role gives them): voters [1 0 1] and [0 0 1],
+    # aggregator 1 and 0. per_role: generator rows 1 0 1 0 0 1, mean 0.5, std sqrt(0.3):
+    # +-0.91287; aggregator +-0.70711. grpo (released): generator0 [1, 0] +-0.70711,
+    # generator1 [0, 0] and generator2 [1, 1] zero-variance groups (advantage 0, counted).
+    voters, aggregator = [[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]], [1.0, 0.0]
+    workflow = get_workflow("voting")
+    per_role, _ = turn_advantages(voting_pair(voters, aggregator), workflow, RELEASED, estimator_name="per_role")
+    a, b = 0.5 / math.sqrt(0.3), 0.5 / math.sqrt(0.5)
+    assert per_role == [pytest.approx([a, -a, a, b], rel=1e-5), pytest.approx([-a, -a, a, -b], rel=1e-5)]
+    grpo, stats = turn_advantages(voting_pair(voters, aggregator), workflow, RELEASED)
+    assert grpo == [pytest.approx([b, 0.0, 0.0, b], rel=1e-5), pytest.approx([-b, 0.0, 0.0, -b], rel=1e-5)]
+    assert (stats.groups, stats.zero_variance) == (4, 2)
+    # Under group_key=problem the turns are rows too (each has its own reward), in one
+    # problem group: 8 rows 1 0 1 1 | 0 0 1 0, mean 0.5, std sqrt(8 * 0.25 / 7).
+    written, stats = turn_advantages(voting_pair(voters, aggregator), workflow, AS_WRITTEN)
+    c = 0.5 / math.sqrt(2 / 7)
+    assert written == [pytest.approx([c, -c, c, c], rel=1e-5), pytest.approx([-c, -c, c, -c], rel=1e-5)]
+    assert stats.groups == 1
+
+
+def test_per_role_under_as_written_replaces_the_problem_wide_baseline_by_each_roles() -> None:
+    # Eval-Opt's released groups are already per role (every turn is a trajectory named after
+    # it), so per_role under group_key=problem gives exactly the released numbers (p's
+    # generator rows 1 1 0 x 8: +0.8 / sqrt(1.6 / 9)), where grpo gives every turn its
+    # episode's +-0.866.
+    episodes = eval_opt_episodes()
+    workflow = get_workflow("eval_opt")
+    released, _ = turn_advantages(episodes, workflow, RELEASED)
+    per_role, stats = turn_advantages(episodes, workflow, AS_WRITTEN, estimator_name="per_role")
+    assert per_role == [pytest.approx(row, rel=1e-6) for row in released]
+    assert per_role[0][0] == pytest.approx(0.8 / math.sqrt(1.6 / 9), rel=1e-6) and stats.groups == 4
+
+
+def test_a_researchers_estimator_is_named_module_colon_name(tmp_path, monkeypatch) -> None:
+    from gridrun.registry import ConfigError
+    from gridrun.train import advantages
+
+    monkeypatch.setattr(advantages, "ESTIMATORS", dict(advantages.ESTIMATORS))
+    (tmp_path / "my_estimators.py").write_text(
+        "from gridrun.train.advantages import GroupStats, register_estimator\n\n"
+        "@register_estimator('centred')\n"
+        "def centred(rewards, rows, spec):\n"
+        "    return rewards - rewards.mean(), GroupStats(1, 0, 0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    values, _ = turn_advantages(voting_pair(), get_workflow("voting"), RELEASED, estimator_name="my_estimators:centred")
+    assert values == [[0.5] * 4, [-0.5] * 4]
+    with pytest.raises(ConfigError, match="grpo.estimator='no_such_module:x': plugin 'no_such_module' cannot be imported"):
+        advantages.estimator("no_such_module:x")
+    with pytest.raises(ConfigError, match=r"no advantage estimator 'centre' \(registered: centred, grpo, per_role\)"):
+        advantages.estimator("my_estimators:centre")

@@ -317,7 +317,7 @@ def test_mechanism_alerts_go_to_the_train_rows_and_state(tmp_path: Path, monkeyp
     from gridrun.train import trainer as trainer_module
 
     eager = Thresholds(ppl_factor=0.0)
-    monkeypatch.setattr(trainer_module, "MechanismWatch", lambda w, p: MechanismWatch(w, p, eager))
+    monkeypatch.setattr(trainer_module, "MechanismWatch", lambda w, p, groups=None: MechanismWatch(w, p, eager, groups))
     cell = make_cell(tmp_path, workflow={"name": "voting"}, policy={"name": "isolated"},
                      train={"total_steps": 2, "val_every": 1})
     assert run_cell(cell) == 0, RunDir(cell).read_state().get("error")

@@ -52,7 +52,7 @@ import yaml
 from gridrun import registry
 from gridrun.grid.analysis.calibration import calibration_tables
 from gridrun.grid.analysis.findings import alerts_table, findings_table
-from gridrun.grid.analysis.summary import MetricColumns, alert_summary, cell_hours, cell_summary
+from gridrun.grid.analysis.summary import MetricColumns, alert_summary, cell_grouping, cell_hours, cell_summary
 from gridrun.grid.analysis.tables import Table, base_mismatch_notes, flags, signature_tables, table1, table2, table3
 from gridrun.grid.analysis.warning import early_warning_jobs, early_warning_table, warning_columns
 from gridrun.grid.cells import base_control
@@ -85,7 +85,7 @@ def read_cell(root: str, workflow: str | None = None, policy: str | None = None)
     _load_workflow_plugin(RunDir(root), workflow)
     rows, damage = RunDir(root).read_metrics_checked()
     columns = MetricColumns.from_rows(rows)
-    alerts = alert_summary(rows, workflow, policy)
+    alerts = alert_summary(rows, workflow, policy, groups=cell_grouping(RunDir(root), policy))
     warning = warning_columns(columns.series("val", "val/acc"), alerts)
     return columns, {**cell_summary(columns), **alerts, **warning}, damage
 

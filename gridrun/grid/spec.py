@@ -18,6 +18,9 @@ policy -> list (an intervention that takes another form under Isolated- and Shar
       natural: []
       injected: {isolated: [+optim.role_lr_scale.parallel=3.0], shared: [+grpo.role_weight.parallel=3.0]}
 
+A mapping names isolated and shared, and any other policy option of the sweep's policy axis
+(a grouping, conf/policy/<name>.yaml) whose cells it crosses.
+
 A variant's settings apply after the sweep's (file and command line): the variant is what
 its cells differ by. `variant=natural,injected` on the command line plans some of them.
 
@@ -57,6 +60,8 @@ VARIANT_NAME_MAX = 64
 SWEEP_KEYS = ("axes", "restrict", "overrides", "variants", "early_warning", "cell_gpu")
 VARIANT_AXIS = "variant"
 POLICIES = ("isolated", "shared")
+# A variant given as a list: the same settings under every policy.
+ANY_POLICY = "*"
 
 
 @dataclass
@@ -71,8 +76,9 @@ class SweepSpec:
     restrict: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     # The command line as given (recorded in sweep.json).
     argv: list[str] = field(default_factory=list)
-    # Variant name -> policy -> its settings, in the sweep file's order; only the variants
-    # planned (all of the file's, or those `variant=` names). Empty: a sweep without variants.
+    # Variant name -> policy -> its settings, in the sweep file's order (ANY_POLICY: a list
+    # for every policy); only the variants planned (all of the file's, or those `variant=`
+    # names). Empty: a sweep without variants.
     variants: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     # How the alerts' thresholds are chosen and reported (the sweep file's `early_warning:`).
     early_warning: EarlyWarningPlan | None = None
@@ -93,7 +99,14 @@ class SweepSpec:
         """The settings of `variant` for a cell of `policy` (none for a control)."""
         if variant is None:
             return []
-        return self.variants[variant][policy or "shared"]
+        bundle = self.variants[variant]
+        policy = policy or "shared"
+        if ANY_POLICY in bundle:
+            return bundle[ANY_POLICY]
+        if policy not in bundle:
+            raise GridError(f"{self.source}: variants.{variant} has no settings for policy {policy}: add "
+                            f"'{policy}: []' to leave it as it is")
+        return bundle[policy]
 
 
 @dataclass(frozen=True)
@@ -295,18 +308,19 @@ def _variants(path: Path, data: Any, composer: Composer) -> dict[str, dict[str, 
             raise GridError(f"{path}: variant '{name[:20]}...' is {len(name)} characters: give it a name of at most "
                             f"{VARIANT_NAME_MAX} characters (it ends cell ids, which name folders)")
         if bundle is None or isinstance(bundle, list):
-            bundle = {policy: bundle or [] for policy in POLICIES}
+            bundle = {ANY_POLICY: bundle or []}
         if not isinstance(bundle, dict):
             raise GridError(f"{path}: variants.{name} must be a list of overrides or a mapping of policy -> list")
+        options = composer.options("policy")
         for policy in bundle:
-            if policy not in POLICIES:
+            if policy not in (*POLICIES, ANY_POLICY) and policy not in options:
                 raise GridError(f"{path}: variants.{name}.{policy}: not a policy{closest(str(policy), POLICIES)}")
-        missing = [p for p in POLICIES if p not in bundle]
+        missing = [p for p in POLICIES if p not in bundle and ANY_POLICY not in bundle]
         if missing:
             raise GridError(f"{path}: variants.{name} has no settings for policy {missing[0]}: add "
                             f"'{missing[0]}: []' to leave it as it is")
         variants[name] = {}
-        for policy in POLICIES:
+        for policy in bundle:
             lines = bundle[policy] or []
             if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
                 raise GridError(f"{path}: variants.{name}.{policy} must be a list of overrides such as grpo.n=4")

@@ -7,6 +7,7 @@ Hydra or gridrun.grid; reads config.yaml and writes only inside its run director
     engines/        the rollout engines behind one interface: hf (transformers), vllm
     episode.py      what a rollout records: every turn of every role, the committed answer
     scoring.py      rewards computed while the rollout goes on
+    credit.py       role-level credit (reward.credit): each turn's own reward; role/<r>/reward
     advantages.py   the reward control's shuffle, GRPO's rows and groups, named estimators
     grpo.py         pure GRPO maths: clipped loss, KL, aggregation, mini-batch order, LR schedule
     update.py       the policy update of a step: per adapter, mini-batches, per-role metrics

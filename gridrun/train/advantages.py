@@ -4,13 +4,19 @@
     turn_advantages   the rows GRPO groups (per preset: one per role turn, keyed by problem
                       and trajectory name; or one per episode, keyed by problem), gathered
                       across ranks, then the estimator's value of each row back on its turns
-    estimators        named functions (rewards, group keys, grpo spec) -> advantages,
-                      registered with `register_estimator` and looked up with `estimator`
+    estimators        named functions (rewards, rows, grpo spec) -> advantages, registered
+                      with `register_estimator` and chosen by the run's `grpo.estimator`
 
-One estimator is registered today, `grpo` (group_advantages: verl's GRPO outcome advantage
-with gridrun's zero-variance and singleton rules), and no config key chooses another: the
-trainer asks for `DEFAULT_ESTIMATOR` by name, so a researcher's estimator is one decorated
-function here plus the name passed in, never an `if` in the loop.
+Registered: `grpo` (the paper's; group_advantages: verl's GRPO outcome advantage with
+gridrun's zero-variance and singleton rules, over the preset's groups) and `per_role`
+(Dr.MAS, arXiv 2602.08847: each agent's advantages normalised by its own reward statistics).
+A researcher's estimator is one function decorated with `@register_estimator("name")` in
+their module, chosen with `grpo.estimator=<module>:<name>` (the module is imported first),
+never an `if` in the loop.
+
+Rows are role turns under group_key=problem_trajectory, and under group_key=problem too when
+the estimator asks for turns (`per_role`) or the turns carry rewards of their own
+(reward.credit=per_role); otherwise one row per episode.
 Left out: process (per-token) rewards, a value baseline (no critic), the KL penalty (a loss
 term: gridrun/train/grpo.py), and the random streams' seeds (gridrun/train/seeds.py).
 """
@@ -20,11 +26,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from gridrun.registry import Workflow
+from gridrun.registry import ConfigError, Workflow, load_plugin
 from gridrun.runconfig import GRPOSpec
 from gridrun.train.distributed import Dist
 from gridrun.train.episode import Episode
@@ -38,30 +43,59 @@ class GroupStats:
     zero_variance: int
 
 
-# (rewards (rows,) float, the group key of each row, the run's grpo node) ->
+@dataclass(frozen=True)
+class Row:
+    """One advantage row: a role turn, or a whole episode (role None) under group_key=problem."""
+
+    # The episode's problem id.
+    problem: Hashable
+    # The preset's group of the row: (problem, trajectory name) or the problem.
+    group: Hashable
+    # The turn's role type (same-role slots alike); None for an episode row.
+    role: str | None
+
+
+# (rewards (rows,) float, each row's Row, the run's grpo node) ->
 # (advantages (rows,) float32, the groups counted).
-Estimator = Callable[[torch.Tensor, Sequence[Hashable], GRPOSpec], tuple[torch.Tensor, GroupStats]]
+Estimator = Callable[[torch.Tensor, Sequence[Row], GRPOSpec], tuple[torch.Tensor, GroupStats]]
 ESTIMATORS: dict[str, Estimator] = {}
+# Estimators that need one row per turn whatever the preset's rows (they read Row.role).
+PER_TURN: set[str] = set()
 DEFAULT_ESTIMATOR = "grpo"
 
 
-def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
-    """Decorator: register an advantage estimator under `name` (a second one of a name is refused)."""
+def register_estimator(name: str, per_turn: bool = False) -> Callable[[Estimator], Estimator]:
+    """Decorator: register an advantage estimator under `name` (a second one of a name is
+    refused); `per_turn`: its rows are role turns under every preset (it reads Row.role)."""
 
     def add(function: Estimator) -> Estimator:
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator '{name}' is registered twice: give the new one another name")
         ESTIMATORS[name] = function
+        if per_turn:
+            PER_TURN.add(name)
         return function
 
     return add
 
 
 def estimator(name: str) -> Estimator:
-    """The estimator registered as `name`."""
-    if name not in ESTIMATORS:
-        raise ValueError(f"no advantage estimator '{name}' (registered: {', '.join(sorted(ESTIMATORS))})")
-    return ESTIMATORS[name]
+    """The estimator registered as `name` ("<module>:<name>": after importing the module,
+    which registers it); a ConfigError naming the registered ones if none is."""
+    return ESTIMATORS[_registered(name)]
+
+
+def _registered(name: str) -> str:
+    module, _, short = name.rpartition(":")
+    if module:
+        try:
+            load_plugin(module)
+        except ConfigError as err:
+            raise ConfigError(f"grpo.estimator='{name}': {err}") from None
+    if short not in ESTIMATORS:
+        raise ConfigError(f"no advantage estimator '{short}' (registered: {', '.join(sorted(ESTIMATORS))}); add one "
+                          "with @gridrun.train.advantages.register_estimator and name it <module>:<name>")
+    return short
 
 
 def group_advantages(
@@ -102,35 +136,61 @@ def group_advantages(
 
 
 @register_estimator("grpo")
-def grpo_estimator(rewards: torch.Tensor, keys: Sequence[Hashable], spec: GRPOSpec) -> tuple[torch.Tensor, GroupStats]:
-    """group_advantages with the run's grpo.norm_by_std, adv_eps and singleton_advantage.
-    rewards: (rows,); returns (rows,) float32."""
-    return group_advantages(rewards, keys, spec.norm_by_std, spec.adv_eps, spec.singleton_advantage)
+def grpo_estimator(rewards: torch.Tensor, rows: Sequence[Row], spec: GRPOSpec) -> tuple[torch.Tensor, GroupStats]:
+    """group_advantages over the preset's groups (Row.group) with the run's grpo.norm_by_std,
+    adv_eps and singleton_advantage. rewards: (rows,); returns (rows,) float32."""
+    return group_advantages(rewards, [r.group for r in rows], spec.norm_by_std, spec.adv_eps, spec.singleton_advantage)
+
+
+@register_estimator("per_role", per_turn=True)
+def per_role_estimator(rewards: torch.Tensor, rows: Sequence[Row], spec: GRPOSpec) -> tuple[torch.Tensor, GroupStats]:
+    """Dr.MAS's agent-wise normalisation (arXiv 2602.08847; its code groups verl's GRPO by
+    `uid_agent_id`): a row's advantage is (r - mean_k) / (std_k + eps) over the rows of its
+    agent k for its problem, every turn of k in the problem's n episodes one row (turns are
+    not averaged per trajectory first). gridrun's agent is the role type: same-role slots
+    (Voting's 3 voters, Orch-Workers' workers) share one adapter and pool their rows, as
+    every Eval-Opt round of a role does. The zero-variance and singleton rules are grpo's.
+    rewards: (rows,) one per turn; returns (rows,) float32.
+
+    Under group_key=problem_trajectory this differs from grpo only where a role has several
+    trajectory names (Voting's generator0/1/2); under group_key=problem it replaces the
+    episode's problem-wide baseline by each role's own."""
+    return group_advantages(rewards, [(r.problem, r.role) for r in rows], spec.norm_by_std, spec.adv_eps,
+                            spec.singleton_advantage)
 
 
 def turn_advantages(
     episodes: list[Episode], workflow: Workflow, spec: GRPOSpec, dist: Dist | None = None,
-    estimator_name: str = DEFAULT_ESTIMATOR,
+    estimator_name: str | None = None,
 ) -> tuple[list[list[float]], GroupStats]:
-    """The advantage of every turn of every episode (outer list: episodes, inner: turns).
+    """The advantage of every turn of every episode (outer list: episodes, inner: turns), by
+    `estimator_name` (default: the run's grpo.estimator).
 
-    group_key=problem_trajectory (released): one row per turn, reward = its episode's final
-    outcome, grouped by (problem, the workflow's trajectory name of the turn).
-    group_key=problem (as_written): one row per episode grouped by problem, its advantage
-    copied to every turn. With several ranks the rows of every rank are gathered (a
-    problem's episodes are all on one rank) and each rank gets its own turns' values."""
+    group_key=problem_trajectory (released): one row per turn, grouped by (problem, the
+    workflow's trajectory name of the turn). group_key=problem (as_written): one row per
+    episode grouped by problem, its advantage copied to every turn; one row per turn (the
+    same groups) where the estimator is per turn or a turn has its own reward. A row's
+    reward is its turn's (Episode.turn_rewards: reward.credit), else its episode's outcome.
+    With several ranks the rows of every rank are gathered (a problem's episodes are all on
+    one rank) and each rank gets its own turns' values."""
     dist = dist or Dist()
-    rows: list[tuple[Any, float]]  # group key (a problem, or a problem and trajectory) and reward
-    if spec.group_key == "problem":
-        rows = [(e.problem.id, e.reward) for e in episodes]
+    name = _registered(estimator_name or spec.estimator)
+    per_episode = spec.group_key == "problem" and name not in PER_TURN and all(e.turn_rewards is None for e in episodes)
+    rows: list[tuple[Row, float]]
+    if per_episode:
+        rows = [(Row(e.problem.id, e.problem.id, None), e.reward) for e in episodes]
     else:
-        rows = [((e.problem.id, workflow.trajectory_name(t)), e.reward) for e in episodes for t in e.turns]
+        rows = [
+            (Row(e.problem.id, e.problem.id if spec.group_key == "problem" else (e.problem.id, workflow.trajectory_name(t)),
+                 str(t.role)), reward)
+            for e in episodes for t, reward in zip(e.turns, e.rewards_of_turns())
+        ]
     everyone, mine = dist.gather(rows)
-    values, stats = estimator(estimator_name)(
+    values, stats = ESTIMATORS[name](
         torch.tensor([r for _, r in everyone], dtype=torch.float32), [k for k, _ in everyone], spec
     )
     own = values[mine].tolist()
-    if spec.group_key == "problem":
+    if per_episode:
         return [[adv] * len(e.turns) for e, adv in zip(episodes, own)], stats
     out, at = [], 0
     for e in episodes:

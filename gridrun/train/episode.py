@@ -41,6 +41,9 @@ class Episode:
     # The reward-control cell's training reward: another episode's reward of the same step
     # (None: the episode's own score trains it).
     shuffled_reward: float | None = None
+    # Each turn's own training reward, parallel to `turns` (reward.credit=per_role; None: the
+    # episode's reward trains every turn, as the paper's broadcast).
+    turn_rewards: list[float] | None = None
 
     @property
     def scored(self) -> Score:
@@ -55,6 +58,12 @@ class Episode:
             return self.shuffled_reward
         assert self.score is not None, "episode not scored yet"
         return self.score.reward
+
+    def rewards_of_turns(self) -> list[float]:
+        """What GRPO trains each turn on: its own reward where credit gave one, else the episode's."""
+        if self.turn_rewards is not None:
+            return self.turn_rewards
+        return [self.reward] * len(self.turns)
 
     def role_turns(self, role: str) -> list[Turn]:
         return [t for t in self.turns if t.role == role]

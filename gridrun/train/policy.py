@@ -2,6 +2,10 @@
 
 - shared   (SP): every role -> one adapter.
 - isolated (IP): one adapter per role *type*; same-role slots (3 voters, 3 workers) share it.
+- grouped: one adapter per group of `policy.groups`, named after it (partial sharing, e.g.
+  Orch-Workers' orchestrator and synthesizer on one, its workers on another); shared and
+  isolated are its two extreme cases (RunConfig.adapter_groups says which roles each
+  adapter serves, for every policy).
 - single-agent RL (kind sa_rl): the generator -> one adapter.
 - base (kind base): every role -> the base model, no adapter.
 - transfer (kinds transfer and eval): each role named in `policy.adapters` (or every role,
@@ -21,6 +25,7 @@ sequences, then moves on: never one summed loss over two adapters.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,9 +35,9 @@ from peft import LoraConfig, PeftModel, get_peft_model
 
 from gridrun.adapters import resolve
 from gridrun.registry import Workflow
-from gridrun.runconfig import ALL_ROLES, RunConfig
+from gridrun.runconfig import ALL_ROLES, SHARED_ADAPTER, RunConfig
 
-SHARED = "shared"
+SHARED = SHARED_ADAPTER
 TRANSFER = "transfer"
 
 log = logging.getLogger("gridrun")
@@ -61,9 +66,9 @@ def routing_for(config: RunConfig, workflow: Workflow, run_dir: Path | None = No
         return Routing({r: None for r in roles}, ())
     if config.policy.name == TRANSFER:
         return _frozen_routing(config, workflow, run_dir)
-    if config.policy.name == "shared" or len(roles) == 1:
-        return Routing({r: SHARED for r in roles}, (SHARED,))
-    return Routing({r: r for r in roles}, tuple(roles))
+    groups = config.adapter_groups()
+    of = config.adapter_of()
+    return Routing({r: of[r] for r in roles}, tuple(groups))
 
 
 def _frozen_routing(config: RunConfig, workflow: Workflow, run_dir: Path | None) -> Routing:
@@ -117,14 +122,22 @@ def attach_adapters(base: Any, config: RunConfig, routing: Routing) -> Any:
     return model
 
 
+def _owned_by(adapter: str) -> re.Pattern[str]:
+    """peft names an adapter's parameters `<module>.lora_<A|B|...>.<adapter>[.weight]`: match
+    that part exactly, so a group's name that is also a module's (`mlp`) takes no other's."""
+    return re.compile(rf"\.lora_\w+?\.{re.escape(adapter)}(\.|$)")
+
+
 def adapter_parameters(model: Any, adapter: str) -> dict[str, torch.nn.Parameter]:
     """The LoRA parameters of one adapter, by name."""
-    return {n: p for n, p in model.named_parameters() if f".{adapter}." in n and "lora_" in n}
+    owned = _owned_by(adapter)
+    return {n: p for n, p in model.named_parameters() if owned.search(n)}
 
 
 def activate(model: Any, adapter: str) -> None:
     """Make `adapter` the active, trainable one (and only it)."""
     model.set_adapter(adapter)
+    owned = _owned_by(adapter)
     for name, param in model.named_parameters():
         if "lora_" in name:
-            param.requires_grad_(f".{adapter}." in name)
+            param.requires_grad_(bool(owned.search(name)))

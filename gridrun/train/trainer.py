@@ -41,8 +41,9 @@ from gridrun.tasks import make_task
 from gridrun.tasks.base import Problem
 from gridrun.tasks.sandbox import SandboxUnavailable
 from gridrun.train import checkpoint, grpo
-from gridrun.train.advantages import shuffle_rewards, turn_advantages
+from gridrun.train.advantages import estimator, shuffle_rewards, turn_advantages
 from gridrun.train.coherence import Coherence
+from gridrun.train.credit import assign_credit, role_reward_metrics
 from gridrun.train.distributed import Dist, device_report, free_gpu_gb
 from gridrun.train.engines import make_engine
 from gridrun.train.episode import Episode
@@ -80,6 +81,7 @@ class Trainer:
         torch.manual_seed(derive(seed, Stream.CELL))
         self.task = make_task(config.task)
         self.workflow = config.workflow_entry()
+        estimator(config.grpo.estimator)  # an unknown grpo.estimator fails here, before the model loads
         # Adapters trained elsewhere (transfer, eval) are found first: a missing one fails fast.
         self.routing = routing_for(config, self.workflow, run_dir.root)
         # On a GPU node each rank trains on its own device; CPU runs stay where they are.
@@ -114,7 +116,8 @@ class Trainer:
         self.skipped_nonfinite = 0
         # Every alert (gridrun/mechanisms.py) and the validation accuracies of the metric rows
         # so far (a resume replays the rows it keeps into both).
-        self.watch = MechanismWatch(config.workflow.name, config.policy.name)
+        grouping = config.adapter_groups() if config.policy.name == "grouped" else None
+        self.watch = MechanismWatch(config.workflow.name, config.policy.name, groups=grouping)
         self.mechanism_alerts: list[str] = []
         self.val_acc: dict[int, float] = {}
         self.pad_id = self.tokenizer.pad_token_id
@@ -180,6 +183,8 @@ class Trainer:
         rolled = time.time()
         if cfg.shuffles_rewards:
             shuffle_rewards(episodes, cfg.cell.seed, step, self.dist)
+        if cfg.reward.credit == "per_role":
+            assign_credit(episodes, self.task, self.workflow)
         # Every rank's outcomes, in single-process order (groups are whole on one rank).
         outcomes, _ = self.dist.gather([(e.reward, e.scored.correct, e.scored.parsed is None,
                                          e.scored.flag == "timeout") for e in episodes])
@@ -224,6 +229,7 @@ class Trainer:
             "reward/no_answer_rate": sum(o[2] for o in outcomes) / len(outcomes),
             # Answers the grader gave up on (past its time limit), scored wrong: a count.
             "reward/grader_timeouts": sum(o[3] for o in outcomes),
+            **role_reward_metrics(episodes, self.dist),
             "adv/groups": groups.groups,
             "adv/singleton_groups": groups.singleton,
             "adv/zero_variance_groups": groups.zero_variance,
@@ -256,9 +262,9 @@ class Trainer:
 
     def adapter_lrs(self, step: int) -> dict[str, float]:
         """Each trainable adapter's LR this step: the schedule's, times its role's
-        optim.role_lr_scale at this step (an IP adapter is named after its role; SP refuses
-        the scale)."""
-        scales = self.config.role_lr_scales(step)
+        optim.role_lr_scale at this step (the config leaves a scaled role alone on its
+        adapter; SP refuses the scale)."""
+        scales = self.config.adapter_lr_scales(step)
         trainable = self.routing.trainable
         return {name: self.lr(step, i, len(trainable)) * scales.get(name, 1.0) for i, name in enumerate(trainable)}
 

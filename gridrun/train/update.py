@@ -84,7 +84,7 @@ class UpdateSettings:
     pad_id: int
     # Per-role loss weights (roles not listed: 1) and, per adapter, the optimizer steps its
     # sequences make per training step where the config sets them (RunConfig.role_weights,
-    # role_steps; an IP adapter is named after its role).
+    # adapter_steps, which keys a role's steps by its adapter).
     role_weight: dict[str, float] = field(default_factory=dict)
     adapter_steps: dict[str, int] = field(default_factory=dict)
     # The registered policy loss (gridrun/train/losses.py) every micro-batch is trained with.
@@ -103,7 +103,7 @@ class UpdateSettings:
             grad_clip=config.optim.grad_clip,
             pad_id=pad_id,
             role_weight=config.role_weights(),
-            adapter_steps=config.role_steps(),
+            adapter_steps=config.adapter_steps(),
             policy_loss=config.grpo.policy_loss,
         )
 

@@ -18,6 +18,10 @@ Its validation metrics: the evaluator's verdict rate (its text holds a `\\boxed{
 `\\boxed{Incorrect}`, the paper's verdict-tag retention, read alike under both protocols), its
 verdict accuracy (the verdict the loop acted on), and its code-fence rate (a drift signature:
 an evaluator that starts writing programs instead of judging).
+
+Its per-role rewards (reward.credit=per_role): each generator turn its own answer's reward;
+each evaluator turn 1 when its verdict was right about the answer it judged (Correct on a
+correct one, Incorrect on a wrong one), else 0 (a malformed verdict too).
 """
 
 from __future__ import annotations
@@ -101,8 +105,18 @@ def metrics(episodes: list[Any], correct: Callable[[Any], bool], params: EvalOpt
     return out
 
 
+def credit(episode: Any, score: Callable[[Any], Any]) -> list[float]:
+    answers = episode.role_turns("generator")
+    return [
+        score(t).reward if t.role == "generator"
+        # The evaluator of round r judged the generator answer of round r.
+        else float(t.parsed is not None and t.parsed == score(answers[t.round]).correct)
+        for t in episode.turns
+    ]
+
+
 WORKFLOW = register_workflow(Workflow(
     name="eval_opt", roles=("generator", "evaluator"), params=EvalOptParams, run=run,
     prompts=("generator", "evaluator", "revision", "evaluator_followup", "revision_followup"),
-    answer_roles=("generator",), metrics=metrics,
+    answer_roles=("generator",), metrics=metrics, credit=credit,
 ))

@@ -9,6 +9,10 @@ is recorded either way, and the worker count in `workers`.
 
 Its validation metrics: the orchestrator's plan rate (plans with n distinct strategies) and
 its unique openers (a drift signature: distinct first three words over its plans).
+
+Its per-role rewards (reward.credit=per_role): each worker its own answer's reward, the
+synthesizer its own (the final answer's, as broadcast), the orchestrator the episode's
+outcome (nothing checks a plan by itself).
 """
 
 from __future__ import annotations
@@ -63,7 +67,12 @@ def metrics(episodes: list[Any], correct: Callable[[Any], bool], params: OrchWor
     }
 
 
+def credit(episode: Any, score: Callable[[Any], Any]) -> list[float]:
+    return [episode.reward if t.role == "orchestrator" else score(t).reward for t in episode.turns]
+
+
 WORKFLOW = register_workflow(Workflow(
     name="orch_workers", roles=("orchestrator", "worker", "synthesizer"), params=OrchWorkersParams, run=run,
     parallel_role="worker", slots_field="n_workers", answer_roles=("worker", "synthesizer"), metrics=metrics,
+    credit=credit,
 ))

@@ -11,6 +11,11 @@ shape it is asked for, whatever the protocol's fallbacks then pick), its selecti
 on problems some candidate solved (the pick the workflow committed to), and its terse rate
 (a drift signature: that shape in at most TERSE_TOKENS tokens, the shape it starts in). Rate
 and terse rate read the shape alike under both protocols, so they stay comparable.
+
+Its per-role rewards (reward.credit=per_role): each generator its own answer's reward; the
+aggregator 1 when the candidate it committed to scores as well as the best one available (a
+correct one when one existed; any, when none did), else 0, and the episode's reward when it
+committed to none (the task's penalty for no answer).
 """
 
 from __future__ import annotations
@@ -63,7 +68,19 @@ def metrics(episodes: list[Any], correct: Callable[[Any], bool], params: VotingP
     return out
 
 
+def credit(episode: Any, score: Callable[[Any], Any]) -> list[float]:
+    candidates = [score(t).reward for t in episode.role_turns("generator")]
+    best = max(candidates)
+    return [
+        score(t).reward if t.role == "generator"
+        else episode.reward if t.parsed is None
+        else float(candidates[t.parsed] >= best)
+        for t in episode.turns
+    ]
+
+
 WORKFLOW = register_workflow(Workflow(
     name="voting", roles=("generator", "aggregator"), params=VotingParams, run=run, parallel_role="generator",
     slots_field="n_voters", distinct_slots=True, answer_roles=("generator",), metrics=metrics,
+    credit=credit,
 ))

@@ -166,3 +166,19 @@ def test_a_sweep_with_variants_is_collected_per_variant_with_its_early_warning(g
     assert (shown.loc["natural", "cliffs"], shown.loc["natural", "alerted"]) == (1, 1)
     assert (shown.loc["coherence", "cliffs"], shown.loc["coherence", "alerted"]) == (0, 0)
     assert "thresholds chosen on the fit seeds" in report
+
+
+def test_findings_e_measures_a_remedy_on_the_injection_against_injected() -> None:
+    # injected peaks 0.60 and falls 30 points; injected_credit (the remedy on top of the same
+    # injection) peaks 0.61 and falls 10: peak kept (+1 + 2 margin = 3) and the injected late
+    # drop shrunk by 20 points, in both seeds. natural is there but is not its reference.
+    rows = []
+    for variant, (peak, final) in (("natural", (0.9, 0.9)), ("injected", (0.60, 0.30)), ("injected_credit", (0.61, 0.51))):
+        for seed in (0, 1):
+            rows.append({"cell": f"{variant}{seed}", "kind": "train", "state": "done", "task": "arith", "scale": "toy",
+                         "workflow": "voting", "policy": "isolated", "seed": seed, "variant": variant,
+                         "peak_val_acc": peak, "drop_from_peak": final - peak})
+    kept, shrunk = claim_e(pd.DataFrame(rows)).parts
+    assert kept.name == "injected_credit keeps the peak in most blocks"
+    assert kept.rows[0].measurement == "injected_credit peak − injected peak (+2 pt margin)"
+    assert kept.rows[0].values == pytest.approx([3.0, 3.0]) and shrunk.rows[0].values == pytest.approx([20.0, 20.0])

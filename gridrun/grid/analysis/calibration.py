@@ -37,6 +37,7 @@ from typing import Any
 import pandas as pd
 
 from gridrun.accuracy import val_accuracy
+from gridrun.grid.analysis.summary import cell_grouping
 from gridrun.grid.analysis.tables import Table, number
 from gridrun.grid.analysis.warning import (
     CLIFF_PP,
@@ -53,6 +54,7 @@ from gridrun.mechanisms import (
     MECHANISMS,
     SP_ROLE_CAPTURE,
     THRESHOLDS,
+    Groups,
     Thresholds,
     alert_history,
     applies,
@@ -80,9 +82,14 @@ class CellCurve:
     variant: str | None
     rows: list[dict[str, Any]]
     val_acc: dict[int, float]
+    # A grouped cell's adapters and their roles (summary.cell_grouping); None: read `policy`.
+    groups: Groups | None = None
+
+    def applies(self, mechanism: str) -> bool:
+        return applies(mechanism, self.workflow, self.policy, self.groups)
 
     def first_firing(self, mechanism: str, thresholds: Thresholds) -> int | None:
-        fired = firings(alert_history(self.rows, self.workflow, self.policy, thresholds), mechanism)
+        fired = firings(alert_history(self.rows, self.workflow, self.policy, thresholds, self.groups), mechanism)
         return fired[0] if fired else None
 
 
@@ -154,10 +161,12 @@ def read_curves(sweep: SweepDir, cells: pd.DataFrame) -> list[CellCurve]:
     done = cells[cells["kind"].isin(TRAINED_KINDS) & (cells["state"] == "done")]
     curves = []
     for record in done.to_dict("records"):
-        rows = RunDir(sweep.cell(record["cell"]).root).read_metrics()
+        run_dir = RunDir(sweep.cell(record["cell"]).root)
+        rows = run_dir.read_metrics()
         variant = record.get("variant")
         curves.append(CellCurve(record["cell"], int(record["seed"]), str(record["workflow"]), record.get("policy"),
-                                None if variant is None or pd.isna(variant) else str(variant), rows, val_accuracy(rows)))
+                                None if variant is None or pd.isna(variant) else str(variant), rows, val_accuracy(rows),
+                                cell_grouping(run_dir, record.get("policy"))))
     return curves
 
 
@@ -165,7 +174,7 @@ def calibrate(curves: Sequence[CellCurve], plan: EarlyWarningPlan) -> list[Calib
     """Each mechanism's thresholds chosen on the fit seeds and scored on the held-out ones."""
     out = []
     for mechanism in MECHANISMS:
-        own = [c for c in curves if applies(mechanism, c.workflow, c.policy)]
+        own = [c for c in curves if c.applies(mechanism)]
         fit = [c for c in own if c.seed in plan.fit_seeds]
         held = [c for c in own if c.seed in plan.held_out_seeds]
         searched = [(t, score(fit, mechanism, t)) for t in candidates(mechanism, plan.search) or [THRESHOLDS]]
@@ -236,7 +245,7 @@ def shown_table(curves: Sequence[CellCurve], results: Sequence[Calibration]) -> 
         groups.setdefault(key, []).append(curve)
     rows = []
     for (workflow, policy, variant), members in groups.items():
-        mechanism = next((m for m in MECHANISMS if applies(m, workflow, policy or None)), None)
+        mechanism = next((m for m in MECHANISMS if members[0].applies(m)), None)
         drops = [c.drop_pp for m in members if (c := cliff_from_peak(m.val_acc)) is not None]
         cliffs = sum(d >= CLIFF_PP for d in drops)
         fired = (sum(m.first_firing(mechanism, chosen[mechanism]) is not None for m in members)

@@ -18,7 +18,9 @@ sweep with variants (gridrun/grid/spec.py): each remedy against `natural` on pai
 claimed above -PEAK_MARGIN_PP: not lower by more than that) and shrink the late drop
 (natural's peak - final minus the remedy's, claimed above 0)? The variant named `natural` is
 the reference and one named `injected` the positive control (not a remedy); every other
-variant is a remedy. With variants, (a)-(d) are measured on the `natural` cells and the
+variant is a remedy, and one named `injected_<remedy>` (the remedy on top of the positive
+control's injection) is measured the same way against `injected`: does it keep the injected
+cells' ceiling and shrink the injected mechanism's late drop? With variants, (a)-(d) are measured on the `natural` cells and the
 controls (the paper's setting).
 
 A row's verdict, for a difference claimed positive: holds when its 95% interval lies above 0,
@@ -50,7 +52,8 @@ STATEMENTS = {
     "c": "Voting-IP gradient_amplification: the generator's χ² and perplexity peak-over-first ratios "
          "exceed the aggregator's.",
     "d": "Voting-SP sp_role_capture: the aggregator's terse rate falls and its length rises.",
-    "e": "Each remedy keeps the ceiling (peak) and shrinks the late drop (peak − final) against `natural`.",
+    "e": "Each remedy keeps the ceiling (peak) and shrinks the late drop (peak − final) against `natural` "
+         "(an `injected_<remedy>` against `injected`).",
 }
 REFERENCE_VARIANT, POSITIVE_CONTROL = "natural", "injected"
 # Keeping the ceiling: a remedy's peak may sit at most this many points under natural's.
@@ -263,18 +266,19 @@ def claim_e(cells: pd.DataFrame) -> Claim:
     train = cells[cells["kind"] == "train"]
     for remedy in remedies:
         kept, shrunk = [], []
+        against = POSITIVE_CONTROL if remedy.startswith(f"{POSITIVE_CONTROL}_") else REFERENCE_VARIANT
         for (task, scale, workflow, policy), block in train.groupby(["task", "scale", "workflow", "policy"], sort=False):
-            natural, treated = block[block["variant"] == REFERENCE_VARIANT], block[block["variant"] == remedy]
+            natural, treated = block[block["variant"] == against], block[block["variant"] == remedy]
             if not (len(natural) and len(treated)):
                 continue
             where = (task, scale, workflow, POLICY_LABELS.get(policy, policy))
-            needs = f"done `{REFERENCE_VARIANT}` and `{remedy}` cells of the same seeds"
-            kept.append(_measured(f"{remedy} peak − natural peak (+{PEAK_MARGIN_PP:g} pt margin)", where,
+            needs = f"done `{against}` and `{remedy}` cells of the same seeds"
+            kept.append(_measured(f"{remedy} peak − {against} peak (+{PEAK_MARGIN_PP:g} pt margin)", where,
                                   _paired(_done(treated, "peak_val_acc"), _done(natural, "peak_val_acc"), 100,
                                           lambda x, y: x - y + PEAK_MARGIN_PP / 100), "pp", 1, needs))
-            # drop_from_peak = final - peak (<= 0): the remedy's minus natural's is natural's
-            # late drop minus the remedy's, positive when the remedy shrank it.
-            shrunk.append(_measured(f"natural late drop − {remedy}'s", where,
+            # drop_from_peak = final - peak (<= 0): the remedy's minus the reference's is the
+            # reference's late drop minus the remedy's, positive when the remedy shrank it.
+            shrunk.append(_measured(f"{against} late drop − {remedy}'s", where,
                                     _paired(_done(treated, "drop_from_peak"), _done(natural, "drop_from_peak"), 100),
                                     "pp", 1, needs))
         if kept:

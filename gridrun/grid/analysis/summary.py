@@ -56,7 +56,9 @@ from typing import Any
 import numpy as np
 
 from gridrun.accuracy import first_peak
-from gridrun.mechanisms import ALERTS, THRESHOLDS, Thresholds, alert_history, applies, firings
+from gridrun.mechanisms import ALERTS, THRESHOLDS, Groups, Thresholds, alert_history, applies, firings
+from gridrun.runconfig import ConfigError, load_config
+from gridrun.rundir import RunDir
 
 Column = tuple["np.ndarray", "np.ndarray"]  # steps (int64), values (float64), sorted by step
 ROLE_KEY = re.compile(r"^role/([^/]+)/([^/]+)$")
@@ -272,12 +274,26 @@ def cell_summary(columns: MetricColumns) -> dict[str, Any]:
             **signature_changes(columns)}
 
 
+def cell_grouping(run_dir: RunDir, policy: str | None) -> dict[str, tuple[str, ...]] | None:
+    """A grouped cell's adapters and their roles, from its config.yaml (the policy axis names
+    the option, not the grouping); None for the paper's policies, or a config that does not
+    read (its mechanism alerts then stay unknown, as a damaged cell's)."""
+    if policy in (None, "shared", "isolated"):
+        return None
+    try:
+        config = load_config(run_dir.config_yaml)
+    except (ConfigError, OSError, UnicodeDecodeError):
+        return None
+    return config.adapter_groups() if config.policy.name == "grouped" else None
+
+
 def alert_summary(rows: Iterable[Mapping[str, Any]], workflow: str | None, policy: str | None,
-                  thresholds: Thresholds = THRESHOLDS) -> dict[str, Any]:
-    """The alerts replayed on a cell's rows (see the module docstring)."""
+                  thresholds: Thresholds = THRESHOLDS, groups: Groups | None = None) -> dict[str, Any]:
+    """The alerts replayed on a cell's rows (see the module docstring); `groups`: a grouped
+    cell's adapters and their roles."""
     out: dict[str, Any] = {"mechanism_alerts": ""}
-    relevant = [m for m in ALERTS if workflow and applies(m, workflow, policy)]
-    history = alert_history(rows, workflow, policy, thresholds) if relevant and workflow else []
+    relevant = [m for m in ALERTS if workflow and applies(m, workflow, policy, groups)]
+    history = alert_history(rows, workflow, policy, thresholds, groups) if relevant and workflow else []
     for mechanism in ALERTS:
         fired = firings(history, mechanism) if mechanism in relevant else []
         known = mechanism in relevant and bool(history)

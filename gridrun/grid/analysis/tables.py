@@ -144,13 +144,21 @@ def shuffled_columns(cells: pd.DataFrame) -> list[str]:
     return [name for name in SHUFFLED_HEADERS if present[name]]
 
 
+def grouping_policies(cells: pd.DataFrame) -> list[str]:
+    """The train cells' policies beyond the paper's two (groupings, policy grouped), in order."""
+    train = cells[cells["kind"] == "train"]
+    return [p for p in dict.fromkeys(train["policy"].dropna()) if p not in POLICY_LABELS]
+
+
 def table1(cells: pd.DataFrame, value: str = "peak_val_acc") -> Table:
     """Table 1 of `value` (peak_val_acc: the ceiling; final_val_acc: the floor), with a column
-    per kind of `shuffled` twin the sweep has."""
+    per kind of `shuffled` twin the sweep has, and one per grouping (`policy_<name>`, headed by
+    the policy option's name) its train cells have."""
     several = several_seeds(cells)
     controls = shuffled_columns(cells)
-    headers = {**HEADERS, **{name: SHUFFLED_HEADERS[name] for name in controls}}
-    columns = [*TABLE1_COLUMNS, *controls]
+    groupings = {f"policy_{p}": p for p in grouping_policies(cells)}
+    headers = {**HEADERS, **{name: SHUFFLED_HEADERS[name] for name in controls}, **groupings}
+    columns = [*TABLE1_COLUMNS, *controls, *groupings]
     if several:
         columns += [f"{name}_{suffix}" for name in headers for suffix in ("n", "ci95")]
     # The ceiling's adapters: where each peak's checkpoint is (csv only; `gridrun export`).
@@ -194,8 +202,10 @@ def table1(cells: pd.DataFrame, value: str = "peak_val_acc") -> Table:
             if several:
                 text += (f" ± {number(ci95)}" if n > 1 else "") + f" (n={n})"
             shown_row.append(text)
-        for name in controls:
-            item = entry(twins[name], value, 100)
+        columned = [*((name, twins[name]) for name in controls),
+                    *((name, train[train["policy"] == policy]) for name, policy in groupings.items())]
+        for name, frame in columned:
+            item = entry(frame, value, 100)
             csv_row[name] = number(item.mean) if item.mean is not None else item.word()
             csv_row[f"{name}_n"], csv_row[f"{name}_ci95"] = str(item.n), number(item.ci95)
             shown_row.append(shown(item, several))
