@@ -60,11 +60,9 @@ from gridrun.grid.console import track
 from gridrun.grid.status import sweep_rows
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.mechanisms import ALERTS
-from gridrun.runconfig import EVALUATES_ADAPTERS
+from gridrun.runconfig import CellKind
 from gridrun.rundir import COMPLETE_MARKER, RunDir, atomic_write_bytes, atomic_write_text
 
-# Kinds that train nothing: no base check, no peak checkpoint.
-EVALUATES = ("base", *EVALUATES_ADAPTERS)
 # Below this many cells, worker processes cost more to start than they save.
 PARALLEL_FROM_CELLS = 200
 INT_COLUMNS = ("seed", "peak_step", "final_step", "cliff_step", "peak_drop_step", "peak_drop_peak_step",
@@ -122,7 +120,7 @@ def _read_all(cells: Sequence[tuple[str, str | None, str | None]], description: 
 def base_id(kind: str, coords: dict[str, Any]) -> str | None:
     """The id of the base control that a cell's step 0 must match (none for base, transfer and
     eval cells: their adapters are not the base model)."""
-    return None if kind in EVALUATES else base_control(kind, coords)
+    return base_control(kind, coords) if CellKind(kind).trains else None
 
 
 def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
@@ -167,7 +165,7 @@ def peak_checkpoint(run_dir: RunDir, kind: str, peak_step: Any) -> str | None:
     """Where the checkpoint of a training cell's peak is, "deleted" when it is not on disk (a
     run older than peak retention), "base model" for a peak at step 0; None for cells that
     train nothing or have no peak yet."""
-    if kind in EVALUATES or peak_step is None or pd.isna(peak_step):
+    if not CellKind(kind).trains or peak_step is None or pd.isna(peak_step):
         return None
     if int(peak_step) == 0:
         return "base model"

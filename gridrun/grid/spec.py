@@ -38,7 +38,7 @@ import yaml
 from hydra.core.override_parser.types import Glob
 
 from gridrun.grid import REPO_ROOT
-from gridrun.grid.cells import AXES, KINDS
+from gridrun.grid.cells import AXES, KINDS, SINGLE_KINDS
 from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError, closest
 from gridrun.grid.sweepdir import check_sweep_name
@@ -230,7 +230,7 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
             raise GridError(f"restrict.{kind}.{axis}: name an axis ({', '.join(axes_named)}){closest(axis, axes_named)}")
         listed = values if isinstance(values, list) else [values]
         # The kinds that add workflow `single` to the sweep's may be restricted to it.
-        restrict.setdefault(kind, {})[axis] = _checked_axis(axis, listed, composer, single_ok=kind in ("base", "shuffled", "eval"))
+        restrict.setdefault(kind, {})[axis] = _checked_axis(axis, listed, composer, single_ok=kind in SINGLE_KINDS)
     return SweepSpec(
         name=path.stem, source=path, axes=axes, settings=_last_wins(settings, composer), restrict=restrict,
         argv=list(overrides), variants=_chosen_variants(path, variants, chosen), early_warning=early_warning,

@@ -30,7 +30,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 
 from gridrun.adapters import resolve
 from gridrun.registry import Workflow
-from gridrun.runconfig import ALL_ROLES, RunConfig
+from gridrun.runconfig import ALL_ROLES, CellKind, RunConfig
 
 SHARED = "shared"
 TRANSFER = "transfer"
@@ -57,7 +57,7 @@ class Routing:
 def routing_for(config: RunConfig, workflow: Workflow, run_dir: Path | None = None) -> Routing:
     """`run_dir`: the cell's own, from which relative adapter sources are taken (transfer)."""
     roles = workflow.roles
-    if config.cell.kind == "base":
+    if config.cell.kind is CellKind.BASE:
         return Routing({r: None for r in roles}, ())
     if config.policy.name == TRANSFER:
         return _frozen_routing(config, workflow, run_dir)

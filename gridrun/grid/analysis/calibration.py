@@ -41,7 +41,6 @@ from gridrun.grid.analysis.tables import Table, number
 from gridrun.grid.analysis.warning import (
     CLIFF_PP,
     LEAD_VALIDATIONS,
-    TRAINED_KINDS,
     alert_counts,
     cliff_from_peak,
     warning_columns,
@@ -58,6 +57,7 @@ from gridrun.mechanisms import (
     applies,
     firings,
 )
+from gridrun.runconfig import TRAINED_KINDS
 from gridrun.rundir import RunDir
 
 # A calibrated alert must cry wolf on fewer than this share of the cells without a cliff.

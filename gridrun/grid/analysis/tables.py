@@ -30,6 +30,7 @@ import pandas as pd
 
 from gridrun.grid.analysis.stats import Entry
 from gridrun.mechanisms import MECHANISMS
+from gridrun.runconfig import CellKind
 
 HEADERS = {"base": "Base", "sa_rl": "SA-RL", "ip": "IP", "sp": "SP", "ip_minus_sa": "IP−SA", "sp_minus_sa": "SP−SA"}
 # The reward controls' columns (`shuffled` cells: their twin's training with each step's rewards
@@ -114,7 +115,7 @@ def entry(frame: pd.DataFrame, column: str, scale: float = 1.0) -> Entry:
 
 
 def several_seeds(cells: pd.DataFrame) -> bool:
-    seeded = cells[cells["kind"].isin(["train", "sa_rl", "transfer", "shuffled", "eval"])]
+    seeded = cells[cells["kind"].isin([kind.value for kind in CellKind if kind.seeded])]
     keys = ["kind", "workflow", "task", "scale", "policy"]
     return bool(len(seeded)) and int(seeded.groupby(keys, dropna=False).size().max()) > 1
 

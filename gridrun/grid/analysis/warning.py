@@ -41,6 +41,7 @@ from gridrun.grid.analysis.summary import MetricColumns
 from gridrun.grid.analysis.tables import POLICY_LABELS, Table, number
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.mechanisms import ALERTS
+from gridrun.runconfig import TRAINED_KINDS
 
 # A cliff worth warning about: at least this many points below the running peak.
 CLIFF_PP = 10.0
@@ -49,7 +50,6 @@ CLIFF_PP = 10.0
 ONSET_PP = 5.0
 # Warned in time: the alert fired at least this many validations before the fall showed.
 LEAD_VALIDATIONS = 2
-TRAINED_KINDS = ("train", "sa_rl", "shuffled")
 
 
 @dataclass(frozen=True)
