@@ -77,7 +77,7 @@ class PlannedCell:
 
     def entry(self) -> dict[str, Any]:
         """This cell's record in sweep.json (and cell.json)."""
-        entry = {
+        entry: dict[str, Any] = {
             "id": self.id,
             "kind": self.cell.kind.value,
             "coords": self.cell.coords(),
