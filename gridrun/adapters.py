@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gridrun.accuracy import first_peak, val_accuracy
+from gridrun.cellstate import CellState
 from gridrun.rundir import ROLES_FILE, RunDir, adapter_dir
 
 STEP_CHOICES = "peak, last or a step number"
@@ -142,7 +143,7 @@ def resolve(source: str, role: str, run_dir: Path | None = None) -> Path:
             "names, or point policy.adapters at an adapter"
         )
     state = source_dir.read_state()
-    if state.get("state") != "done":
+    if state.get("state") != CellState.DONE:
         raise AdapterSourceError(
             f"adapter source {path.name} is {state.get('state')} at step {state.get('step', 0)}/"
             f"{state.get('total_steps', '?')}, not done: finish it first (`gridrun resubmit --cells {path.name}`)"

@@ -50,6 +50,7 @@ import pandas as pd
 import yaml
 
 from gridrun import registry
+from gridrun.cellstate import CellState
 from gridrun.grid.analysis.calibration import calibration_tables
 from gridrun.grid.analysis.findings import alerts_table, findings_table
 from gridrun.grid.analysis.summary import MetricColumns, alert_summary, cell_hours, cell_summary
@@ -175,7 +176,7 @@ def peak_checkpoint(run_dir: RunDir, kind: str, peak_step: Any) -> str | None:
 
 def _check_base(frame: pd.DataFrame, tolerance_pp: float) -> None:
     step0 = frame["val_acc_step0"]
-    base_acc = {c: a for c, k, s, a in zip(frame["cell"], frame["kind"], frame["state"], step0) if k == "base" and s == "done"}
+    base_acc = {c: a for c, k, s, a in zip(frame["cell"], frame["kind"], frame["state"], step0) if k == CellKind.BASE and s == CellState.DONE}
     frame["base_cell"] = [base_id(k, r) for k, r in zip(frame["kind"], frame.to_dict("records"))]
     frame["base_val_acc"] = pd.array([base_acc.get(b) if b else None for b in frame["base_cell"]], dtype="Float64")
     diffs = [
@@ -261,7 +262,7 @@ def export_peaks(sweep: SweepDir, cells: pd.DataFrame, out: Path, console: Any) 
     from gridrun.export import ExportError, export
 
     written, kept, missing = [], 0, []
-    done = cells[(cells["state"] == "done") & cells["peak_checkpoint"].notna()]
+    done = cells[(cells["state"] == CellState.DONE) & cells["peak_checkpoint"].notna()]
     for cell, where, step in zip(done["cell"], done["peak_checkpoint"], done["peak_step"]):
         if where == "base model":
             continue

@@ -37,6 +37,7 @@ from typing import Any
 import pandas as pd
 
 from gridrun.accuracy import val_accuracy
+from gridrun.cellstate import CellState
 from gridrun.grid.analysis.tables import Table, number
 from gridrun.grid.analysis.warning import (
     CLIFF_PP,
@@ -57,7 +58,7 @@ from gridrun.mechanisms import (
     applies,
     firings,
 )
-from gridrun.runconfig import TRAINED_KINDS
+from gridrun.runconfig import TRAINED_KINDS, CellKind
 from gridrun.rundir import RunDir
 
 # A calibrated alert must cry wolf on fewer than this share of the cells without a cliff.
@@ -114,7 +115,7 @@ def score(curves: Sequence[CellCurve], mechanism: str, thresholds: Thresholds) -
         fired = curve.first_firing(mechanism, thresholds)
         # Steps replayed: none (no training row) leaves the cell out, as collect's alert_summary does.
         trained = sum(row.get("split") == "train" for row in curve.rows) or None
-        records.append({"kind": "train", "state": "done", f"alert/{mechanism}/steps": trained, first: fired,
+        records.append({"kind": CellKind.TRAIN.value, "state": CellState.DONE.value, f"alert/{mechanism}/steps": trained, first: fired,
                         **warning_columns(curve.val_acc, {first: fired})})
     counts = alert_counts(pd.DataFrame.from_records(records), mechanism)
     return Score(counts["cliffs"], counts["warned"], counts["calm"], counts["false"])
@@ -151,7 +152,7 @@ class Calibration:
 
 def read_curves(sweep: SweepDir, cells: pd.DataFrame) -> list[CellCurve]:
     """The done training cells' curves (the only cells an alert is scored on)."""
-    done = cells[cells["kind"].isin(TRAINED_KINDS) & (cells["state"] == "done")]
+    done = cells[cells["kind"].isin(TRAINED_KINDS) & (cells["state"] == CellState.DONE)]
     curves = []
     for record in done.to_dict("records"):
         rows = RunDir(sweep.cell(record["cell"]).root).read_metrics()

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from gridrun.cellstate import CellState
 from gridrun.grid.analysis.stats import mean_ci95
 from gridrun.grid.analysis.tables import POLICY_LABELS, Table, blocks, number
 from gridrun.mechanisms import MECHANISMS
@@ -128,7 +129,7 @@ def _done(cells: pd.DataFrame, column: str) -> dict[int, float]:
     """seed -> value of the done cells with a value (a base control's seed is None: key -1)."""
     if column not in cells:
         return {}
-    done = cells[(cells["state"] == "done") & cells[column].notna()]
+    done = cells[(cells["state"] == CellState.DONE) & cells[column].notna()]
     return {(-1 if pd.isna(seed) else int(seed)): float(value) for seed, value in zip(done["seed"], done[column])}
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import pandas as pd
 
+from gridrun.cellstate import CellState
 from gridrun.grid.analysis.plotting import (
     OKABE_ITO,
     SERIES_COLORS,
@@ -95,7 +96,7 @@ def _draw_runs(ax: Any, runs: Sequence[Series], color: str, label: str, linestyl
 
 
 def _done(frame: pd.DataFrame, column: str) -> list[float]:
-    return [float(v) for v in frame.loc[(frame["state"] == "done") & frame[column].notna(), column]]
+    return [float(v) for v in frame.loc[(frame["state"] == CellState.DONE) & frame[column].notna(), column]]
 
 
 def _blocks(cells: pd.DataFrame) -> list[tuple[str, str]]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from gridrun.cellstate import CellState
 from gridrun.grid.analysis.stats import Entry
 from gridrun.mechanisms import MECHANISMS
 from gridrun.runconfig import CellKind
@@ -110,7 +111,7 @@ def entry(frame: pd.DataFrame, column: str, scale: float = 1.0) -> Entry:
     """The done cells' values of `column` (times `scale`) and every cell's state."""
     if column not in frame:
         return Entry([], list(frame["state"]))
-    done = frame[(frame["state"] == "done") & frame[column].notna()]
+    done = frame[(frame["state"] == CellState.DONE) & frame[column].notna()]
     return Entry([scale * float(v) for v in done[column]], list(frame["state"]))
 
 
@@ -176,7 +177,7 @@ def table1(cells: pd.DataFrame, value: str = "peak_val_acc") -> Table:
         csv_row = {"task": task, "scale": scale, "workflow": workflow}
         shown_row = [task, scale, workflow]
         for name in trained:
-            done = frames[name][frames[name]["state"] == "done"]
+            done = frames[name][frames[name]["state"] == CellState.DONE]
             csv_row[f"{name}_peak_checkpoint"] = " ".join(str(p) for p in done["peak_checkpoint"].dropna())
         for name, item in entries.items():
             csv_row[name] = number(item.mean) if item.mean is not None else item.word()

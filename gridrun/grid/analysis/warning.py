@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gridrun.cellstate import CellState
 from gridrun.grid.analysis.plotting import OKABE_ITO, legend, new_figure, to_png
 from gridrun.grid.analysis.summary import MetricColumns
 from gridrun.grid.analysis.tables import POLICY_LABELS, Table, number
@@ -112,7 +113,7 @@ def alert_counts(cells: pd.DataFrame, alert: str) -> dict[str, int]:
     steps = f"alert/{alert}/steps"
     if steps not in cells:
         return {"cells": 0, "cliffs": 0, "warned": 0, "calm": 0, "calm_shuffled": 0, "false": 0}
-    eligible = cells[cells["kind"].isin(TRAINED_KINDS) & (cells["state"] == "done") & cells[steps].notna()
+    eligible = cells[cells["kind"].isin(TRAINED_KINDS) & (cells["state"] == CellState.DONE) & cells[steps].notna()
                      & cells["peak_drop_pp"].notna()]
     cliff = eligible["peak_drop_pp"] >= CLIFF_PP
     leads = eligible[f"alert/{alert}/lead"]

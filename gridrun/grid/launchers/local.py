@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gridrun import cellstate
-from gridrun.cellstate import ACTIVE_STATES, BLOCKING_STATES
+from gridrun.cellstate import ACTIVE_STATES, BLOCKING_STATES, CellState
 from gridrun.grid.console import console
 from gridrun.grid.errors import GridError
 from gridrun.grid.gridconfig import LocalSettings
@@ -245,7 +245,7 @@ class _Pool:
                 signal.signal(sig, handler)
         if self.stopping:
             return 128 + self.stop_signal  # the shell's code for it: 130 Ctrl-C, 143 SIGTERM
-        return 0 if all(state == "done" for state in self.outcomes.values()) else 1
+        return 0 if all(state == CellState.DONE for state in self.outcomes.values()) else 1
 
     def _on_stop(self, signum: int, frame: Any) -> None:
         self.killing = self.stopping
@@ -264,7 +264,7 @@ class _Pool:
                 self.pending.remove(cell_id)
                 need = given_up[0]
                 self._finished(cell_id, {"state": "blocked", "error": f"{need} is {states[need]}: resubmit it"})
-            elif all(state == "done" for state in states.values()):
+            elif all(state == CellState.DONE for state in states.values()):
                 self.pending.remove(cell_id)
                 return cell_id
         return None
@@ -321,12 +321,14 @@ class _Pool:
         line = f"{outcome:<9} {cell_id}"
         if state.get("peak_val_acc") is not None:
             line += f"  peak val acc {100 * state['peak_val_acc']:.1f}% @ step {state.get('peak_step')}"
-        if outcome != "done" and state.get("error"):
+        if outcome != CellState.DONE and state.get("error"):
             # The cell's folder is on its line already: its message goes on without it.
             error = str(state["error"]).replace(str(self.sweep.cell(cell_id).root), "its folder")
             error = error.replace("conf=<sweep>", f"conf={self.sweep.name}")
             line += f"  {error.strip().splitlines()[-1][:160]}"
-        color = {"done": "green", "failed": "red", "missing": "red", "damaged": "red"}.get(outcome, "yellow")
+        colors: dict[str, str] = {CellState.DONE: "green", CellState.FAILED: "red", CellState.MISSING: "red",
+                                  CellState.DAMAGED: "red"}
+        color = colors.get(outcome, "yellow")
         self.progress.console.print(f"[{color}]{line}[/]", highlight=False)
 
     def _draw(self) -> None:

@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gridrun import cellstate
+from gridrun.cellstate import CellState
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.errors import GridError
 from gridrun.grid.gridconfig import CellOverride, ClusterSpec, SlurmSettings, cluster_spec, launcher_settings
@@ -375,7 +376,7 @@ class SlurmLauncher(Launcher):
         jobs = []
         for need in needs:
             state = sweep.cell(need).read_state()
-            job = submitted.get(need) or (state.get("job_id") if state.get("state") != "done" else None)
+            job = submitted.get(need) or (state.get("job_id") if state.get("state") != CellState.DONE else None)
             if job:
                 jobs.append(str(job))
         return "afterok:" + ":".join(jobs) if jobs else None
