@@ -43,7 +43,7 @@ from gridrun.grid.analysis.warning import (
     CLIFF_PP,
     LEAD_VALIDATIONS,
     alert_counts,
-    cliff_from_peak,
+    peak_drop,
     warning_columns,
 )
 from gridrun.grid.spec import EarlyWarningPlan
@@ -238,7 +238,7 @@ def shown_table(curves: Sequence[CellCurve], results: Sequence[Calibration]) -> 
     rows = []
     for (workflow, policy, variant), members in groups.items():
         mechanism = next((m for m in MECHANISMS if applies(m, workflow, policy or None)), None)
-        drops = [c.drop_pp for m in members if (c := cliff_from_peak(m.val_acc)) is not None]
+        drops = [c.drop_pp for m in members if (c := peak_drop(m.val_acc)) is not None]
         cliffs = sum(d >= CLIFF_PP for d in drops)
         fired = (sum(m.first_firing(mechanism, chosen[mechanism]) is not None for m in members)
                  if mechanism is not None else None)
