@@ -31,6 +31,7 @@ import subprocess
 import time
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,8 +39,7 @@ from gridrun import cellstate
 from gridrun.cellstate import ACTIVE_STATES, BLOCKING_STATES, CellState
 from gridrun.grid.console import console
 from gridrun.grid.errors import GridError
-from gridrun.grid.gridconfig import LocalSettings
-from gridrun.grid.launchers.base import Launcher
+from gridrun.grid.launchers.base import Launcher, LauncherSettings
 from gridrun.grid.launchers.process import cell_env, last_own_line, log_tail, start_cell
 from gridrun.grid.observe import HOST, live_state, observe, sweep_needs
 from gridrun.rundir import DamagedFile, RunDir
@@ -125,6 +125,17 @@ def _cell_cpus(run_dir: RunDir) -> int | None:
     return cpus if isinstance(cpus, int) and not isinstance(cpus, bool) and cpus > 0 else None
 
 
+@dataclass
+class LocalSettings(LauncherSettings):
+    """launcher=local (conf/launcher/local.yaml)."""
+
+    name: str = "local"
+    # Seconds between polls of the cells' state files.
+    poll_s: float = 0.5
+    # Seconds a cell gets to stop after SIGTERM before SIGKILL.
+    term_timeout_s: float = 30
+
+
 class LocalLauncher(Launcher):
     name = "local"
     settings_type = LocalSettings
@@ -134,8 +145,8 @@ class LocalLauncher(Launcher):
         # None: fit the machine, once the cells' thread counts are known (`parallelism`).
         setting = self.settings.get("max_parallel")
         self.max_parallel = None if setting is None else max(1, int(setting))
-        self.poll_s = float(self.settings.get("poll_s", 0.5))
-        self.term_timeout_s = float(self.settings.get("term_timeout_s", 30))
+        self.poll_s = float(self.settings.get("poll_s", LocalSettings.poll_s))
+        self.term_timeout_s = float(self.settings.get("term_timeout_s", LocalSettings.term_timeout_s))
         self.job_id = f"{os.getpid()}@{HOST}"
 
     # --- the Launcher interface ------------------------------------------------------------
