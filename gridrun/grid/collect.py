@@ -50,6 +50,7 @@ import pandas as pd
 import yaml
 
 from gridrun import registry
+from gridrun.adapters import peak_checkpoint
 from gridrun.cellstate import CellState
 from gridrun.grid.analysis.calibration import calibration_tables
 from gridrun.grid.analysis.findings import alerts_table, findings_table
@@ -62,7 +63,7 @@ from gridrun.grid.status import sweep_rows
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.mechanisms import ALERTS
 from gridrun.runconfig import CellKind
-from gridrun.rundir import COMPLETE_MARKER, RunDir, atomic_write_bytes, atomic_write_text
+from gridrun.rundir import RunDir, atomic_write_bytes, atomic_write_text
 
 # Below this many cells, worker processes cost more to start than they save.
 PARALLEL_FROM_CELLS = 200
@@ -152,7 +153,7 @@ def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
             **summary,
         })
     frame = pd.DataFrame.from_records(records)
-    frame["peak_checkpoint"] = [peak_checkpoint(sweep.cell(c), k, p) for c, k, p in
+    frame["peak_checkpoint"] = [_peak_where(sweep.cell(c), k, p) for c, k, p in
                                 zip(frame["cell"], frame["kind"], frame.get("peak_step", [None] * len(frame)))]
     _check_base(frame, tolerance_pp)
     frame["flags"] = ["; ".join(flags(r)) for _, r in frame.iterrows()]
@@ -162,16 +163,12 @@ def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
     return SweepData(frame, columns)
 
 
-def peak_checkpoint(run_dir: RunDir, kind: str, peak_step: Any) -> str | None:
-    """Where the checkpoint of a training cell's peak is, "deleted" when it is not on disk (a
-    run older than peak retention), "base model" for a peak at step 0; None for cells that
-    train nothing or have no peak yet."""
+def _peak_where(run_dir: RunDir, kind: str, peak_step: Any) -> str | None:
+    """The `peak_checkpoint` column (PeakCheckpoint.describe); None for cells that train
+    nothing or have no peak yet."""
     if not CellKind(kind).trains or peak_step is None or pd.isna(peak_step):
         return None
-    if int(peak_step) == 0:
-        return "base model"
-    path = run_dir.checkpoint(int(peak_step))
-    return str(path) if (path / COMPLETE_MARKER).exists() else "deleted"
+    return peak_checkpoint(run_dir, int(peak_step)).describe()
 
 
 def _check_base(frame: pd.DataFrame, tolerance_pp: float) -> None:
@@ -263,10 +260,11 @@ def export_peaks(sweep: SweepDir, cells: pd.DataFrame, out: Path, console: Any) 
 
     written, kept, missing = [], 0, []
     done = cells[(cells["state"] == CellState.DONE) & cells["peak_checkpoint"].notna()]
-    for cell, where, step in zip(done["cell"], done["peak_checkpoint"], done["peak_step"]):
-        if where == "base model":
+    for cell, step in zip(done["cell"], done["peak_step"]):
+        peak = peak_checkpoint(sweep.cell(cell), int(step))
+        if peak.base_model:
             continue
-        if where == "deleted":
+        if peak.deleted:
             missing.append(cell)
             continue
         target = out / sweep.name / f"{cell}-step_{int(step):06d}"
