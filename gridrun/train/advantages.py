@@ -12,7 +12,7 @@ with gridrun's zero-variance and singleton rules), and no config key chooses ano
 trainer asks for `DEFAULT_ESTIMATOR` by name, so a researcher's estimator is one decorated
 function here plus the name passed in, never an `if` in the loop.
 Left out: process (per-token) rewards, a value baseline (no critic), the KL penalty (a loss
-term: gridrun/train/grpo.py), and the random streams' seeds (gridrun/train/seeds.py).
+term: gridrun/train/ppo.py), and the random streams' seeds (gridrun/train/seeds.py).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from gridrun.rundir import RUN_DISK_FIXES, RunDir, atomic_write_text, disk_error
 from gridrun.tasks import make_task
 from gridrun.tasks.base import Problem
 from gridrun.tasks.sandbox import SandboxUnavailable
-from gridrun.train import checkpoint, grpo
+from gridrun.train import checkpoint, lr_schedule
 from gridrun.train.advantages import shuffle_rewards, turn_advantages
 from gridrun.train.coherence import Coherence
 from gridrun.train.distributed import Dist
@@ -234,8 +234,8 @@ class Trainer:
 
     def lr(self, step: int, update_index: int, updates_per_step: int) -> float:
         opt = self.config.optim
-        advances = grpo.schedule_advances(step, update_index, updates_per_step, opt.lr_advance)
-        return grpo.lr_at(advances, opt.lr, opt.warmup_steps, self.total_steps, opt.schedule, opt.min_lr_ratio)
+        advances = lr_schedule.schedule_advances(step, update_index, updates_per_step, opt.lr_advance)
+        return lr_schedule.lr_at(advances, opt.lr, opt.warmup_steps, self.total_steps, opt.schedule, opt.min_lr_ratio)
 
     def record_skipped(self, skipped: int) -> None:
         """Count non-finite updates into state.json at once (the alert follows with the row)."""
