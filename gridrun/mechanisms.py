@@ -126,7 +126,7 @@ def applies(mechanism: str, workflow: str, policy: str | None) -> bool:
     if mechanism == GRADIENT_AMPLIFICATION:
         return policy == "isolated" and registry.workflow(workflow).parallel_role is not None
     if mechanism == SP_ROLE_CAPTURE:
-        return policy == "shared" and workflow != "single"
+        return policy == "shared" and not registry.workflow(workflow).single_agent
     if mechanism in (SIGNATURE_DRIFT, NON_FINITE):
         return True
     raise ValueError(f"unknown alert '{mechanism}': expected one of {', '.join(ALERTS)}")

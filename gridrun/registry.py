@@ -97,6 +97,9 @@ class Workflow:
     answer_roles: tuple[str, ...] = ()
     # Its own validation metrics (an evaluator's verdict accuracy, ...), if any.
     metrics: WorkflowMetrics | None = None
+    # The single-agent workflow (one, `single`): the SA-RL control and its base control run
+    # it; it trains as kind sa_rl, never train, and has no policy axis.
+    single_agent: bool = False
 
     def slots(self, params: WorkflowParams) -> int:
         """Same-role multiplicity of parallel_role (1 without one)."""
@@ -265,6 +268,13 @@ def task(name: str, plugin: str | None = None) -> Task:
 
 def engine(name: str, plugin: str | None = None) -> Engine:
     return _lookup(_ENGINES, name, plugin)
+
+
+def single_agent_workflow() -> str:
+    """The name of the single-agent workflow (the entry with `single_agent`)."""
+    _load_builtins()
+    (name,) = (entry.name for entry in _WORKFLOWS.entries.values() if entry.single_agent)
+    return name
 
 
 def workflow_names() -> list[str]:

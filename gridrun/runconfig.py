@@ -385,7 +385,7 @@ class RunConfig:
     model: ModelSpec = field(default_factory=lambda: ModelSpec(name_or_path="toy", toy=ToySpec()))
     # Each node: the params of the option it names (gridrun/registry.py), e.g. voting's
     # n_voters; absent, the option below with its defaults.
-    workflow: WorkflowParams = field(default_factory=lambda: _default_option(WorkflowParams, "workflow", "single"))
+    workflow: WorkflowParams = field(default_factory=lambda: _default_option(WorkflowParams, "workflow", registry.single_agent_workflow()))
     task: TaskParams = field(default_factory=lambda: _default_option(TaskParams, "task", "arith"))
     lengths: LengthSpec = field(default_factory=LengthSpec)
     policy: PolicySpec = field(default_factory=PolicySpec)
@@ -402,13 +402,15 @@ class RunConfig:
         self._check()
 
     def _check(self) -> None:
-        if self.cell.kind is CellKind.SA_RL and self.workflow.name != "single":
+        single = registry.single_agent_workflow()
+        single_agent = self.workflow_entry().single_agent
+        if self.cell.kind is CellKind.SA_RL and not single_agent:
             raise ConfigError(
-                f"cell.kind=sa_rl runs workflow 'single', got '{self.workflow.name}': "
-                "set workflow.name=single"
+                f"cell.kind=sa_rl runs workflow '{single}', got '{self.workflow.name}': "
+                f"set workflow.name={single}"
             )
-        if self.cell.kind is CellKind.TRAIN and self.workflow.name == "single":
-            raise ConfigError("workflow 'single' trains as cell.kind=sa_rl, not train")
+        if self.cell.kind is CellKind.TRAIN and single_agent:
+            raise ConfigError(f"workflow '{single}' trains as cell.kind=sa_rl, not train")
         if self.cell.kind.evaluates_adapters != (self.policy.name == "transfer"):
             raise ConfigError(
                 f"cell.kind={self.cell.kind} with policy.name={self.policy.name}: transfer and eval cells evaluate "
@@ -423,7 +425,7 @@ class RunConfig:
             raise ConfigError(
                 f"policy.adapters is for transfer and eval cells (policy.name=transfer), not {self.policy.name}: drop it"
             )
-        if self.cell.kind is CellKind.TRANSFER and self.workflow.name == "single":
+        if self.cell.kind is CellKind.TRANSFER and single_agent:
             raise ConfigError("a transfer cell plugs an adapter into a multi-agent workflow: set workflow.name to one")
         if self.grpo.clip_low <= 0 or self.grpo.clip_high <= 0:
             raise ConfigError("grpo.clip_low and grpo.clip_high must be > 0")

@@ -33,6 +33,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+from gridrun.registry import single_agent_workflow
 from gridrun.runconfig import CellKind
 
 AXES = ("workflow", "task", "scale", "policy", "seed", "kind")
@@ -80,7 +81,7 @@ class Cell:
     def trained_twin(self) -> Cell:
         """The trained cell at this cell's coordinates (the twin rule, written once): sa_rl
         for workflow single, else train; a shuffled cell's id and an eval cell's {cell} name it."""
-        kind = CellKind.SA_RL if self.workflow == "single" else CellKind.TRAIN
+        kind = CellKind.SA_RL if self.workflow == single_agent_workflow() else CellKind.TRAIN
         return Cell(kind, self.workflow, self.task, self.scale, self.policy, self.seed)
 
     @property
@@ -92,7 +93,7 @@ class Cell:
     def needs(self) -> list[Cell]:
         """Cells that must be done before this one starts (a transfer cell: its SA-RL run)."""
         if self.kind is CellKind.TRANSFER:
-            return [Cell(CellKind.SA_RL, "single", self.task, self.scale, None, self.seed)]
+            return [Cell(CellKind.SA_RL, single_agent_workflow(), self.task, self.scale, None, self.seed)]
         return []
 
     def coords(self) -> dict[str, Any]:
@@ -132,7 +133,7 @@ def base_control(kind: str, coords: dict[str, Any]) -> str | None:
     `single`'s) at its task and scale; None for a base cell."""
     if kind == CellKind.BASE:
         return None
-    workflow = "single" if kind == CellKind.SA_RL else coords["workflow"]
+    workflow = single_agent_workflow() if kind == CellKind.SA_RL else coords["workflow"]
     return Cell(kind=CellKind.BASE, workflow=workflow, task=coords["task"], scale=coords["scale"]).id
 
 
@@ -167,11 +168,12 @@ def expand(
 
 def _takes_variants(cell: Cell) -> bool:
     """A train cell and a workflow's shuffled twin; SA-RL's twin is a control like SA-RL."""
-    return cell.kind.crossed_by_variants and cell.workflow != "single"
+    return cell.kind.crossed_by_variants and cell.workflow != single_agent_workflow()
 
 
 def _expand_axes(axes: dict[str, list[Any]]) -> list[Cell]:
     cells: list[Cell] = []
+    single = single_agent_workflow()
     kinds = axes["kind"]
     if CellKind.TRAIN in kinds:
         for workflow, task, scale, policy, seed in itertools.product(
@@ -180,19 +182,19 @@ def _expand_axes(axes: dict[str, list[Any]]) -> list[Cell]:
             cells.append(Cell(CellKind.TRAIN, workflow, task, scale, policy, seed))
     if CellKind.SA_RL in kinds:
         for task, scale, seed in itertools.product(axes["task"], axes["scale"], axes["seed"]):
-            cells.append(Cell(CellKind.SA_RL, "single", task, scale, None, seed))
+            cells.append(Cell(CellKind.SA_RL, single_agent_workflow(), task, scale, None, seed))
     if CellKind.BASE in kinds:
-        for workflow, task, scale in itertools.product(["single", *axes["workflow"]], axes["task"], axes["scale"]):
+        for workflow, task, scale in itertools.product([single, *axes["workflow"]], axes["task"], axes["scale"]):
             cells.append(Cell(CellKind.BASE, workflow, task, scale))
     if CellKind.TRANSFER in kinds:
         for workflow, task, scale, seed in itertools.product(axes["workflow"], axes["task"], axes["scale"], axes["seed"]):
             cells.append(Cell(CellKind.TRANSFER, workflow, task, scale, None, seed))
     if CellKind.EVAL in kinds:
-        for workflow, task, scale, seed in itertools.product(["single", *axes["workflow"]], axes["task"], axes["scale"], axes["seed"]):
-            policies = [None] if workflow == "single" else axes["policy"]
+        for workflow, task, scale, seed in itertools.product([single, *axes["workflow"]], axes["task"], axes["scale"], axes["seed"]):
+            policies = [None] if workflow == single else axes["policy"]
             cells.extend(Cell(CellKind.EVAL, workflow, task, scale, policy, seed) for policy in policies)
     if CellKind.SHUFFLED in kinds:
-        for workflow, task, scale, seed in itertools.product(["single", *axes["workflow"]], axes["task"], axes["scale"], axes["seed"]):
-            policies = [None] if workflow == "single" else axes["policy"]
+        for workflow, task, scale, seed in itertools.product([single, *axes["workflow"]], axes["task"], axes["scale"], axes["seed"]):
+            policies = [None] if workflow == single else axes["policy"]
             cells.extend(Cell(CellKind.SHUFFLED, workflow, task, scale, policy, seed) for policy in policies)
     return cells

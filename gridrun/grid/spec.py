@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 from hydra.core.override_parser.types import Glob
 
+from gridrun import registry
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.cells import AXES, KINDS, SINGLE_KINDS
 from gridrun.grid.compose import Composer
@@ -333,9 +334,9 @@ def _checked_axis(axis: str, values: list[Any], composer: Composer, single_ok: b
         else:
             value = str(value)
             composer.check_choice(axis, value)
-            if axis == "workflow" and value == "single" and not single_ok:
+            if axis == "workflow" and value == registry.single_agent_workflow() and not single_ok:
                 raise GridError(
-                    "workflow 'single' is not a multi-agent workflow: the sa_rl, base, shuffled and eval kinds already "
+                    f"workflow '{value}' is not a multi-agent workflow: the sa_rl, base, shuffled and eval kinds already "
                     "run it; drop it from workflow="
                 )
         if value in checked:

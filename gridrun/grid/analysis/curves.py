@@ -37,6 +37,7 @@ from gridrun.grid.analysis.plotting import (
 from gridrun.grid.analysis.summary import MetricColumns
 from gridrun.grid.analysis.tables import POLICY_LABELS, ordered_workflows
 from gridrun.grid.sweepdir import SweepDir
+from gridrun.registry import single_agent_workflow
 
 # The paper's order; a policy it does not name comes after, alphabetically.
 POLICY_ORDER = ("isolated", "shared")
@@ -95,7 +96,7 @@ Grid = list[list[Panel | None]]  # rows of panels; None leaves a position empty
 
 # --- what to draw ------------------------------------------------------------------------------
 def _workflows(block: list[dict[str, Any]]) -> list[str]:
-    return ordered_workflows(r["workflow"] for r in block if r["kind"] in ("train", "base") and r["workflow"] != "single")
+    return ordered_workflows(r["workflow"] for r in block if r["kind"] in ("train", "base") and r["workflow"] != single_agent_workflow())
 
 
 def _policies(train: list[dict[str, Any]]) -> list[str]:

@@ -43,6 +43,7 @@ from gridrun.cellstate import CellState
 from gridrun.grid.analysis.stats import mean_ci95
 from gridrun.grid.analysis.tables import POLICY_LABELS, Table, blocks, number
 from gridrun.mechanisms import MECHANISMS
+from gridrun.registry import single_agent_workflow
 
 HOLDS, FAILS, UNSURE = "holds", "does not hold", "inconclusive"
 STATEMENTS = {
@@ -180,10 +181,11 @@ def claim_a(cells: pd.DataFrame) -> Claim:
         needs="`shuffled` cells: add `shuffled` to the sweep's `kind` axis")], "most"))
     sa_rl = []
     for task, scale in dict.fromkeys(zip(cells["task"], cells["scale"])):
-        shuffled = _select(cells, "shuffled", task, scale, "single")
+        single = single_agent_workflow()
+        shuffled = _select(cells, "shuffled", task, scale, single)
         if len(shuffled):
-            rl = _done(_select(cells, "sa_rl", task, scale, "single"), "final_val_acc")
-            sa_rl.append(_measured("SA-RL final − shuffled SA-RL final", (task, scale, "single", ""),
+            rl = _done(_select(cells, "sa_rl", task, scale, single), "final_val_acc")
+            sa_rl.append(_measured("SA-RL final − shuffled SA-RL final", (task, scale, single, ""),
                                    _paired(rl, _done(shuffled, "final_val_acc"), 100), "pp", 1,
                                    "done sa_rl cells and shuffled twins of the same seeds"))
     if sa_rl:

@@ -31,6 +31,7 @@ import pandas as pd
 from gridrun.cellstate import CellState
 from gridrun.grid.analysis.stats import Entry
 from gridrun.mechanisms import MECHANISMS
+from gridrun.registry import single_agent_workflow
 from gridrun.runconfig import CellKind
 
 HEADERS = {"base": "Base", "sa_rl": "SA-RL", "ip": "IP", "sp": "SP", "ip_minus_sa": "IP−SA", "sp_minus_sa": "SP−SA"}
@@ -128,7 +129,7 @@ def ordered_workflows(values: Iterable[str]) -> list[str]:
 
 def blocks(cells: pd.DataFrame, kinds: Sequence[str]) -> list[tuple[str, str, str]]:
     """(task, scale, workflow) keys of the cells of these kinds, multi-agent workflows only."""
-    keyed = cells[cells["kind"].isin(kinds) & (cells["workflow"] != "single")]
+    keyed = cells[cells["kind"].isin(kinds) & (cells["workflow"] != single_agent_workflow())]
     keys = list(dict.fromkeys(zip(keyed["task"], keyed["scale"], keyed["workflow"])))
     rank = {w: i for i, w in enumerate(ordered_workflows(k[2] for k in keys))}
     task_scale = list(dict.fromkeys((t, s) for t, s, _ in keys))
@@ -140,7 +141,7 @@ def shuffled_columns(cells: pd.DataFrame) -> list[str]:
     """Table 1's reward-control columns that the sweep has cells for (SA-RL's twin has workflow
     `single`; a workflow's twins keep its policy)."""
     shuffled = cells[cells["kind"] == "shuffled"]
-    present = {"sa_rl_shuffled": bool((shuffled["workflow"] == "single").any()),
+    present = {"sa_rl_shuffled": bool((shuffled["workflow"] == single_agent_workflow()).any()),
                "ip_shuffled": bool((shuffled["policy"] == "isolated").any()),
                "sp_shuffled": bool((shuffled["policy"] == "shared").any())}
     return [name for name in SHUFFLED_HEADERS if present[name]]
@@ -171,7 +172,7 @@ def table1(cells: pd.DataFrame, value: str = "peak_val_acc") -> Table:
         }
         entries = {name: entry(frame, value, 100) for name, frame in frames.items()}
         shuffled = block[block["kind"] == "shuffled"]
-        twins = {"sa_rl_shuffled": shuffled[shuffled["workflow"] == "single"],
+        twins = {"sa_rl_shuffled": shuffled[shuffled["workflow"] == single_agent_workflow()],
                  "ip_shuffled": shuffled[(shuffled["workflow"] == workflow) & (shuffled["policy"] == "isolated")],
                  "sp_shuffled": shuffled[(shuffled["workflow"] == workflow) & (shuffled["policy"] == "shared")]}
         csv_row = {"task": task, "scale": scale, "workflow": workflow}
