@@ -27,8 +27,11 @@ class VLLMParams(EngineParams):
     """vLLM with multi-LoRA: one LoRARequest per adapter, refreshed after every update."""
 
     name: str = "vllm"
-    # Share of GPU memory vLLM may take (the rest holds the training side).
-    gpu_memory_utilization: float = 0.5
+    # Share of its GPU's memory vLLM may take; the trainer holds the rest (weights, adapters,
+    # optimizer state). null: sized by the memory model when the cell is planned for a GPU
+    # class (gridrun/memory.py `engine_share`: the GPU less the trainer's resident share, at
+    # most 0.85, the released code's value) and at engine start on a GPU otherwise.
+    gpu_memory_utilization: float | None = None
     # Reuse the KV cache of shared prompt prefixes (the n rollouts of one problem).
     enable_prefix_caching: bool = True
     # Release vLLM's memory while the trainer updates.

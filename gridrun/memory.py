@@ -5,13 +5,17 @@ A cell's GPU holds, per data-parallel rank (every rank keeps a full replica):
 - adapters: each trainable LoRA adapter's float32 weights and AdamW moments, plus the
   gradient of the one adapter being updated;
 - update activations of one micro-batch of T tokens (T = the token budget, the most a
-  micro-batch may hold). With gradient checkpointing each decoder layer keeps its input
+  micro-batch may hold, or the cell's longest possible row where that is longer: a row is
+  never split, so it is forwarded whole; the plan refuses such a cell, `longest_row`). With gradient checkpointing each decoder layer keeps its input
   (T x hidden x dtype), and on top of that either the output layer's working set (one
   chunk of float32 logits and its softmax/gradient copies, gridrun/train/logprobs.py) or
   one layer's recomputed working set, whichever is larger; without checkpointing every
   layer keeps its working set;
 - rollout: vLLM claims `engine.gpu_memory_utilization` of the whole GPU (released while
-  the trainer updates when sleep mode is on); `engine=hf` holds a KV cache for a sub-batch
+  the trainer updates when sleep mode is on); left unset, the plan sizes it with
+  `engine_share`: what the trainer keeps on the same GPU during rollouts (its weights and
+  adapters, the reserve, a CUDA context per process) comes off the top, at most
+  ENGINE_SHARE_CAP (the released code's 0.85, with its actor offloaded during rollouts); `engine=hf` holds a KV cache for a sub-batch
   of `engine.max_batch_size` requests at the longest prompt plus the response limit.
 
 The peak is the larger of the rollout phase and the update phase. The constants below
@@ -26,7 +30,8 @@ GPU check samples short rollouts) and the no-checkpointing working set.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, replace
 
 from gridrun.arch import lora_parameter_count, parameter_count, published
 from gridrun.engine_params import HFParams, VLLMParams
@@ -46,6 +51,12 @@ RESERVE_BYTES = 0.75 * GIB
 LAYER_WIDTH_COEFFS = {"hidden": 6, "q": 5, "kv": 4, "intermediate": 5}
 # Qwen3's RMSNorms compute in float32: four float32 hidden-wide temporaries per layer.
 LAYER_FP32_HIDDEN = 4
+# The released code's vLLM share (it offloaded the actor during rollouts; gridrun's trainer
+# keeps its weights on the GPU, so its share comes off the top first).
+ENGINE_SHARE_CAP = 0.85
+# CUDA context and NCCL buffers of one process, outside PyTorch's allocator: the trainer's
+# and the vLLM engine core's (a spawned process) sit on the same GPU.
+CUDA_CONTEXT_BYTES = 1.0 * GIB
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -84,6 +95,33 @@ def trainable_adapters(config: RunConfig) -> int:
     return 1
 
 
+def adapter_bytes(config: RunConfig, arch: dict) -> float:
+    """The trainable adapters on the GPU: float32 weights + AdamW's two moments per adapter;
+    one adapter's gradient at a time."""
+    lora = lora_parameter_count(arch, config.lora.rank)
+    n_adapters = trainable_adapters(config)
+    return n_adapters * lora * 12 + (lora * 4 if n_adapters else 0)
+
+
+def longest_row(config: RunConfig) -> int:
+    """Tokens of the longest row the update may see: one LLM call's prompt plus its
+    response at the cell's limits (a row is one role turn; the prompt limit already holds
+    earlier turns, lengths.max_prompt_tokens)."""
+    return config.lengths.max_prompt_tokens + config.lengths.max_response_tokens
+
+
+def engine_share(config: RunConfig, gpu_memory_gb: float, arch: dict | None = None) -> float:
+    """The vLLM engine's `gpu_memory_utilization` beside this cell's trainer on one GPU of
+    `gpu_memory_gb`: the GPU less what the trainer keeps there while the engine holds its
+    share (weights, adapters and the reserve; the update's activations too when sleep mode
+    is off) and both processes' CUDA contexts, at most ENGINE_SHARE_CAP, rounded down to 0.01."""
+    assert isinstance(config.engine, VLLMParams)
+    without = predict(replace(config, engine=replace(config.engine, gpu_memory_utilization=0.0)), gpu_memory_gb, arch)
+    kept = without.update_phase if not config.engine.enable_sleep_mode else without.rollout_phase
+    free = 1.0 - (kept + 2 * CUDA_CONTEXT_BYTES) / (gpu_memory_gb * GIB)
+    return math.floor(min(ENGINE_SHARE_CAP, free) * 100) / 100
+
+
 def layer_bytes_per_token(arch: dict, dtype_bytes: int) -> float:
     widths = {
         "hidden": arch["hidden_size"],
@@ -106,11 +144,9 @@ def predict(
     b = _DTYPE_BYTES[config.model.dtype]
     layers, hidden = arch["num_hidden_layers"], arch["hidden_size"]
     weights = parameter_count(arch) * b
-    lora = lora_parameter_count(arch, config.lora.rank)
-    n_adapters = trainable_adapters(config)
-    # float32 weights + AdamW's two moments per adapter; one adapter's gradient at a time.
-    adapters = n_adapters * lora * 12 + (lora * 4 if n_adapters else 0)
-    tokens = micro_tokens or config.train.micro_token_budget
+    adapters = adapter_bytes(config, arch)
+    # A row longer than the budget is forwarded alone (the plan refuses such a cell).
+    tokens = micro_tokens or max(config.train.micro_token_budget, longest_row(config) if config.trains else 0)
     per_layer = layer_bytes_per_token(arch, b)
     logits = min(LOGITS_CHUNK_TOKENS, tokens) * arch["vocab_size"] * 4 * LOGITS_COPIES
     if config.train.gradient_checkpointing:
@@ -128,7 +164,10 @@ def predict(
 
 def _rollout_bytes(config: RunConfig, arch: dict, dtype_bytes: int, gpu_bytes: float) -> float:
     if isinstance(config.engine, VLLMParams):
-        return config.engine.gpu_memory_utilization * gpu_bytes
+        share = config.engine.gpu_memory_utilization
+        if share is None:
+            share = engine_share(config, gpu_bytes / GIB, arch)
+        return share * gpu_bytes
     # engine=hf: a KV cache per sub-batch of requests, each up to the longest prompt plus
     # the response limit, and one decoding step's float32 logits and log-probs.
     requests = max(config.train.batch_problems * config.grpo.n, 1) * config.parallel_slots

@@ -79,6 +79,27 @@ RECORD_FIELDS: dict[str, tuple[type, ...]] = {
 }
 
 
+# ranks/rank<r>.json, written by each rank of a run (gridrun/train/trainer.py) and read by
+# `gridrun canary`: where the rank ran and what its last steps cost. `steps` holds up to the
+# last RANK_STEPS_KEPT steps, each {step, stages: [{requests, seconds, tokens}], rollout_s,
+# update_s, update_tokens, gather_s, free_gpu_gb_awake, free_gpu_gb_asleep (null on CPU)}.
+RANK_FIELDS: dict[str, tuple[type, ...]] = {
+    "rank": (int,),
+    "world": (int,),
+    "host": (str,),
+    # The process's CUDA_VISIBLE_DEVICES, which its rollout engine inherits (None: unset).
+    "cuda_visible_devices": (str,),
+    # The trainer's torch device, e.g. cuda:0 (the one visible GPU) or cpu.
+    "device": (str,),
+    "gpu_uuid": (str,),
+    "gpu_name": (str,),
+    "gpu_total_gb": _NUMBER,
+    "engine": (str,),
+    "steps": (list,),
+}
+RANK_STEPS_KEPT = 20
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -266,6 +287,31 @@ class RunDir:
     @property
     def wandb_dir(self) -> Path:
         return self.root / "wandb"
+
+    # --- ranks -------------------------------------------------------------------------
+    @property
+    def ranks_dir(self) -> Path:
+        return self.root / "ranks"
+
+    def rank_record(self, rank: int) -> Path:
+        """One rank's own record (each rank writes its own; rank 0 also writes the rest)."""
+        return self.ranks_dir / f"rank{rank}.json"
+
+    def write_rank_record(self, rank: int, record: Mapping[str, Any]) -> None:
+        self.ranks_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(self.rank_record(rank), dict(record))
+
+    def read_rank_records(self) -> list[dict[str, Any]]:
+        """Every rank's readable record, by rank (RANK_FIELDS; a damaged one is skipped)."""
+        records = []
+        for path in sorted(self.ranks_dir.glob("rank*.json")):
+            try:
+                record = read_json_file(path, RANK_FIELDS, "it is rewritten by its rank at the next step")
+            except DamagedFile:
+                continue
+            if record is not None:
+                records.append(record)
+        return sorted(records, key=lambda r: int(r.get("rank") or 0))
 
     # --- validation --------------------------------------------------------------------
     def require(self) -> RunDir:

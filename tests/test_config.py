@@ -115,7 +115,8 @@ def test_options_keep_their_attribute_paths_and_defaults() -> None:
     # The code reward's defaults are the released code's: all tests must pass, 3 s each, <= 120 s.
     assert (config.workflow.rounds, config.task.code_reward_mode, config.task.sandbox) == (2, "all_pass", "bwrap")
     assert (config.task.code_test_timeout_s, config.task.code_budget_cap_s) == (3.0, 120.0)
-    assert (config.engine.gpu_memory_utilization, config.parallel_slots) == (0.5, 1)
+    # null: sized by the plan per GPU class (gridrun/memory.py engine_share), or at engine start.
+    assert (config.engine.gpu_memory_utilization, config.parallel_slots) == (None, 1)
     # Sampling and LoRA are one block each, whichever engine and policy: the paper's values.
     assert (config.sampling.temperature, config.sampling.val_temperature) == (0.7, 0.7)
     assert (config.lora.rank, config.lora.alpha, config.lora.target_modules) == (64, 32, "all-linear")

@@ -119,6 +119,16 @@ def _plan(args: argparse.Namespace) -> int:
     return launcher.wait(sweep, submitted)
 
 
+def _canary(args: argparse.Namespace) -> int:
+    from gridrun.grid.canary import run_canary
+    from gridrun.grid.sweepdir import results_root
+
+    named = {line.split("=", 1)[0]: line.split("=", 1)[1] for line in args.overrides if line.split("=", 1)[0] in ("cluster", "conf")}
+    rest = [line for line in args.overrides if line.split("=", 1)[0] not in ("cluster", "conf")]
+    return run_canary(results_root(args.results_dir), named.get("cluster", "local"), named.get("conf", "full_matrix"),
+                      rest, args.cpu, args.timeout_min)
+
+
 def _results_flag(args: argparse.Namespace) -> str:
     return f" --results-dir {args.results_dir}" if args.results_dir else ""
 
@@ -354,6 +364,21 @@ def add_commands(sub: Any) -> None:
     )
     results_option(collect)
     collect.set_defaults(func=_guarded(_collect))
+
+    canary = sub.add_parser(
+        "canary", help="first job on a new cluster: one short cell of the paper's shape, per-rank devices and rates, "
+                       "a go/no-go line with the sweep's projected node-days")
+    canary.add_argument("overrides", nargs="*", metavar="OVERRIDE",
+                        help="cluster=<profile> (default local), conf=<sweep to project> (default full_matrix), "
+                             "then Hydra overrides of the canary cell")
+    cpu = canary.add_mutually_exclusive_group()
+    cpu.add_argument("--cpu", dest="cpu", action="store_true", default=None,
+                     help="run the shape on the toy world (default with cluster=local and no NVIDIA GPU)")
+    cpu.add_argument("--gpu", dest="cpu", action="store_false", help="run the real shape even where no GPU is seen")
+    canary.add_argument("--timeout-min", type=float, default=60.0, metavar="MIN",
+                        help="cancel a scheduler's canary not finished after MIN minutes (default 60)")
+    results_option(canary)
+    canary.set_defaults(func=_guarded(_canary))
 
     show = sub.add_parser("show", help="a cell's resolved config and state")
     show.add_argument("cell", help="a cell id (voting-ip-1.7b-math-s0) or a cell directory")

@@ -67,6 +67,9 @@ class PlannedCell:
     # Predicted peak GPU memory per GPU (gridrun/memory.py); None on CPU or for models
     # whose architecture is not shipped.
     gpu_mem_gb: float | None = None
+    # The cost model's seconds of one training step of this cell (what `gridrun canary`
+    # scales by its measured step).
+    est_step_s: float = 0.0
 
     @property
     def id(self) -> str:
@@ -137,7 +140,7 @@ def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
     grid: dict[str, Any] | None = None
     unused = set(spec.settings)
     for cell in expand(spec.axes, spec.restrict, list(spec.variants)):
-        choices = tuple(cell.group_choices())
+        choices = (*cell.group_choices(), *spec.gpu_choice(cell.id, composer))
         variant = tuple(spec.variant_settings(cell.variant, cell.policy))
         if (choices, variant) not in composed:
             settings = [*spec.settings, *variant]
@@ -156,6 +159,8 @@ def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
         except ConfigError as err:
             raise GridError(f"cell {cell.id}: {err}") from None
         _check_toy_pairing(cell, config)
+        _check_rows(cell.id, config, root.spec)
+        config = _size_engine(config, root.spec.gpu)
         this_grid = {"launcher": as_dict(root.launcher), "cluster": as_dict(root.spec.cluster)}
         if grid is None:
             grid = this_grid
@@ -163,7 +168,7 @@ def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
             raise GridError(f"cell {cell.id} has another launcher or cluster than the sweep's first cell: set them once")
         cells.append(
             PlannedCell(cell, config, fingerprint(config), _resources(root.spec), _estimate_hours(root.spec, config),
-                        _fits(cell.id, config, root.spec.gpu))
+                        _fits(cell.id, config, root.spec.gpu), _step_seconds(root.spec))
         )
     if unused:
         raise GridError(_unused_message(min(unused), [pc.config for pc in cells], composer))
@@ -242,6 +247,40 @@ def _check_toy_pairing(cell: Cell, config: RunConfig) -> None:
                     f"for Qwen3): set {fix}")
 
 
+def _check_rows(cell_id: str, config: RunConfig, grid: GridSpec) -> None:
+    """Refuse a training cell whose longest possible row (one call's prompt plus response
+    at its limits) exceeds its micro-batch token budget: the update never splits a row."""
+    from gridrun.memory import longest_row
+
+    row, budget = longest_row(config), config.train.micro_token_budget
+    if not config.trains or row <= budget:
+        return
+    roomier = sorted((int(r["micro_token_budget"]), name) for name, r in grid.scale_gpu.get(grid.scale, {}).items()
+                     if name != grid.gpu.name and int(r["micro_token_budget"]) >= row)
+    fixes = [f"gpu={roomier[0][1]} (budget {roomier[0][0]})"] if roomier else []
+    fixes += [f"train.micro_token_budget>={row}", "lower lengths.max_prompt_tokens or lengths.max_response_tokens"]
+    raise GridError(
+        f"cell {cell_id}: its longest row ({config.lengths.max_prompt_tokens} + {config.lengths.max_response_tokens} = "
+        f"{row} tokens) exceeds train.micro_token_budget={budget} ({grid.scale} on {grid.gpu.name}) and a row is "
+        f"never split: set {' or '.join(fixes)}"
+    )
+
+
+def _size_engine(config: RunConfig, gpu: GpuSpec) -> RunConfig:
+    """A vLLM cell planned for a GPU class without its own engine.gpu_memory_utilization
+    gets the memory model's share beside its trainer (gridrun/memory.py engine_share), so
+    that config.yaml holds the number its engine starts with."""
+    from gridrun.memory import architecture, engine_share
+
+    engine = config.engine
+    if not isinstance(engine, VLLMParams) or engine.gpu_memory_utilization is not None or not gpu.gpus_per_cell:
+        return config
+    arch = architecture(config)
+    if arch is None:
+        return config
+    return dataclasses.replace(config, engine=dataclasses.replace(engine, gpu_memory_utilization=engine_share(config, gpu.memory_gb, arch)))
+
+
 def _fits(cell_id: str, config: RunConfig, gpu: GpuSpec) -> float | None:
     """Predicted peak GB per GPU; refuses a cell that cannot fit, naming the knob to turn."""
     from gridrun.memory import architecture, predict
@@ -284,13 +323,16 @@ def _resources(grid: GridSpec) -> dict[str, Any]:
     }
 
 
+def _step_seconds(grid: GridSpec) -> float:
+    """Seconds of one training step of a cell at the conf's rates."""
+    return grid.estimate.step_s * grid.estimate.relative_cost
+
+
 def _estimate_hours(grid: GridSpec, config: RunConfig) -> float:
     """Rough wall-clock hours of one attempt: steps and validations at the conf's rates."""
-    rate = grid.estimate
     steps = config.steps_to_train
     validations = 1 + steps // config.train.val_every + (1 if steps % config.train.val_every else 0)
-    seconds = rate.step_s * rate.relative_cost * (steps + validations * rate.val_cost)
-    return seconds / 3600
+    return _step_seconds(grid) * (steps + validations * grid.estimate.val_cost) / 3600
 
 
 # --- freezing --------------------------------------------------------------------------------

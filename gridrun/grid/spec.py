@@ -23,11 +23,16 @@ its cells differ by. `variant=natural,injected` on the command line plans some o
 `restrict` plans one kind at fewer values of an axis, in the sweep file
 (`restrict: {transfer: {scale: [1.7b]}}`) or on the command line
 (`restrict.transfer.scale=1.7b,4b`, which replaces the file's values for that axis).
+
+`cell_gpu` puts a group of cells on another GPU class than their scale's default (a glob on
+the cell id -> conf/gpu option, e.g. `'eval_opt-*-0.6b-math-*': h100`); the class also picks
+the micro-batch token budget. A `gpu=` on the command line applies to every cell instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,7 +52,7 @@ from gridrun.grid.sweepdir import check_sweep_name
 SWEEPS_DIR = REPO_ROOT / "sweeps"
 # A variant's name ends cell ids: no '-' (the ids' separator) and nothing a path refuses.
 VARIANT_NAME = re.compile(r"[A-Za-z0-9_]+")
-SWEEP_KEYS = ("axes", "restrict", "overrides", "variants", "early_warning")
+SWEEP_KEYS = ("axes", "restrict", "overrides", "variants", "early_warning", "cell_gpu")
 VARIANT_AXIS = "variant"
 POLICIES = ("isolated", "shared")
 
@@ -69,6 +74,18 @@ class SweepSpec:
     variants: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     # How the alerts' thresholds are chosen and reported (the sweep file's `early_warning:`).
     early_warning: EarlyWarningPlan | None = None
+    # A glob on the cell id -> the GPU class of those cells (conf/gpu/<name>), in file order;
+    # the first match wins and a `gpu=` setting wins over every one (the file's `cell_gpu:`).
+    cell_gpu: dict[str, str] = field(default_factory=dict)
+
+    def gpu_choice(self, cell_id: str, composer: Composer) -> tuple[str, ...]:
+        """`gpu=<class>` for a cell that cell_gpu names, unless a setting picks the GPU class."""
+        if any(composer.parse(line).key_or_group == "gpu" for line in self.settings):
+            return ()
+        for pattern, gpu in self.cell_gpu.items():
+            if fnmatch.fnmatchcase(cell_id, pattern):
+                return (f"gpu={gpu}",)
+        return ()
 
     def variant_settings(self, variant: str | None, policy: str | None) -> list[str]:
         """The settings of `variant` for a cell of `policy` (none for a control)."""
@@ -196,6 +213,9 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
     }
 
     variants = _variants(path, data.get("variants"), composer)
+    cell_gpu = data.get("cell_gpu") or {}
+    if not isinstance(cell_gpu, dict) or not all(isinstance(v, str) for v in cell_gpu.values()):
+        raise GridError(f"{path}: 'cell_gpu' must map a glob on cell ids to a GPU class, e.g. 'eval_opt-*-0.6b-math-*': h100")
     early_warning = None if data.get("early_warning") is None else EarlyWarningPlan.parse(data["early_warning"], str(path))
     chosen: list[str] | None = None
     settings = list(file_settings)
@@ -235,6 +255,7 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
     return SweepSpec(
         name=path.stem, source=path, axes=axes, settings=_last_wins(settings, composer), restrict=restrict,
         argv=list(overrides), variants=_chosen_variants(path, variants, chosen), early_warning=early_warning,
+        cell_gpu={str(k): v for k, v in cell_gpu.items()},
     )
 
 

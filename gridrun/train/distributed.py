@@ -17,7 +17,9 @@ How a step is split, so that the update means exactly what it means in one proce
 
 The world comes from the environment, in torchrun's names (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR, MASTER_PORT): the SLURM launcher's job sets them from submitit's
-JobEnvironment. No WORLD_SIZE, or 1, is a single process: every method is then the
+JobEnvironment, and CUDA_VISIBLE_DEVICES to exactly the task's GPU. A rank of several that
+sees more or fewer than one GPU (on a CUDA machine) is refused: its vLLM engine would take
+the first visible device whatever the trainer's. No WORLD_SIZE, or 1, is a single process: every method is then the
 identity and no process group is created, so a local run behaves exactly as without it.
 
 Backend: nccl when CUDA is available, else gloo. Left out: several nodes per cell (the
@@ -31,6 +33,7 @@ import hashlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -60,6 +63,9 @@ class Dist:
     local_rank: int = 0
     # Set by the SIGUSR2 handler: stop after the current step, with a checkpoint.
     stop_requested: bool = field(default=False, compare=False)
+    # Seconds spent in `gather` so far (the cross-rank exchange of outcomes and sequences,
+    # waiting for the slowest rank included); the trainer reads it per step.
+    gather_s: float = field(default=0.0, compare=False)
 
     # --- setup -----------------------------------------------------------------------------
     @classmethod
@@ -77,9 +83,16 @@ class Dist:
                     f"WORLD_SIZE={world} but MASTER_ADDR/MASTER_PORT are not set: start the ranks with the "
                     "SLURM launcher (or torchrun), or unset WORLD_SIZE to run one process"
                 )
+            if torch.cuda.is_available() and torch.cuda.device_count() != 1:
+                raise RuntimeError(
+                    f"rank {dist.rank}/{world} sees {torch.cuda.device_count()} GPUs "
+                    f"(CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', 'unset')}): each rank must see exactly its "
+                    "own, which its trainer and rollout engine share; start the ranks with launcher=slurm (one task "
+                    "per GPU) or set CUDA_VISIBLE_DEVICES per rank"
+                )
             backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
             if backend == "nccl":
-                torch.cuda.set_device(dist.local_rank)
+                torch.cuda.set_device(dist.device)
             torch.distributed.init_process_group(
                 backend,
                 init_method=f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}",
@@ -96,8 +109,10 @@ class Dist:
 
     @property
     def device(self) -> torch.device:
-        """This rank's device: its GPU when CUDA is available, else the CPU."""
-        return torch.device(f"cuda:{self.local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+        """This rank's device: its GPU when CUDA is available, else the CPU. A rank of several
+        sees exactly one GPU (from_env refuses otherwise), so it is the process's first; one
+        process alone on a node with several takes the first too, as its vLLM engine does."""
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
     def close(self) -> None:
         if self.world > 1 and torch.distributed.is_initialized():
@@ -120,7 +135,9 @@ class Dist:
         if self.world == 1:
             return items, slice(0, len(items))
         parts: list[Any] = [None] * self.world
+        started = time.perf_counter()
         torch.distributed.all_gather_object(parts, items)
+        self.gather_s += time.perf_counter() - started
         start = sum(len(part) for part in parts[: self.rank])
         return [item for part in parts for item in part], slice(start, start + len(items))
 
@@ -184,3 +201,28 @@ class Dist:
         for p in params:
             h.update(p.detach().float().cpu().numpy().tobytes())
         return h.hexdigest()[:16]
+
+
+def free_gpu_gb(device: torch.device) -> float | None:
+    """Free memory of a GPU device, GiB, as the driver sees it (every process on it); None
+    on the CPU."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.mem_get_info(device)[0] / 2**30
+
+
+def device_report(dist: Dist) -> dict[str, Any]:
+    """Where this rank runs: host, CUDA_VISIBLE_DEVICES (its rollout engine inherits it), the
+    trainer's device and, on a GPU, its UUID, name and memory (RunDir's RANK_FIELDS)."""
+    device = dist.device
+    report: dict[str, Any] = {
+        "rank": dist.rank, "world": dist.world, "host": socket.gethostname(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "device": str(device),
+        "gpu_uuid": None, "gpu_name": None, "gpu_total_gb": None,
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        uuid = str(getattr(props, "uuid", "") or "")
+        report.update(gpu_uuid=(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}") if uuid else None,
+                      gpu_name=props.name, gpu_total_gb=props.total_memory / 2**30)
+    return report

@@ -15,6 +15,7 @@ The engine interface (`RolloutEngine`) is what `engine=hf` and `engine=vllm` imp
 from __future__ import annotations
 
 import asyncio
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -144,6 +145,15 @@ class EpisodeLLM:
 WorkflowProgram = Callable[[EpisodeLLM, Episode], Coroutine[Any, Any, None]]
 
 
+@dataclass(frozen=True)
+class StageCost:
+    """One engine call of a rollout: its requests, wall seconds and generated tokens."""
+
+    requests: int
+    seconds: float
+    tokens: int
+
+
 class StageBatcher:
     def __init__(
         self,
@@ -160,6 +170,8 @@ class StageBatcher:
         self._active = 0
         self._sequential = False
         self.batches: list[int] = []
+        # Each engine call of the run, in order: what `gridrun canary` reports per stage.
+        self.stages: list[StageCost] = []
 
     def run(self, episodes: Sequence[Episode], program: WorkflowProgram, sequential: bool = False) -> None:
         """Run `program` on every episode. sequential=True runs one episode and one call at a
@@ -218,7 +230,10 @@ class StageBatcher:
         fits = [i for i, ids in enumerate(prompt_ids) if len(ids) <= limit]
         requests = [GenRequest(prompt_ids[i], self.route(chunk[i].role)) for i in fits]
         self.batches.append(len(requests))
+        started = time.perf_counter()
         completions = self.engine.generate(requests, self.sampling) if requests else []
+        tokens = sum(len(c.token_ids) for c in completions)
+        self.stages.append(StageCost(len(requests), time.perf_counter() - started, tokens))
         served = dict(zip(fits, completions))
         for i, p in enumerate(chunk):
             done = served.get(i) or Completion([], [], "", "prompt_too_long")

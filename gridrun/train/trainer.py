@@ -25,6 +25,7 @@ import socket
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,20 +36,20 @@ from gridrun.accuracy import first_peak, val_accuracy
 from gridrun.adapters import AdapterSourceError
 from gridrun.mechanisms import RESPONSE_CAP, MechanismWatch, alert_flags
 from gridrun.runconfig import ModelSpec, RunConfig, load_config
-from gridrun.rundir import RUN_DISK_FIXES, RunDir, atomic_write_text, disk_error
+from gridrun.rundir import RANK_STEPS_KEPT, RUN_DISK_FIXES, RunDir, atomic_write_text, disk_error
 from gridrun.tasks import make_task
 from gridrun.tasks.base import Problem
 from gridrun.tasks.sandbox import SandboxUnavailable
 from gridrun.train import checkpoint, lr_schedule
 from gridrun.train.advantages import shuffle_rewards, turn_advantages
 from gridrun.train.coherence import Coherence
-from gridrun.train.distributed import Dist
+from gridrun.train.distributed import Dist, device_report, free_gpu_gb
 from gridrun.train.engines import make_engine
 from gridrun.train.episode import Episode
 from gridrun.train.metrics_log import MetricsLog
 from gridrun.train.model import load_base
 from gridrun.train.policy import adapter_parameters, attach_adapters, routing_for
-from gridrun.train.rollout import ChatEncoder, SamplingParams, StageBatcher
+from gridrun.train.rollout import ChatEncoder, SamplingParams, StageBatcher, StageCost
 from gridrun.train.sampler import ProblemSampler
 from gridrun.train.scoring import BackgroundScorer
 from gridrun.train.seeds import Stream, derive
@@ -101,6 +102,9 @@ class Trainer:
             for name in self.routing.trainable
         }
         self.engine = make_engine(config, self.model, self.tokenizer, self.routing.trainable)
+        # Where this rank runs (its engine inherits the same CUDA_VISIBLE_DEVICES): its record.
+        self.rank_record: dict[str, Any] = {**device_report(self.dist), "engine": config.engine.name, "steps": []}
+        self.last_stages: list[StageCost] = []
         self.encoder = ChatEncoder(self.tokenizer, config.model.enable_thinking, config.lengths.max_prompt_tokens)
         self.sampler = ProblemSampler(self.task.train_problems(), seed)
         self.update_rng = random.Random(derive(seed, Stream.UPDATE))
@@ -164,11 +168,13 @@ class Trainer:
             batcher.run(episodes, program)
         finally:
             scorer.finish()
+        self.last_stages = batcher.stages
         return episodes
 
     def train_step(self, step: int) -> dict[str, Any]:
         cfg = self.config
         started = time.time()
+        self.dist.gather_s = 0.0
         problems = self.dist.shard(self.sampler.take(cfg.train.batch_problems))
         episodes = self.rollout(problems, cfg.grpo.n, cfg.sampling.temperature)
         rolled = time.time()
@@ -197,7 +203,9 @@ class Trainer:
         # The row's `lr` is the first adapter's schedule LR (each adapter's own, role scale
         # included, is adapter/<a>/lr): under per_update stepping an IP step's adapters differ.
         lr = self.lr(step, 0, len(self.routing.trainable))
+        awake = free_gpu_gb(self.dist.device)
         self.engine.sleep()
+        asleep = free_gpu_gb(self.dist.device)
         update_metrics = update(
             self.model, self.routing, self.optimizers, seqs, UpdateSettings.of(cfg, self.pad_id), lrs, self.update_rng,
             self.dist, self.coherence,
@@ -221,7 +229,26 @@ class Trainer:
             "time/step_s": done - started,
             **update_metrics,
         }
+        row.update(self.record_costs(step, seqs, rolled - started, done - rolled, awake, asleep))
         log.info("step %d/%d reward %.3f acc %.3f (%.1fs)", step, self.total_steps, row["reward/mean"], row["reward/acc"], row["time/step_s"])
+        return row
+
+    def record_costs(self, step: int, seqs: list[TrainSeq], rollout_s: float, update_s: float,
+                     awake: float | None, asleep: float | None) -> dict[str, float]:
+        """This rank's costs of the step into its own record (ranks/rank<r>.json: `gridrun
+        canary` reads it) and the metric row's `time/` keys (rank-local, so a comparison of
+        runs leaves them out): per rollout stage seconds and generated tokens, the update's
+        tokens, the time spent gathering across ranks."""
+        stages = [asdict(cost) for cost in self.last_stages]
+        update_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in seqs)
+        entry = {"step": step, "stages": stages, "rollout_s": rollout_s, "update_s": update_s,
+                 "update_tokens": update_tokens, "gather_s": self.dist.gather_s,
+                 "free_gpu_gb_awake": awake, "free_gpu_gb_asleep": asleep}
+        self.rank_record["steps"] = [*self.rank_record["steps"], entry][-RANK_STEPS_KEPT:]
+        self.run_dir.write_rank_record(self.dist.rank, self.rank_record)
+        row = {"time/gather_s": self.dist.gather_s, "time/update_tokens": float(update_tokens)}
+        for k, cost in enumerate(self.last_stages):
+            row[f"time/stage{k}_s"], row[f"time/stage{k}_tokens"] = cost.seconds, float(cost.tokens)
         return row
 
     def adapter_lrs(self, step: int) -> dict[str, float]:

@@ -215,8 +215,9 @@ def test_each_option_file_holds_only_what_differs_from_its_params_defaults(group
         # Every key of the option's params at the dataclass's default; none of another option's.
         ("workflow=voting", {"name": "voting", "plugin": None, "n_voters": 3}),
         ("workflow=single", {"name": "single", "plugin": None}),
-        ("engine=vllm", {"name": "vllm", "plugin": None, "gpu_memory_utilization": 0.5,
-                         "enable_prefix_caching": True, "enable_sleep_mode": True}),
+        # gpu_memory_utilization null: the plan sizes it per GPU class (the memory model).
+        ("engine=vllm", {"name": "vllm", "plugin": None, "enable_prefix_caching": True,
+                         "gpu_memory_utilization": None, "enable_sleep_mode": True}),
         ("task=arith", {"name": "arith", "plugin": None, "n_train": 5000, "n_val": 200, "grader": "released",
                         "format_penalty": 0.0}),
     ],

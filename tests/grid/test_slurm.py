@@ -63,8 +63,10 @@ def test_sbatch_script_of_a_17b_cell_matches_the_golden_file(tmp_path: Path) -> 
     if os.environ.get("GRIDRUN_REGEN_GOLDEN"):
         golden.write_text(script)
     assert script == golden.read_text(), f"sbatch script changed; if on purpose: GRIDRUN_REGEN_GOLDEN=1 pytest {__file__}"
-    # One whole 2-GPU H100 node, one rank per GPU, the warning signal before the limit.
-    for line in ("--gres=gpu:h100:2", "--ntasks-per-node=2", "--cpus-per-task=8", "--partition=h100",
+    # One whole 2-GPU H100 node, one rank per GPU (each task bound to its own), the warning
+    # signal before the limit; no job-wide --gres, which would show each task both GPUs.
+    assert "--gres" not in script
+    for line in ("--gpus-per-task=h100:1", "--ntasks-per-node=2", "--cpus-per-task=8", "--partition=h100",
                  "--signal=USR2@300", "--time=2880"):
         assert f"#SBATCH {line}\n" in script
 
@@ -80,7 +82,7 @@ def test_a_two_gpu_cell_gets_one_task_per_gpu_typed_gres_and_its_overrides() -> 
     spec = job_spec(CELL, PAPER, env={"SLURM_CONF": "/etc/slurm.conf", "HOME": "/x"})
     # 16 CPUs over 2 tasks; 72 h from the 4b override instead of the cell's 48.
     assert (spec.partition, spec.ntasks, spec.cpus_per_task, spec.mem) == ("h100", 2, 8, "128G")
-    assert (spec.gres, spec.constraint, spec.account, spec.time_min) == ("gpu:h100:2", "h100_80gb", "proj", 72 * 60)
+    assert (spec.gpus_per_task, spec.constraint, spec.account, spec.time_min) == ("h100:1", "h100_80gb", "proj", 72 * 60)
     assert spec.extra == (("exclusive", None), ("mail-type", "FAIL"))
     assert spec.setup[0] == "export SLURM_CONF=/etc/slurm.conf" and spec.setup[-1] == "module load cuda"
     params = spec.parameters()
@@ -89,11 +91,32 @@ def test_a_two_gpu_cell_gets_one_task_per_gpu_typed_gres_and_its_overrides() -> 
 
 def test_an_untyped_gpu_class_and_a_cpu_cell() -> None:
     cluster = {**PAPER, "gpu_types": {"h100": None}, "cell_overrides": {}}
-    assert job_spec(CELL, cluster, env={}).gres == "gpu:2"
+    assert job_spec(CELL, cluster, env={}).gpus_per_task == "1"
     cpu = {"id": "sa_rl-toy-arith-s0", "resources": {"gpu_class": "cpu", "gpus": 0, "cpus": 1, "mem_gb": 0.5,
                                                      "time_limit_h": 0.25, "partition": "debug"}}
     spec = job_spec(cpu, cluster, env={})
-    assert (spec.gres, spec.ntasks, spec.mem, spec.time_min) == (None, 1, "512M", 15)
+    assert (spec.gpus_per_task, spec.ntasks, spec.mem, spec.time_min) == (None, 1, "512M", 15)
+    assert "gpus_per_task" not in spec.parameters()
+
+
+def test_a_gpu_cell_with_fewer_tasks_than_gpus_is_refused() -> None:
+    # One rank with both GPUs would train on one and leave its engine to pick: refused.
+    with pytest.raises(GridError, match=r"1 tasks for 2 GPUs, and each rank needs exactly its own GPU: set tasks_per_cell: null"):
+        job_spec(CELL, {**PAPER, "tasks_per_cell": 1}, env={})
+
+
+def test_each_rank_sees_exactly_its_own_gpu() -> None:
+    from gridrun.grid.launchers.process import GpuBindingError, bind_gpu
+
+    # The scheduler bound the task (--gpus-per-task): kept as it is.
+    assert bind_gpu({"CUDA_VISIBLE_DEVICES": "3"}, 1, 2) == {"CUDA_VISIBLE_DEVICES": "3"}
+    # The job was bound, not the task (a site that ignores per-task binding): by local rank.
+    assert bind_gpu({"CUDA_VISIBLE_DEVICES": "2,3"}, 0, 2) == {"CUDA_VISIBLE_DEVICES": "2"}
+    assert bind_gpu({"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"}, 1, 2) == {"CUDA_VISIBLE_DEVICES": "GPU-b"}
+    # A CPU cell: nothing to bind.
+    assert bind_gpu({}, 0, 1) == {} and bind_gpu({"CUDA_VISIBLE_DEVICES": "NoDevFiles"}, 0, 2) == {}
+    with pytest.raises(GpuBindingError, match=r"^rank 0 of 2 on this node sees GPUs 0,1,2: each rank needs exactly its own"):
+        bind_gpu({"CUDA_VISIBLE_DEVICES": "0,1,2"}, 0, 2)
 
 
 def test_cells_with_one_spec_share_an_array_cut_to_max_array_size() -> None:

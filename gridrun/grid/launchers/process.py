@@ -60,6 +60,33 @@ def cell_env(job_id: str, cpus: int | None, extra: Mapping[str, str] | None = No
     return env
 
 
+class GpuBindingError(RuntimeError):
+    """A rank would not see exactly its own GPU."""
+
+
+def visible_gpus(env: Mapping[str, str]) -> list[str]:
+    """The GPUs CUDA_VISIBLE_DEVICES lists (none when unset, empty or SLURM's NoDevFiles)."""
+    listed = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return [] if listed == ["NoDevFiles"] else listed
+
+
+def bind_gpu(env: Mapping[str, str], local_rank: int, local_ranks: int) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES of rank `local_rank` of `local_ranks` on its node: exactly its
+    own GPU, whatever the scheduler bound. One GPU visible: the task was bound (SLURM's
+    --gpus-per-task); one per rank: the job was bound, not the task, and the rank takes its
+    own by local rank; none: a CPU cell ({}). Anything else is refused: two ranks on one GPU,
+    or an engine taking device 0 next to another rank's trainer, is never right."""
+    gpus = visible_gpus(env)
+    if len(gpus) <= 1:
+        return {"CUDA_VISIBLE_DEVICES": gpus[0]} if gpus else {}
+    if len(gpus) == local_ranks:
+        return {"CUDA_VISIBLE_DEVICES": gpus[local_rank]}
+    raise GpuBindingError(
+        f"rank {local_rank} of {local_ranks} on this node sees GPUs {','.join(gpus)}: each rank needs exactly its own "
+        "GPU; give the cell one task per GPU (tasks_per_cell: null in the cluster profile)"
+    )
+
+
 def start_cell(
     run_dir: Path, logs: tuple[Path, Path], started_by: str, env: Mapping[str, str], **popen: Any
 ) -> subprocess.Popen[bytes]:

@@ -5,7 +5,7 @@
 
 Submitting. Each cell's scheduler resources (its `job spec`) come from the cell's record in
 sweep.json (GPU class, GPUs, CPUs, memory, time limit and partition, frozen at plan time)
-and the sweep's cluster profile (conf/cluster/<name>.yaml: GPU types for --gres,
+and the sweep's cluster profile (conf/cluster/<name>.yaml: GPU types for --gpus-per-task,
 constraints, account, qos, tasks per cell, extra #SBATCH lines, setup lines, per-cell
 overrides). Cells with equal specs go out as one submitit job array, `--array` capped at
 `grid.launcher.max_parallel` running at once and cut into chunks of the cluster's MaxArraySize.
@@ -13,8 +13,9 @@ Before anything is queued, `admit` checks each spec with `sbatch --test-only`, s
 partition, account or gres is one line naming the fix, not a sweep of failed jobs.
 
 Jobs. Every job runs `CellJob` (gridrun/grid/launchers/slurm_job.py) with the submitter's
-python (with the job's directory off sys.path: `process.interpreter`): one task per GPU,
-each starting `python -P -m gridrun.cli run <run_dir>` as a data-parallel rank.
+python (with the job's directory off sys.path: `process.interpreter`): one task per GPU
+(`--gpus-per-task=[type:]1`, so each task sees exactly its own GPU), each starting
+`python -P -m gridrun.cli run <run_dir>` as a data-parallel rank.
 SLURM's warning signal (USR2, `signal_delay_s` before the time limit, or sent by hand) makes
 the trainer checkpoint after its current step; the job then requeues itself (submitit's
 Checkpointable) and resumes from that checkpoint as the cell's next attempt. Requeues
@@ -154,7 +155,8 @@ class JobSpec:
     ntasks: int
     cpus_per_task: int
     mem: str
-    gres: str | None
+    # --gpus-per-task ([type:]1): each task (rank) is bound to its own GPU by the scheduler.
+    gpus_per_task: str | None
     constraint: str | None
     account: str | None
     qos: str | None
@@ -173,7 +175,7 @@ class JobSpec:
             "mem": self.mem,
             "setup": list(self.setup),
         }
-        for key in ("gres", "constraint", "account", "qos"):
+        for key in ("gpus_per_task", "constraint", "account", "qos"):
             if getattr(self, key):
                 params[key] = getattr(self, key)
         if self.extra:
@@ -245,17 +247,24 @@ def job_spec(cell: Mapping[str, Any], cluster: Mapping[str, Any], env: Mapping[s
     assert settings.time_limit_h is not None and settings.cpus_per_cell is not None
     assert settings.mem_gb_per_cell is not None
     tasks = int(settings.tasks_per_cell or max(1, gpus))
-    gres = None
+    gpus_per_task = None
     if gpus:
+        if tasks != gpus:
+            raise GridError(
+                f"cell {cell['id']}: {tasks} tasks for {gpus} GPUs, and each rank needs exactly its own GPU: "
+                f"set tasks_per_cell: null (one task per GPU) in {where}"
+            )
+        # One GPU per task, bound by the scheduler (SLURM sets each task's CUDA_VISIBLE_DEVICES);
+        # `--gres=gpu:N` alone would show every task both GPUs.
         gpu_type = profile.gpu_types.get(str(gpu_class))
-        gres = f"gpu:{gpu_type}:{gpus}" if gpu_type else f"gpu:{gpus}"
+        gpus_per_task = f"{gpu_type}:1" if gpu_type else "1"
     return JobSpec(
         partition=settings.partition,
         time_min=max(1, math.ceil(float(settings.time_limit_h) * 60)),
         ntasks=tasks,
         cpus_per_task=max(1, int(settings.cpus_per_cell) // tasks),
         mem=_mem(float(settings.mem_gb_per_cell)),
-        gres=gres,
+        gpus_per_task=gpus_per_task,
         constraint=settings.constraint or None,
         account=settings.account or None,
         qos=settings.qos or None,

@@ -5,7 +5,8 @@ Each task of the job (submitit starts them with srun) runs `python -P -m gridrun
 never the job's cwd; thread pools sized to SLURM_CPUS_PER_TASK), with its rank from
 submitit's JobEnvironment in torchrun's
 variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; gridrun/train/distributed.py
-reads them). Rank 0's output is appended to the cell's logs/stdout.log and logs/stderr.log,
+reads them), and sees exactly its own GPU (CUDA_VISIBLE_DEVICES: `process.bind_gpu`), which
+its trainer and its rollout engine share. Rank 0's output is appended to the cell's logs/stdout.log and logs/stderr.log,
 other ranks' to logs/rank<r>.*.log. The trainer writes state.json; rank 0's task here only
 writes what the trainer cannot:
 
@@ -35,7 +36,7 @@ from submitit.core.utils import UncompletedJobError
 
 from gridrun import cellstate
 from gridrun.cellstate import CellState
-from gridrun.grid.launchers.process import cell_env, log_tail, start_cell
+from gridrun.grid.launchers.process import GpuBindingError, bind_gpu, cell_env, log_tail, start_cell
 from gridrun.rundir import RunDir
 
 # Seconds kept back from signal_delay_s for the requeue itself once the trainer stopped.
@@ -123,12 +124,20 @@ class CellJob(submitit.helpers.Checkpointable):
         # submitit's rendezvous: the first host, a port drawn from the job id (so every task of
         # the job agrees and cells sharing a node differ), this task's ranks.
         dist = submitit.helpers.TorchDistributedEnvironment()
+        try:
+            gpu = bind_gpu(os.environ, dist.local_rank, dist.local_world_size)
+        except GpuBindingError as err:
+            if rank == 0:
+                run_dir.record(cellstate.failed(str(err)))
+            raise
         torchrun = {
             "MASTER_ADDR": dist.master_addr,
             "MASTER_PORT": str(dist.master_port),
             "RANK": str(dist.rank),
             "WORLD_SIZE": str(dist.world_size),
             "LOCAL_RANK": str(dist.local_rank),
+            # Exactly this task's GPU: the trainer and its engine both run on it.
+            **gpu,
         }
         cpus = int(os.environ.get("SLURM_CPUS_PER_TASK") or 0) or None
         out_path, err_path = run_dir.rank_logs(rank)

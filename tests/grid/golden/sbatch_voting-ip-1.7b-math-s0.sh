@@ -3,7 +3,7 @@
 # Parameters
 #SBATCH --cpus-per-task=8
 #SBATCH --error=<RESULTS>/full_matrix/jobs/%j/%j_0_log.err
-#SBATCH --gres=gpu:h100:2
+#SBATCH --gpus-per-task=h100:1
 #SBATCH --job-name=gridrun-full_matrix
 #SBATCH --mem=128G
 #SBATCH --nodes=1

@@ -1,0 +1,257 @@
+"""`gridrun canary`: the first job on a new cluster, and whether the sweep should follow.
+
+    gridrun canary cluster=<profile> [conf=<sweep>] [--cpu] [hydra overrides]
+
+Plans sweeps/canary.yaml (one Voting-IP 1.7B math cell, 8 problems x 3 steps) on the
+cluster profile into results/canary (a fresh cell every time), runs it (launcher=slurm on
+a SLURM profile, else locally), waits for it, and reports from its run directory only:
+
+- per rank (ranks/rank<r>.json, written by each rank's trainer): host, GPU UUID and name
+  (CPU where none), CUDA_VISIBLE_DEVICES (the trainer and its engine share it), the free
+  GPU memory before and after the engine sleeps for the update, each rollout stage's
+  seconds and generated tokens/s, the update's seconds and tokens/s, and the time spent
+  gathering across ranks, all of the last step;
+- the live-adapter check per role (metrics.jsonl's `adapter_check/<role>/{served,zero,
+  trainer}` where the engine records them, "not run" otherwise);
+- a go/no-go line with the projected node-days of `conf=<sweep>` (default full_matrix):
+  the dry run's cost model (gridrun/grid/plan.py, est_hours per cell) scaled by the
+  canary's measured step time over the model's prediction for the canary cell, per problem.
+
+`--cpu` (the default with cluster=local on a machine without an NVIDIA GPU) runs the same
+shape on the toy world (scale=toy, task=arith): on a SLURM profile still as two tasks with
+one GPU each bound, so the binding is exercised (the trainer stays on the CPU).
+Grid side: reads files, never imports torch.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gridrun.cellstate import ACTIVE_STATES, CellState
+from gridrun.grid.compose import Composer
+from gridrun.grid.errors import GridError
+from gridrun.grid.plan import PlannedCell, freeze, make_plan
+from gridrun.grid.spec import load_spec
+from gridrun.grid.sweepdir import SweepDir
+from gridrun.runconfig import TrainSpec
+from gridrun.rundir import RunDir
+
+CANARY_SWEEP = "canary"
+# The toy world in the canary's shape: what --cpu runs.
+CPU_SHAPE = ("scale=toy", "task=arith")
+# Seconds between two looks at a SLURM canary's state.
+POLL_S = 5.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    go: bool
+    lines: list[str]
+
+
+def has_nvidia_gpu() -> bool:
+    """Whether this machine has an NVIDIA GPU (nvidia-smi lists one); torch-free."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+def canary_overrides(cluster: str, slurm: bool, cpu: bool) -> list[str]:
+    """The canary sweep's command line: the profile, its launcher, the CPU shape."""
+    lines = [f"cluster={cluster}", f"launcher={'slurm' if slurm else 'local'}"]
+    if cpu:
+        lines += list(CPU_SHAPE)
+        if slurm:
+            # Two tasks with a GPU each, as a real cell's job: the binding is what is checked.
+            lines.append("grid.gpu.gpus_per_cell=2")
+    return lines
+
+
+def run_canary(results: Path, cluster: str, project: str, overrides: list[str], cpu: bool | None,
+               timeout_min: float) -> int:
+    """Plan, run and report the canary; 0 on GO, 1 on NO-GO."""
+    composer = Composer()
+    profile = load_spec(CANARY_SWEEP, [f"cluster={cluster}"], composer)
+    slurm = bool(make_plan(profile, composer).cluster.get("partitions"))
+    if cpu is None:
+        cpu = not slurm and not has_nvidia_gpu()
+    spec = load_spec(CANARY_SWEEP, [*canary_overrides(cluster, slurm, cpu), *overrides], composer)
+    plan = make_plan(spec, composer)
+    if len(plan.cells) != 1:
+        raise GridError(f"the canary is one cell, and these overrides plan {len(plan.cells)}: set one value per axis")
+    (cell,) = plan.cells
+    sweep = SweepDir(results, CANARY_SWEEP)
+    _fresh(sweep)
+
+    from gridrun.grid.launchers.base import make_launcher
+    from gridrun.grid.launchers.dispatch import queue
+
+    launcher = make_launcher(plan.launcher)
+    with sweep.lock():
+        freeze(plan, sweep, replace=True)
+        submitted = queue(sweep, [cell.id], launcher)
+    if not submitted:
+        raise GridError(f"the canary cell {cell.id} was not submitted: see `gridrun status conf={CANARY_SWEEP}`")
+    where = f"cluster={cluster}" + (" (CPU: the toy world)" if cpu else "")
+    print(f"canary {cell.id} submitted with launcher={launcher.name} on {where}; waiting for it", flush=True)
+    started = time.time()
+    if launcher.name == "slurm":
+        _watch(sweep, cell.id, launcher, timeout_min)
+    else:
+        launcher.wait(sweep, submitted)
+    print(f"canary finished in {time.time() - started:.0f} s")
+    verdict = report(sweep.cell(cell.id), cell, project, _projection_plan(project, cluster, composer), cpu)
+    for line in verdict.lines:
+        print(line)
+    return 0 if verdict.go else 1
+
+
+def _fresh(sweep: SweepDir) -> None:
+    """Every canary starts from nothing; one still queued or running is not disturbed."""
+    if not sweep.root.exists():
+        return
+    for cell_id in sweep.cell_ids():
+        state = sweep.cell(cell_id).read_state().get("state")
+        if state in ACTIVE_STATES:
+            raise GridError(
+                f"a canary is still {state} in {sweep.root}: wait for it, or `gridrun cancel conf={CANARY_SWEEP}`"
+            )
+    shutil.rmtree(sweep.root)
+
+
+def _watch(sweep: SweepDir, cell_id: str, launcher: Any, timeout_min: float) -> None:
+    """Wait for a scheduler's canary to end (its own state, or the scheduler's word on a job
+    that died without one); cancel it at the timeout."""
+    deadline = time.time() + timeout_min * 60
+    last = None
+    while True:
+        state = sweep.cell(cell_id).read_state()
+        if state.get("state") not in ACTIVE_STATES:
+            return
+        seen = launcher.reconcile({cell_id: state}).get(cell_id)
+        if seen and seen[0] not in ACTIVE_STATES:
+            return
+        now = (state.get("state"), state.get("step"))
+        if now != last:
+            print(f"  {state.get('state')}" + (f", step {state.get('step')}" if state.get("step") is not None else ""),
+                  flush=True)
+            last = now
+        if time.time() > deadline:
+            launcher.cancel(sweep, [cell_id])
+            raise GridError(f"the canary did not finish in {timeout_min:g} min and was cancelled: raise --timeout-min, "
+                            f"or see `gridrun status conf={CANARY_SWEEP}` for where it waits")
+        time.sleep(POLL_S)
+
+
+def _projection_plan(project: str, cluster: str, composer: Composer) -> list[PlannedCell]:
+    return make_plan(load_spec(project, [f"cluster={cluster}"], composer), composer).cells
+
+
+# --- the report --------------------------------------------------------------------------
+def _rate(tokens: float, seconds: float) -> str:
+    return f"{tokens / seconds:,.0f} tok/s" if seconds > 0 else "- tok/s"
+
+
+def _gb(value: Any) -> str:
+    return "n/a (CPU)" if value is None else f"{float(value):.1f} GiB"
+
+
+def rank_lines(record: dict[str, Any]) -> list[str]:
+    """What one rank's record says, its last step's costs included."""
+    gpu = (f"GPU {record.get('gpu_uuid')} ({record.get('gpu_name')}, {float(record.get('gpu_total_gb') or 0):.0f} GiB)"
+           if record.get("gpu_uuid") else "CPU")
+    head = (f"rank {record.get('rank')}/{record.get('world')} on {record.get('host')}: {gpu}; "
+            f"CUDA_VISIBLE_DEVICES={record.get('cuda_visible_devices') or 'unset'} (trainer {record.get('device')}, "
+            f"engine {record.get('engine')} on the same)")
+    lines = [head]
+    steps = record.get("steps") or []
+    if not steps:
+        return [*lines, "  no step recorded"]
+    last = steps[-1]
+    lines.append(f"  free GPU memory before the engine sleeps {_gb(last.get('free_gpu_gb_awake'))}, "
+                 f"after {_gb(last.get('free_gpu_gb_asleep'))} (step {last.get('step')})")
+    for k, stage in enumerate(last.get("stages") or []):
+        lines.append(f"  rollout stage {k}: {stage['requests']} requests, {stage['seconds']:.2f} s, "
+                     f"{stage['tokens']} tokens ({_rate(stage['tokens'], stage['seconds'])})")
+    lines.append(f"  update: {last['update_s']:.2f} s, {last['update_tokens']} tokens "
+                 f"({_rate(last['update_tokens'], last['update_s'])}); gather across ranks {last['gather_s']:.3f} s")
+    return lines
+
+
+def adapter_lines(rows: list[dict[str, Any]], roles: list[str]) -> list[str]:
+    """The live-adapter check per role from the last training row that has it."""
+    train = [row for row in rows if row.get("split") == "train"]
+    lines = []
+    for role in roles:
+        keys = [f"adapter_check/{role}/{part}" for part in ("served", "zero", "trainer")]
+        found = [row for row in train if all(key in row for key in keys)]
+        if found:
+            served, zero, trainer = (float(found[-1][key]) for key in keys)
+            lines.append(f"adapter check {role} (step {found[-1]['step']}): served {served:.4g}, "
+                         f"zero adapter {zero:.4g}, trainer {trainer:.4g}")
+        else:
+            lines.append(f"adapter check {role}: not run")
+    return lines
+
+
+def measured_step_s(rows: list[dict[str, Any]]) -> float | None:
+    """The canary's step time: the median over its steps after the first (warm-up), or the
+    first when it ran only one."""
+    steps = [float(row["time/step_s"]) for row in rows if row.get("split") == "train" and "time/step_s" in row]
+    return statistics.median(steps[1:] or steps) if steps else None
+
+
+def projection(canary: PlannedCell, step_s: float, cells: list[PlannedCell]) -> tuple[float, float]:
+    """(projected node-days of `cells`, factor): the dry run's hours of every cell (one node
+    each) times measured / predicted step time of the canary, per problem (the cost model's
+    step times are for the paper's batch of TrainSpec.batch_problems)."""
+    predicted = canary.est_step_s * canary.config.train.batch_problems / TrainSpec.batch_problems
+    factor = step_s / predicted
+    return sum(c.est_hours for c in cells) * factor / 24, factor
+
+
+def report(run_dir: RunDir, cell: PlannedCell, project_name: str, project: list[PlannedCell], cpu: bool) -> Verdict:
+    """The canary's lines and verdict: NO-GO when the cell did not finish, a rank did not
+    say where it ran, or ranks shared a GPU (or one saw several)."""
+    state = run_dir.read_state()
+    rows = run_dir.read_metrics()
+    records = run_dir.read_rank_records()
+    lines = [f"canary {cell.id}: {state.get('state')}" + (f" (job {state['job_id']})" if state.get("job_id") else "")]
+    for record in records:
+        lines += rank_lines(record)
+    roles = sorted(set(cell.config.workflow_entry().roles))
+    lines += adapter_lines(rows, roles)
+    problems = []
+    if state.get("state") != CellState.DONE:
+        error = str(state.get("error") or "").strip().splitlines()
+        problems.append(f"the cell ended {state.get('state')}: {error[-1] if error else 'no error recorded'}")
+    world = max([int(r.get("world") or 1) for r in records] or [0])
+    if len(records) != world or world == 0:
+        problems.append(f"{len(records)} of {world or '?'} ranks recorded where they ran (ranks/ in {run_dir.root})")
+    visible = [str(r.get("cuda_visible_devices") or "") for r in records]
+    if any("," in v for v in visible):
+        problems.append(f"a rank sees several GPUs (CUDA_VISIBLE_DEVICES {', '.join(visible)}): one GPU per rank")
+    uuids = [r.get("gpu_uuid") for r in records if r.get("gpu_uuid")]
+    if len(set(uuids)) != len(uuids) or (all(visible) and len(set(visible)) != len(visible) and not uuids):
+        problems.append("two ranks share a GPU: each rank must run on its own")
+    step_s = measured_step_s(rows)
+    if step_s is not None:
+        days, factor = projection(cell, step_s, project)
+        basis = "CPU toy world, not a GPU number; " if cpu else ""
+        lines.append(f"measured step {step_s:.2f} s ({cell.config.train.batch_problems} problems; {factor:.2f}x the "
+                     f"dry run's cost model)")
+        forecast = (f"projected {days:,.1f} node-days for {project_name} ({len(project)} cells; {basis}"
+                    f"the dry run's model x {factor:.2f})")
+    else:
+        forecast = "no step time measured"
+    if problems:
+        return Verdict(False, [*lines, f"NO-GO: {'; '.join(problems)}; {forecast}"])
+    return Verdict(True, [*lines, f"GO: {forecast}"])

@@ -1,0 +1,152 @@
+"""Real scale at plan time (issue 29): every row fits its micro-batch budget or the plan
+refuses the cell in one line naming the knob; full_matrix's default puts the cells whose
+rows would not fit on the GPU class whose budget holds them; the vLLM engine's memory
+share comes from the memory model; `gridrun canary`'s report reads a run dir alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gridrun.grid.canary import adapter_lines, measured_step_s, rank_lines, report
+from gridrun.grid.compose import Composer
+from gridrun.grid.plan import make_plan
+from gridrun.grid.spec import load_spec
+from gridrun.memory import ENGINE_SHARE_CAP, GIB, engine_share, longest_row, predict
+from gridrun.runconfig import dump_config
+from gridrun.rundir import RunDir
+from tests.grid.conftest import Gridrun, tree
+
+
+def test_a_row_longer_than_its_budget_is_refused_in_one_line(gridrun: Gridrun, results: Path) -> None:
+    # Eval-Opt math on 0.6B's L40s budget: 30,720 + 5,120 = 35,840 tokens > 28,672.
+    result = gridrun("plan", "conf=full_matrix", "workflow=eval_opt", "task=math", "scale=0.6b", "kind=train", "gpu=l40s")
+    assert result.code == 2 and result.err.strip().count("\n") == 0
+    assert ("cell eval_opt-ip-0.6b-math-s0: its longest row (30720 + 5120 = 35840 tokens) exceeds "
+            "train.micro_token_budget=28672 (0.6b on l40s) and a row is never split: set gpu=h100 (budget 51712) or "
+            "train.micro_token_budget>=35840 or lower lengths.max_prompt_tokens or lengths.max_response_tokens") in result.err
+    assert tree(results) == []
+    # 1.7B on L40s (23,554) and 4B on L40s (10,240) too; 4B has no roomier class than H100's 40,960.
+    result = gridrun("plan", "conf=full_matrix", "workflow=voting", "task=math", "scale=4b", "kind=train", "gpu=l40s")
+    assert "its longest row (20480 + 5120 = 25600 tokens) exceeds train.micro_token_budget=10240" in result.err
+    assert "set gpu=h100 (budget 40960) or" in result.err
+    # A cell that does not train has no rows to fit.
+    assert gridrun("plan", "conf=full_matrix", "workflow=eval_opt", "task=math", "scale=0.6b", "kind=base",
+                   "gpu=l40s").code == 0
+
+
+def test_full_matrix_puts_only_the_eval_opt_06b_math_cells_on_h100(results: Path) -> None:
+    composer = Composer()
+    plan = make_plan(load_spec("full_matrix", ["scale=0.6b", "task=math"], composer), composer)
+    gpus = {pc.id: pc.resources["gpu_class"] for pc in plan.cells}
+    assert {cell for cell, gpu in gpus.items() if gpu == "h100"} == {"eval_opt-ip-0.6b-math-s0", "eval_opt-sp-0.6b-math-s0"}
+    assert gpus["voting-ip-0.6b-math-s0"] == gpus["base-eval_opt-0.6b-math"] == "l40s"
+    for pc in plan.cells:
+        # Every training cell's longest row fits its budget; the budgets are the paper's.
+        assert not pc.config.trains or longest_row(pc.config) <= pc.config.train.micro_token_budget
+        assert pc.config.train.micro_token_budget == {"h100": 51712, "l40s": 28672}[gpus[pc.id]]
+    # A gpu= on the command line is for every cell: then the row check speaks.
+    with pytest.raises(Exception, match="exceeds train.micro_token_budget=28672"):
+        make_plan(load_spec("full_matrix", ["scale=0.6b", "task=math", "gpu=l40s"], composer), composer)
+
+
+def test_the_engine_share_is_the_gpu_less_the_trainer() -> None:
+    composer = Composer()
+    plan = make_plan(load_spec("full_matrix", ["scale=4b", "task=math", "workflow=voting", "kind=train"], composer),
+                     composer)
+    for pc in plan.cells:
+        share = pc.config.engine.gpu_memory_utilization
+        # Frozen into config.yaml: what the engine starts with.
+        assert share == engine_share(pc.config, 80) and 0 < share <= ENGINE_SHARE_CAP
+        estimate = predict(pc.config, 80)
+        # Beside the trainer's weights and adapters (IP keeps two) the rollout phase fills
+        # the GPU but a CUDA context for each of the two processes (1 GiB each), the share
+        # rounded down to 0.01 (0.8 GiB at most).
+        assert (80 - 2 - 0.8) * GIB < estimate.rollout_phase <= (80 - 2) * GIB
+    ip, sp = sorted(plan.cells, key=lambda pc: pc.id)
+    assert ip.config.engine.gpu_memory_utilization < sp.config.engine.gpu_memory_utilization  # two adapters' state
+    # Small models hit the released code's cap.
+    small = make_plan(load_spec("full_matrix", ["scale=1.7b", "task=math", "workflow=voting", "kind=train"], composer),
+                      composer)
+    assert {pc.config.engine.gpu_memory_utilization for pc in small.cells} == {ENGINE_SHARE_CAP}
+    # A share set by hand is kept (and the fit check judges it).
+    pinned = make_plan(load_spec("full_matrix", ["scale=1.7b", "task=math", "workflow=voting", "kind=train",
+                                                 "engine.gpu_memory_utilization=0.6"], composer), composer)
+    assert {pc.config.engine.gpu_memory_utilization for pc in pinned.cells} == {0.6}
+
+
+# --- the canary's report (from files only) -----------------------------------------------------
+def _rank(rank: int, visible: str | None, uuid: str | None) -> dict:
+    step = {"step": 3, "stages": [{"requests": 96, "seconds": 2.0, "tokens": 4000}], "rollout_s": 2.5,
+            "update_s": 4.0, "update_tokens": 8000, "gather_s": 0.25, "free_gpu_gb_awake": 10.0 if uuid else None,
+            "free_gpu_gb_asleep": 60.0 if uuid else None}
+    return {"rank": rank, "world": 2, "host": "node1", "cuda_visible_devices": visible,
+            "device": "cuda:0" if uuid else "cpu", "gpu_uuid": uuid, "gpu_name": "H100" if uuid else None,
+            "gpu_total_gb": 79.2 if uuid else None, "engine": "vllm", "steps": [step]}
+
+
+def _canary_dir(tmp_path: Path, state: str, ranks: list[dict]) -> tuple[RunDir, object]:
+    composer = Composer()
+    (cell,) = make_plan(load_spec("canary", [], composer), composer).cells
+    run_dir = RunDir(tmp_path / cell.id)
+    run_dir.root.mkdir()
+    run_dir.config_yaml.write_text(dump_config(cell.config))
+    run_dir.state_json.write_text(json.dumps({"state": state, "job_id": "7", "error": "boom\nOOM on rank 1"}))
+    for record in ranks:
+        run_dir.write_rank_record(record["rank"], record)
+    rows = [{"step": s, "split": "train", "time/step_s": t} for s, t in ((1, 30.0), (2, 10.0), (3, 12.0))]
+    rows[-1].update({"adapter_check/generator/served": -1.25, "adapter_check/generator/zero": -1.5,
+                     "adapter_check/generator/trainer": -1.25})
+    run_dir.append_metrics(rows)
+    return run_dir, cell
+
+
+def test_the_canary_reports_each_rank_and_says_go(tmp_path: Path) -> None:
+    run_dir, cell = _canary_dir(tmp_path, "done", [_rank(0, "0", "GPU-aaa"), _rank(1, "1", "GPU-bbb")])
+    rows = run_dir.read_metrics()
+    # The step after the warm-up: median of 10 and 12.
+    assert measured_step_s(rows) == 11.0
+    lines = rank_lines(run_dir.read_rank_records()[1])
+    assert lines[0].startswith("rank 1/2 on node1: GPU GPU-bbb (H100, 79 GiB); CUDA_VISIBLE_DEVICES=1")
+    assert "before the engine sleeps 10.0 GiB, after 60.0 GiB" in lines[1]
+    assert "rollout stage 0: 96 requests, 2.00 s, 4000 tokens (2,000 tok/s)" in lines[2]
+    assert "update: 4.00 s, 8000 tokens (2,000 tok/s); gather across ranks 0.250 s" in lines[3]
+    assert adapter_lines(rows, ["aggregator", "generator"]) == [
+        "adapter check aggregator: not run",
+        "adapter check generator (step 3): served -1.25, zero adapter -1.5, trainer -1.25",
+    ]
+    verdict = report(run_dir, cell, "full_matrix", [cell, cell], cpu=False)
+    # The cost model predicts est_step_s for 64 problems; the canary ran 8 in 11 s.
+    factor = 11.0 / (cell.est_step_s * 8 / 64)
+    assert verdict.go and verdict.lines[-1] == (
+        f"GO: projected {2 * cell.est_hours * factor / 24:,.1f} node-days for full_matrix (2 cells; the dry run's "
+        f"model x {factor:.2f})")
+
+
+@pytest.mark.parametrize(
+    ("state", "ranks", "why"),
+    [
+        ("failed", [_rank(0, "0", "GPU-a"), _rank(1, "1", "GPU-b")], "the cell ended failed: OOM on rank 1"),
+        ("done", [_rank(0, "0", "GPU-a")], "1 of 2 ranks recorded where they ran"),
+        ("done", [_rank(0, "0", "GPU-a"), _rank(1, "0", "GPU-a")], "two ranks share a GPU"),
+        ("done", [_rank(0, "0,1", None), _rank(1, "0,1", None)], "a rank sees several GPUs"),
+    ],
+)
+def test_the_canary_says_no_go_and_why(tmp_path: Path, state: str, ranks: list[dict], why: str) -> None:
+    run_dir, cell = _canary_dir(tmp_path, state, ranks)
+    verdict = report(run_dir, cell, "full_matrix", [cell], cpu=False)
+    assert not verdict.go and verdict.lines[-1].startswith("NO-GO: ") and why in verdict.lines[-1]
+
+
+def test_a_cell_gpu_that_is_not_a_mapping_of_classes_is_refused(tmp_path: Path) -> None:
+    sweep = tmp_path / "mine.yaml"
+    text = (Path(__file__).parents[2] / "sweeps" / "smoke.yaml").read_text()
+    sweep.write_text(text + "cell_gpu: [h100]\n")
+    with pytest.raises(Exception, match=r"'cell_gpu' must map a glob on cell ids to a GPU class, e.g. "):
+        load_spec(str(sweep), [], Composer())
+    # A class that does not exist is named by the composer, for the cells it applies to.
+    sweep.write_text(text + "cell_gpu: {'voting-*': a100}\n")
+    with pytest.raises(Exception, match=r"a100"):
+        make_plan(load_spec(str(sweep), ["workflow=voting", "kind=train", "policy=shared"], Composer()), Composer())
