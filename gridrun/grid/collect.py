@@ -62,6 +62,7 @@ from gridrun.grid.console import track
 from gridrun.grid.status import sweep_rows
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.mechanisms import ALERTS
+from gridrun.metric_keys import VAL_ROLE
 from gridrun.runconfig import CellKind
 from gridrun.rundir import RunDir, atomic_write_bytes, atomic_write_text
 
@@ -294,7 +295,7 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0, export_to:
 
     def signatures(cell: str) -> dict[str, dict[int, float]]:
         columns = data.columns[cell]
-        return {m: columns.series("val", m) for m in columns.metrics("val") if m.startswith("val/role/")}
+        return {m: columns.series("val", m) for m in columns.metrics("val") if m.startswith(VAL_ROLE)}
 
     tables: list[Table] = []
     for variant, part in variant_slices(cells):

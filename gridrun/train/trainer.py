@@ -35,6 +35,7 @@ from gridrun import cellstate
 from gridrun.accuracy import first_peak, val_accuracy
 from gridrun.adapters import AdapterSourceError
 from gridrun.mechanisms import RESPONSE_CAP, MechanismWatch, alert_flags
+from gridrun.metric_keys import VAL_ROLE
 from gridrun.runconfig import ModelSpec, RunConfig, load_config
 from gridrun.rundir import RANK_STEPS_KEPT, RUN_DISK_FIXES, RunDir, atomic_write_text, disk_error
 from gridrun.tasks import make_task
@@ -304,7 +305,7 @@ class Trainer:
         """Accuracy summary and the alerts into state.json, so `gridrun status` reads one file."""
         fields: dict[str, Any] = {"last_val_acc": metrics["val/acc"], **self.peak_fields()}
         if step == 0:
-            fields["first_val"] = {k: v for k, v in metrics.items() if k.startswith("val/role/")}
+            fields["first_val"] = {k: v for k, v in metrics.items() if k.startswith(VAL_ROLE)}
         else:
             fields["alerts"] = self.alerts()
         self.run_dir.record(cellstate.progressed(**fields))

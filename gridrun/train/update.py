@@ -57,6 +57,7 @@ from typing import Any
 
 import torch
 
+from gridrun.metric_keys import adapter_prefix, role_key, role_prefix
 from gridrun.runconfig import GRPOSpec, RunConfig
 from gridrun.train import logprobs, minibatches, ppo
 from gridrun.train.coherence import Coherence
@@ -374,7 +375,7 @@ def _optimizer_steps(
 
 def _adapter_metrics(adapter: str, done: _AdapterSteps, lr: float, roles: Iterable[str]) -> dict[str, float]:
     """`adapter/<name>/...` of one adapter's loop, and its optimizer steps under each role it serves."""
-    prefix = f"adapter/{adapter}/"
+    prefix = adapter_prefix(adapter)
     metrics: dict[str, float] = {
         prefix + "opt_steps": done.steps,
         prefix + "skipped_nonfinite": done.skipped,
@@ -382,7 +383,7 @@ def _adapter_metrics(adapter: str, done: _AdapterSteps, lr: float, roles: Iterab
         prefix + "lr": lr,
     }
     for role in roles:
-        metrics[f"role/{role}/opt_steps"] = done.steps
+        metrics[role_key(role, "opt_steps")] = done.steps
     return metrics
 
 
@@ -395,7 +396,7 @@ def _role_metrics(stats: dict[str, _RoleStats], gcfg: GRPOSpec, with_coherence: 
     metrics: dict[str, float] = {}
     for role, s in stats.items():
         n = max(s.tokens, 1)
-        prefix = f"role/{role}/"
+        prefix = role_prefix(role)
         metrics.update(
             {
                 prefix + "seqs": s.seqs,

@@ -37,6 +37,7 @@ from gridrun.grid.analysis.plotting import (
 from gridrun.grid.analysis.summary import MetricColumns
 from gridrun.grid.analysis.tables import POLICY_LABELS, ordered_workflows
 from gridrun.grid.sweepdir import SweepDir
+from gridrun.metric_keys import role_key
 from gridrun.registry import single_agent_workflow
 
 # The paper's order; a policy it does not name comes after, alphabetically.
@@ -56,7 +57,7 @@ class Curves:
 def read_curves(columns: MetricColumns) -> Curves:
     curves = Curves(val_acc={s: 100 * v for s, v in columns.series("val", "val/acc").items()})
     for role in columns.roles():
-        share = columns.series("train", f"role/{role}/grad_share")
+        share = columns.series("train", role_key(role, "grad_share"))
         if share:
             curves.grad_share[role] = share
     return curves

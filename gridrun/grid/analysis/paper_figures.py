@@ -48,6 +48,7 @@ from gridrun.grid.analysis.summary import MetricColumns
 from gridrun.grid.analysis.tables import POLICY_LABELS, ordered_workflows
 from gridrun.grid.errors import GridError
 from gridrun.grid.sweepdir import SweepDir
+from gridrun.metric_keys import role_key
 from gridrun.rundir import RunDir
 
 POLICY_MARKER = {"IP": "o", "SP": "s"}
@@ -319,7 +320,7 @@ def fig6(cells: pd.DataFrame, columns: dict[str, MetricColumns], cell: str) -> b
     for ax, (metric, name) in zip(axes, DIAGNOSTICS):
         raw = []
         for index, role in enumerate(roles):
-            series = metrics.series("train", f"role/{role}/{metric}")
+            series = metrics.series("train", role_key(role, metric))
             if not series:
                 continue
             steps = sorted(series)
@@ -358,7 +359,7 @@ def fig6(cells: pd.DataFrame, columns: dict[str, MetricColumns], cell: str) -> b
         legend(overlay)
     share = axes[5]
     for index, role in enumerate(roles):
-        series = metrics.series("train", f"role/{role}/grad_share")
+        series = metrics.series("train", role_key(role, "grad_share"))
         steps = sorted(series)
         share.plot(steps, [series[s] for s in steps], color=OKABE_ITO[index % len(OKABE_ITO)],
                    linestyle=("-", "--", ":", "-.")[index % 4], linewidth=1.5, label=role)

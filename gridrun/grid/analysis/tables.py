@@ -31,6 +31,7 @@ import pandas as pd
 from gridrun.cellstate import CellState
 from gridrun.grid.analysis.stats import Entry
 from gridrun.mechanisms import MECHANISMS
+from gridrun.metric_keys import ADAPTER, ROLE, role_key, val_key
 from gridrun.registry import single_agent_workflow
 from gridrun.runconfig import CellKind
 
@@ -264,14 +265,14 @@ def table2(cells: pd.DataFrame) -> Table:
             continue  # not matched
         for policy in ("isolated", "shared"):
             group = train[train["policy"] == policy]
-            prefixes = _prefixes(group, "role/")
+            prefixes = _prefixes(group, f"{ROLE}/")
             if policy == "shared":
-                prefixes = _prefixes(group, "adapter/") + prefixes
+                prefixes = _prefixes(group, f"{ADAPTER}/") + prefixes
             if not prefixes:
                 prefixes = [""]  # no training metrics yet: one row carrying the cells' state
             for prefix in prefixes:
                 label = "(no metrics)" if not prefix else (
-                    f"all roles ({prefix.split('/', 1)[1]} adapter)" if prefix.startswith("adapter/") else prefix.split("/", 1)[1])
+                    f"all roles ({prefix.split('/', 1)[1]} adapter)" if prefix.startswith(f"{ADAPTER}/") else prefix.split("/", 1)[1])
                 csv_row = [task, scale, workflow, TRAIN_POLICIES[policy].upper(), label]
                 shown_row = list(csv_row)
                 for name, _, digits in RATIO_COLUMNS:
@@ -377,7 +378,7 @@ def signature_tables(cells: pd.DataFrame, signatures: Callable[[str], dict[str, 
             notes.append(f"- `{row['cell']}`: {row['flags']}")
             for role in roles:
                 for checkpoint, step in checkpoints.items():
-                    values = [series.get(f"val/role/{role}/{m}", {}).get(step) for m in metrics]
+                    values = [series.get(val_key(role_key(role, m)), {}).get(step) for m in metrics]
                     rows.append([row["cell"], checkpoint, str(step), role,
                                  *("" if v is None else number(v, 3 if abs(v) < 10 else 1) for v in values)])
         caption = ("Per-role trajectory signatures (validation samples) at the first, peak-accuracy and last "
