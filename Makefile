@@ -15,7 +15,7 @@ install: ## create .venv/ with gridrun and its dev tools (torch first: CPU machi
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e '.[dev]'
+	$(PY) -m pip install -e '.[train,dev]'
 	@$(MAKE) --no-print-directory sandbox
 
 # Without a working bubblewrap the code task runs no program at all (it fails closed), so this
@@ -52,12 +52,12 @@ demo: ## the toy world, the smoke sweep on it (CPU, 11 cells), its status, table
 	$(GRIDRUN) sweep conf=smoke --max-parallel 2; status=$$?; \
 		$(GRIDRUN) status conf=smoke && $(GRIDRUN) collect conf=smoke && exit $$status
 
-findings: ## the seeded toy study (sweeps/findings.yaml: 46 cells, 34 min on 2 idle cores), then its findings table and report
+findings: ## the seeded toy study (gridrun/sweeps/findings.yaml: 46 cells, 34 min on 2 idle cores), then its findings table and report
 	$(GRIDRUN) toy build
 	$(GRIDRUN) sweep conf=findings; status=$$?; \
 		$(GRIDRUN) collect conf=findings && exit $$status
 
-mechanisms: ## the mechanisms study (sweeps/mechanisms.yaml: 54 cells, 1h20m measured on 2 shared cores, ~60 min idle), then its early warning, calibration, findings and report
+mechanisms: ## the mechanisms study (gridrun/sweeps/mechanisms.yaml: 54 cells, 1h20m measured on 2 shared cores, ~60 min idle), then its early warning, calibration, findings and report
 	$(GRIDRUN) toy build
 	$(GRIDRUN) sweep conf=mechanisms; status=$$?; \
 		$(GRIDRUN) collect conf=mechanisms && exit $$status

@@ -245,6 +245,21 @@ class UserError(Exception):
     """An error the user can fix; printed as one line, no traceback."""
 
 
+# The `train` extra (pyproject.toml): what the trainer imports and a plain `pip install gridrun`
+# (the grid half, for a login node) leaves out.
+TRAIN_STACK = ("torch", "transformers", "peft", "tokenizers", "safetensors", "wandb", "datasets")
+
+
+def missing_train_stack(err: ModuleNotFoundError, command: str) -> str | None:
+    """The one line for a command that reached the trainer without its packages installed;
+    None when the missing module is not one of them."""
+    module = (err.name or "").split(".")[0]
+    if module not in TRAIN_STACK:
+        return None
+    return (f"gridrun {command} needs the training stack ({module} is not installed): "
+            "pip install 'gridrun[train]' (from a gridrun checkout: pip install '.[train]')")
+
+
 def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     args = build_parser().parse_args(argv)
@@ -255,6 +270,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (UserError, ConfigError, NotARunDir, DamagedFile, RunLocked, FileNotFoundError) as err:
         print(f"gridrun: error: {err}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as err:
+        message = missing_train_stack(err, " ".join(filter(None, (args.command, getattr(args, "action", None)))))
+        if message is None:
+            raise
+        print(f"gridrun: error: {message}", file=sys.stderr)
         return 2
 
 

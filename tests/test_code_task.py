@@ -129,13 +129,13 @@ def test_one_of_two_tests_passed_scores_0_released_and_half_as_written(data_path
     # schema's default): 0.0; as_written (conf/preset/task/as_written_code.yaml: pass_rate): 0.5.
     import yaml
 
-    from gridrun.grid import REPO_ROOT
+    from gridrun.grid import PACKAGE_DIR
     from gridrun.tasks.code import TASK, CodeParams
 
     problem = Problem(id="p", question="Print a + b.",
                       tests=({"input": "1 2\n", "output": "3\n"}, {"input": "-1 1\n", "output": "0\n"}))
     program = fenced("a, b = map(int, input().split())\nprint(abs(a) + abs(b))\n")
-    as_written = yaml.safe_load((REPO_ROOT / "conf" / "preset" / "task" / "as_written_code.yaml").read_text())
+    as_written = yaml.safe_load((PACKAGE_DIR / "conf" / "preset" / "task" / "as_written_code.yaml").read_text())
     released_task = TASK.build(CodeParams(data_path=str(data_path)))
     as_written_task = TASK.build(CodeParams(data_path=str(data_path), **as_written))
     assert (released_task.mode, released_task.limits.timeout_s, released_task.limits.budget_cap_s) == ("all_pass", 3.0, 120.0)

@@ -18,12 +18,15 @@ import pytest
 
 from gridrun.cli import build_parser
 from gridrun.grid.compose import CONF_DIR
-from gridrun.grid.spec import SWEEPS_DIR
+from gridrun.grid.search import SHIPPED_SWEEPS as SWEEPS_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # Top-level folders of the repository whose paths the docs may name.
 PATH_ROOTS = ("gridrun", "conf", "sweeps", "tests", "bench", "slurm", "scripts", "docs", ".ci")
+# Package data: `conf/x`, `sweeps/x` and `slurm/x` name gridrun's shipped files (gridrun/conf/...,
+# found after a user's own: gridrun/grid/search.py); slurm/testcluster/ stays in the repository.
+PACKAGE_DATA_ROOTS = ("conf", "sweeps", "slurm")
 PLACEHOLDER = re.compile(r"[<>*]|\{(?![\w.-]+,)|XXXXXX|\.\.\.")
 
 
@@ -126,7 +129,8 @@ def check_paths(code: str, repo: Path) -> Iterator[str]:
         if PLACEHOLDER.search(path):
             continue
         for one in _expand(path):
-            if not (repo / one).exists():
+            shipped = one.split("/")[0] in PACKAGE_DATA_ROOTS and (repo / "gridrun" / one).exists()
+            if not (repo / one).exists() and not shipped:
                 yield f"`{one}` does not exist"
 
 
@@ -167,12 +171,28 @@ def check_links(text: str, source: Path) -> Iterator[str]:
             yield f"link ({target}): {file or source.name} has no heading #{anchor}"
 
 
+# A page whose example makes files of the user's own declares their names, which then count as
+# existing on that page only: <!-- docs-check own: cluster=mycluster conf=mine -->
+OWN = re.compile(r"<!-- docs-check own: ([^>]*?) -->")
+
+
+def with_own(text: str, k: Known) -> tuple[Known, set[str]]:
+    """k plus the names the page declares as the user's own, and those names (for paths)."""
+    own = [pair.split("=", 1) for line in OWN.findall(text) for pair in line.split()]
+    groups = {g: set(opts) for g, opts in k.groups.items()}
+    sweeps = set(k.sweeps)
+    for group, name in own:
+        (sweeps if group == "conf" else groups.setdefault(group, set())).add(name)
+    return Known(k.parser, groups, sweeps, k.targets), {name for _, name in own}
+
+
 def problems(text: str, source: Path, k: Known, repo: Path = REPO) -> list[str]:
     found: list[str] = []
+    k, own = with_own(text, k)
     for code in code_of(text):
         found += check_commands(code, k)
         found += check_names(code, k)
-        found += check_paths(code, repo)
+        found += [p for p in check_paths(code, repo) if not any(f"/{name}.yaml`" in p for name in own)]
     found += check_tests(text, repo)
     found += check_links(text, source)
     return found

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from gridrun.grid import REPO_ROOT
+from gridrun.grid import PACKAGE_DIR
 from gridrun.tasks.answers import released_box
 from gridrun.tasks.base import Problem
 from gridrun.tasks.math import score_boxed
@@ -17,7 +17,7 @@ from gridrun.tasks.math_grader import grade, score_released
 def test_no_box_scores_zero_released_and_the_penalty_as_written() -> None:
     # Released: a response without \boxed{} scores 0.0 (no format penalty); as_written's
     # preset file sets math-verify with -0.1.
-    as_written = yaml.safe_load((REPO_ROOT / "conf" / "preset" / "task" / "as_written_math.yaml").read_text())
+    as_written = yaml.safe_load((PACKAGE_DIR / "conf" / "preset" / "task" / "as_written_math.yaml").read_text())
     assert (score_released("The answer is 5.", "5").reward, score_released("The answer is 5.", "5").flag) == (0.0, "no_box")
     assert score_boxed("The answer is 5.", "5", "released", 0.0).reward == 0.0
     assert score_boxed("The answer is 5.", "5", as_written["grader"], as_written["format_penalty"]).reward == -0.1

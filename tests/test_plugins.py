@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from gridrun.grid import REPO_ROOT
+from gridrun.grid import PACKAGE_DIR
 from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError
 from gridrun.grid.launchers.base import make_launcher
@@ -41,7 +41,7 @@ def plugin(tmp_path: Path) -> Path:
 def conf_with_options(root: Path, plugin: Path) -> Path:
     """This repository's conf/ plus the new options' YAMLs: all a user adds besides the module."""
     conf = root / "conf"
-    shutil.copytree(REPO_ROOT / "conf", conf)
+    shutil.copytree(PACKAGE_DIR / "conf", conf)
     # The module that registers each, and what differs from its params' defaults (sub's n_val).
     (conf / "workflow" / "debate.yaml").write_text(f"plugin: {plugin}\n")
     (conf / "task" / "sub.yaml").write_text(f"plugin: {plugin}\nn_val: 4\n")
@@ -114,7 +114,7 @@ def test_an_option_file_naming_no_registered_option_is_one_line_naming_the_file(
     # that is not there, composing it fails naming the file and the fix. (`mine`: a name no
     # other test registers; the registries and Hydra's store live as long as the process.)
     conf = tmp_path / "conf"
-    shutil.copytree(REPO_ROOT / "conf", conf)
+    shutil.copytree(PACKAGE_DIR / "conf", conf)
     option = conf / "workflow" / "mine.yaml"
     option.write_text("plugin: /nowhere/my_options.py\n")
     with pytest.raises(GridError, match=r"^conf/workflow/mine.yaml: plugin '/nowhere/my_options.py' does not exist"):

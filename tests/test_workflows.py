@@ -136,7 +136,7 @@ def test_eval_opt_malformed_verdicts_use_every_round_and_every_answer_is_judged(
 def test_eval_opt_always_rejected_makes_the_released_turn_counts(task: str, generator_turns: int) -> None:
     # The released loop (max_iterations 3 on math, 2 on code) under an evaluator that always
     # rejects: 3 + 3 turns on math, 2 + 2 on code. The rounds come from the shipped conf.
-    table = yaml.safe_load((REPO_ROOT / "conf" / "tables.yaml").read_text())["workflow_task"]
+    table = yaml.safe_load((REPO_ROOT / "gridrun" / "conf" / "tables.yaml").read_text())["workflow_task"]
     rounds = table["eval_opt"][task]["rounds"]
 
     def reply(role: str, slot: int, round_: int, messages: list) -> str:

@@ -1,5 +1,6 @@
 """The orchestration half: Hydra composition, cells, launching, status and Table 1.
 
+    search.py      where sweeps and config groups are found: the user's folder, then the shipped ones
     spec.py        a sweep file + command-line overrides -> axes and settings
     compose.py     Hydra composition of one cell's config (conf/)
     gridconfig.py  the grid root's schema (gpu, cluster, launcher, ...), checked at plan time
@@ -23,5 +24,14 @@ The trainer is reached only through a run directory and `gridrun run <run_dir>`.
 
 from pathlib import Path
 
-# conf/ and sweeps/ live beside the package (an editable install of the repository).
-REPO_ROOT = Path(__file__).resolve().parents[2]
+# The package's own folder: its shipped conf/ (Hydra groups), sweeps/ and slurm/ (the node
+# setup script and site scripts) are package data, found here in a wheel and in a checkout.
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+# The folder holding the package: the repository checkout in an editable install.
+REPO_ROOT = PACKAGE_DIR.parent
+
+
+def checkout() -> Path | None:
+    """The repository checkout gridrun runs from (an editable install); None when installed as
+    a wheel (REPO_ROOT is then site-packages)."""
+    return REPO_ROOT if (REPO_ROOT / "pyproject.toml").is_file() else None

@@ -24,6 +24,10 @@ Handler = Callable[[argparse.Namespace], int]
 def _guarded(handler: Handler) -> Handler:
     def run(args: argparse.Namespace) -> int:
         try:
+            if getattr(args, "config_dir", None):
+                from gridrun.grid.search import set_user_root
+
+                set_user_root(args.config_dir)
             return handler(args)
         except GridError as err:
             print(f"gridrun: error: {err}", file=sys.stderr)
@@ -312,6 +316,13 @@ def add_commands(sub: Any) -> None:
             "--results-dir", metavar="DIR", help="results root (default: $GRIDRUN_RESULTS or ./results)"
         )
 
+    def config_option(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--config-dir", metavar="DIR",
+            help="your own sweeps/<name>.yaml and conf/<group>/<option>.yaml, searched before gridrun's shipped ones "
+            "(default: $GRIDRUN_CONFIG_DIR or the working directory)",
+        )
+
     overrides_help = "conf=<sweep> then Hydra overrides: axes (seed=0,1,2, 'seed=range(0,16)') or settings"
     for name, helptext in (
         ("plan", "expand, validate and freeze a sweep's cells; dispatch nothing"),
@@ -324,6 +335,7 @@ def add_commands(sub: Any) -> None:
         if name == "sweep":
             parser.add_argument("--max-parallel", type=int, metavar="N", help="cells running at once (local)")
         results_option(parser)
+        config_option(parser)
         parser.set_defaults(func=_guarded(_plan))
 
     status = sub.add_parser("status", help="a table of every cell's state (fast; works while a sweep runs)")
@@ -384,4 +396,5 @@ def add_commands(sub: Any) -> None:
     show.add_argument("cell", help="a cell id (voting-ip-1.7b-math-s0) or a cell directory")
     show.add_argument("conf", nargs="*", metavar="conf=SWEEP", help="the sweep, when the id is in several")
     results_option(show)
+    config_option(show)
     show.set_defaults(func=_guarded(_show))

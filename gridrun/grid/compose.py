@@ -53,12 +53,13 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from gridrun import registry
-from gridrun.grid import REPO_ROOT
+from gridrun.grid import checkout, search
 from gridrun.grid.errors import GridError, closest
 from gridrun.registry import ConfigError, OptionParams
 from gridrun.runconfig import ToySpec, run_defaults
 
-CONF_DIR = REPO_ROOT / "conf"
+# The shipped groups; a user's own conf/ comes before them (gridrun/grid/search.py).
+CONF_DIR = search.SHIPPED_CONF
 PRIMARY = "config"
 # The tables of conf/tables.yaml: (table, (row group, key naming the row), (column group, key
 # naming the column)); the keys are where the chosen options' names land in the tree.
@@ -96,24 +97,26 @@ def _field_default(f: dataclasses.Field[Any]) -> Any:
 
 
 class Composer:
-    """Composes cell configs from one conf/ directory; cheap to call many times."""
+    """Composes cell configs from conf/ directories (the first holding a file wins: the user's
+    own, then gridrun's shipped one); cheap to call many times."""
 
     def __init__(self, conf_dir: Path | None = None) -> None:
-        conf_dir = conf_dir or CONF_DIR
-        if not (conf_dir / f"{PRIMARY}.yaml").is_file():
-            raise GridError(f"{conf_dir} holds no {PRIMARY}.yaml: run gridrun from its repository checkout")
-        self.conf_dir = conf_dir
+        # One folder when named (tests, a plugin's conf/); else the search path.
+        self.conf_dirs = [conf_dir] if conf_dir else search.conf_dirs(CONF_DIR)
+        if search.find(self.conf_dirs, f"{PRIMARY}.yaml") is None:
+            raise GridError(f"no {PRIMARY}.yaml in {', '.join(map(str, self.conf_dirs))}: gridrun's shipped conf/ is "
+                            "missing, reinstall gridrun (pip install gridrun, or pip install . in its checkout)")
         # The built-in options' schemas before the repository below, which copies the store;
         # a plugin's once its option is chosen (_merged).
         for group in OPTION_GROUPS:
             for name, params in registry.params_classes(group).items():
                 store_option_schema(group, name, params)
-        self._search_path = _search_path(conf_dir)
+        self._search_path = _search_path(self.conf_dirs)
         self._loader = ConfigLoaderImpl(config_search_path=self._search_path)
         self._repo = self._repository()
         self._parser = OverridesParser.create()
         self._parsed: dict[str, Override] = {}
-        self._groups = sorted(p.name for p in conf_dir.iterdir() if p.is_dir())
+        self._groups = sorted({p.name for d in self.conf_dirs for p in d.iterdir() if p.is_dir()})
         self._options: dict[str, list[str]] = {}
         self._defaults: dict[tuple[str, ...], list[ResultDefault]] = {}
         self._entries: dict[tuple[str | None, str | None], DictConfig] = {}
@@ -130,7 +133,7 @@ class Composer:
 
     def options(self, group: str) -> list[str]:
         if group not in self._options:
-            self._options[group] = sorted(p.stem for p in (self.conf_dir / group).glob("*.yaml"))
+            self._options[group] = sorted({p.stem for d in self.conf_dirs for p in (d / group).glob("*.yaml")})
         return self._options[group]
 
     def check_choice(self, group: str, value: str) -> None:
@@ -182,8 +185,12 @@ class Composer:
         files = {}
         for entry in self._defaults_list(choices):
             group, _, option = (entry.config_path or "").rpartition("/")
-            if group in self._groups:
-                files[group] = f"{self.conf_dir.name}/{group}/{option}.yaml"
+            path = search.find(self.conf_dirs, f"{group}/{option}.yaml") if group in self._groups else None
+            if path is None:
+                continue
+            # The user's own file by its path; a shipped one as conf/<group>/<option>.yaml.
+            shipped = path.parent.parent == self.conf_dirs[-1]
+            files[group] = f"{path.parent.parent.name}/{group}/{option}.yaml" if shipped else search.display(path)
         return files
 
     def _defaults_list(self, choices: list[Override]) -> list[ResultDefault]:
@@ -200,6 +207,10 @@ class Composer:
                     raise GridError(self._explain_missing(err)) from None
             except HydraException as err:
                 raise GridError(f"cannot compose the config: {_first_line(err)}") from None
+        for entry in defaults:
+            # The one-line notice where a user's file hides a shipped one of the same name.
+            if entry.config_path and len(self.conf_dirs) > 1:
+                search.find(self.conf_dirs, f"{entry.config_path}.yaml")
         self._defaults[key] = defaults
         return defaults
 
@@ -226,7 +237,7 @@ class Composer:
         schema, group, name = (missing.split("/") + ["", ""])[:3]
         if schema != SCHEMA_GROUP or group not in OPTION_GROUPS:
             return False
-        path = self.conf_dir / group / f"{name}.yaml"
+        path = search.find(self.conf_dirs, f"{group}/{name}.yaml") or self.conf_dirs[-1] / group / f"{name}.yaml"
         try:
             node = yaml.safe_load(path.read_text()) or {}
         except (OSError, yaml.YAMLError) as err:
@@ -293,17 +304,20 @@ def _first_line(err: BaseException) -> str:
 
 
 def _absolute(data_root: str) -> str:
-    """grid.data_root from the repository root when relative (so cells planned anywhere agree)."""
+    """grid.data_root from the repository root when relative (so cells planned anywhere agree);
+    installed as a wheel, from the working directory."""
     path = Path(data_root).expanduser()
-    return str(path if path.is_absolute() else REPO_ROOT / path)
+    return str(path if path.is_absolute() else (checkout() or Path.cwd()) / path)
 
 
-def _search_path(conf_dir: Path) -> ConfigSearchPath:
-    # Hydra's default path (which also registers the file:// and pkg:// sources) plus conf/.
+def _search_path(conf_dirs: list[Path]) -> ConfigSearchPath:
+    # Hydra's default path (which also registers the file:// and pkg:// sources) plus the conf/
+    # folders, the first of them searched first.
     search_path = create_config_search_path(None)
     elements = search_path.get_path()
     elements[:] = [e for e in elements if e.provider != "schema"]
-    search_path.append("main", f"file://{conf_dir}")
+    for i, conf_dir in enumerate(conf_dirs):
+        search_path.append("main" if i == len(conf_dirs) - 1 else "user", f"file://{conf_dir}")
     # Hydra asserts that the structured-config source comes last.
     search_path.append("schema", "structured://")
     return search_path

@@ -40,7 +40,7 @@ import yaml
 from gridrun import cellstate, registry
 from gridrun.cellstate import ACTIVE_STATES
 from gridrun.engine_params import HFParams, VLLMParams
-from gridrun.grid import REPO_ROOT
+from gridrun.grid import checkout
 from gridrun.grid.cells import TOY_SCALE, Cell, expand
 from gridrun.grid.compose import Composer
 from gridrun.grid.console import track
@@ -515,10 +515,14 @@ def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 def _provenance() -> dict[str, Any]:
     """Git commit and package versions, recorded with each cell."""
+    repo = checkout()
+
     def git(*args: str) -> str | None:
+        if repo is None:  # installed as a wheel: its version below says which gridrun
+            return None
         try:
             out = subprocess.run(
-                ["git", "-C", str(REPO_ROOT), *args], check=False, capture_output=True, text=True, timeout=10
+                ["git", "-C", str(repo), *args], check=False, capture_output=True, text=True, timeout=10
             )
         except (OSError, subprocess.TimeoutExpired):
             return None

@@ -20,12 +20,17 @@ from typing import Any
 import yaml
 
 from gridrun import registry
-from gridrun.grid.compose import CONF_DIR
+from gridrun.grid import search
 from gridrun.runconfig import run_defaults
 
 
-def preset_names(conf_dir: Path = CONF_DIR) -> list[str]:
-    return sorted(p.stem for p in (conf_dir / "preset").glob("*.yaml"))
+def _dirs(conf_dir: Path | None) -> list[Path]:
+    """The named conf/ folder, else the search path (the user's own conf/, then gridrun's)."""
+    return [conf_dir] if conf_dir else search.conf_dirs()
+
+
+def preset_names(conf_dir: Path | None = None) -> list[str]:
+    return sorted({p.stem for d in _dirs(conf_dir) for p in (d / "preset").glob("*.yaml")})
 
 
 def dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -39,12 +44,14 @@ def dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def preset_settings(preset: str, task: str, conf_dir: Path = CONF_DIR) -> dict[str, Any]:
+def preset_settings(preset: str, task: str, conf_dir: Path | None = None) -> dict[str, Any]:
     """Dotted key -> value that `preset` sets for a cell of `task` (its name aside)."""
-    root = yaml.safe_load((conf_dir / "preset" / f"{preset}.yaml").read_text()) or {}
+    dirs = _dirs(conf_dir)
+    root_file = search.find(dirs, f"preset/{preset}.yaml") or dirs[-1] / "preset" / f"{preset}.yaml"
+    root = yaml.safe_load(root_file.read_text()) or {}
     settings = {k: v for k, v in dotted(root).items() if k != "preset"}
-    task_file = conf_dir / "preset" / "task" / f"{preset}_{task}.yaml"
-    if task_file.is_file():
+    task_file = search.find(dirs, f"preset/task/{preset}_{task}.yaml")
+    if task_file is not None:
         settings.update({f"task.{k}": v for k, v in (yaml.safe_load(task_file.read_text()) or {}).items()})
     return settings
 
@@ -56,7 +63,7 @@ def _schema_default(key: str, task: str, plugin: str | None) -> Any:
     return dotted(run_defaults())[key]
 
 
-def departures(config: dict[str, Any], conf_dir: Path = CONF_DIR) -> list[tuple[str, Any, Any]]:
+def departures(config: dict[str, Any], conf_dir: Path | None = None) -> list[tuple[str, Any, Any]]:
     """(key, the cell's value, its preset's value) for every preset item where they differ."""
     task, plugin = config["task"]["name"], config["task"].get("plugin")
     own = preset_settings(config["preset"], task, conf_dir)

@@ -2,7 +2,8 @@
 
     gridrun plan conf=full_matrix 'seed=range(0,3)' scale=1.7b train.total_steps=20
 
-`conf=` names the sweep (sweeps/<name>.yaml, or a path to a YAML file). An override of an
+`conf=` names the sweep (sweeps/<name>.yaml: the user's own in the working directory or
+--config-dir, else gridrun's shipped one; or a path to a YAML file). An override of an
 axis (workflow, task, scale, policy, seed, kind) replaces that axis's values and may use
 Hydra's sweep syntax (`a,b`, `range(0,16)`, `glob(*)`, a list `[a,b]`). Every other override
 is a setting applied to every cell, in Hydra's syntax (`train.total_steps=20`, `engine=hf`,
@@ -43,13 +44,12 @@ import yaml
 from hydra.core.override_parser.types import Glob
 
 from gridrun import registry
-from gridrun.grid import REPO_ROOT
+from gridrun.grid import search
 from gridrun.grid.cells import AXES, KINDS, SINGLE_KINDS
 from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError, closest
 from gridrun.grid.sweepdir import check_sweep_name
 
-SWEEPS_DIR = REPO_ROOT / "sweeps"
 # A variant's name ends cell ids: no '-' (the ids' separator) and nothing a path refuses.
 VARIANT_NAME = re.compile(r"[A-Za-z0-9_]+")
 SWEEP_KEYS = ("axes", "restrict", "overrides", "variants", "early_warning", "cell_gpu")
@@ -146,7 +146,8 @@ class EarlyWarningPlan:
 
 
 def available_sweeps() -> list[str]:
-    return sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
+    """The sweeps conf=<name> finds: the user's own and gridrun's shipped ones."""
+    return sorted({p.stem for d in search.sweep_dirs() for p in d.glob("*.yaml")})
 
 
 def split_conf(args: Sequence[str]) -> tuple[str | None, list[str]]:
@@ -167,11 +168,14 @@ def sweep_file(conf: str) -> Path:
         if not path.is_file():
             raise GridError(f"sweep file {path} does not exist")
         return path
-    path = SWEEPS_DIR / f"{conf}.yaml"
-    if not path.is_file():
+    dirs = search.sweep_dirs()
+    found = search.find(dirs, f"{conf}.yaml")
+    if found is None:
         names = available_sweeps()
-        raise GridError(f"no sweep '{conf}' in {SWEEPS_DIR}{closest(conf, names)}: pass conf=<name> of sweeps/<name>.yaml")
-    return path
+        where = " or ".join(search.display(d) for d in dirs)
+        raise GridError(f"no sweep '{conf}' in {where}{closest(conf, names)}: pass conf=<name> of sweeps/<name>.yaml "
+                        "or conf=<path to a sweep file>")
+    return found
 
 
 def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) -> SweepSpec:

@@ -111,7 +111,7 @@ def test_a_directory_that_is_not_a_run_dir(gridrun: Gridrun, tmp_path: Path) -> 
 def test_a_misspelt_axis_in_a_sweep_file_is_named(gridrun: Gridrun, results: Path, tmp_path: Path) -> None:
     # Before: "axes.task is missing", with no word of the `tsak` that was there.
     sweep = tmp_path / "typo.yaml"
-    smoke = (Path(__file__).resolve().parents[2] / "sweeps" / "smoke.yaml").read_text()
+    smoke = (Path(__file__).resolve().parents[2] / "gridrun" / "sweeps" / "smoke.yaml").read_text()
     assert "\n  task:" in smoke
     sweep.write_text(smoke.replace("\n  task:", "\n  tsak:", 1))
     result = gridrun("plan", f"conf={sweep}")

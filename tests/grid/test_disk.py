@@ -71,7 +71,7 @@ def test_a_running_cell_that_lost_its_config_is_not_moved(gridrun: Gridrun, resu
 # --- names and results roots ---------------------------------------------------------------------
 def test_a_sweep_name_must_be_a_folder_name(gridrun: Gridrun, results: Path, tmp_path: Path) -> None:
     dots = tmp_path / "...yaml"
-    shutil.copy(REPO / "sweeps" / "smoke.yaml", dots)
+    shutil.copy(REPO / "gridrun" / "sweeps" / "smoke.yaml", dots)
     result = gridrun("plan", f"conf={dots}")
     assert result.code == 2
     assert result.err == (

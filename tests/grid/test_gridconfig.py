@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import gridrun.grid.compose as compose_module
-from gridrun.grid import REPO_ROOT
+from gridrun.grid import PACKAGE_DIR
 from gridrun.grid.errors import GridError
 from gridrun.grid.gridconfig import ClusterSpec, cluster_spec
 from tests.grid.conftest import Gridrun, tree
@@ -21,7 +21,7 @@ from tests.grid.conftest import Gridrun, tree
 def conf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A copy of conf/ that `gridrun plan` composes from, for a user's own profile files."""
     copy = tmp_path / "conf"
-    shutil.copytree(REPO_ROOT / "conf", copy)
+    shutil.copytree(PACKAGE_DIR / "conf", copy)
     monkeypatch.setattr(compose_module, "CONF_DIR", copy)
     return copy
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gridrun import registry
-from gridrun.grid import REPO_ROOT
+from gridrun.grid import PACKAGE_DIR, REPO_ROOT
 from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError
 from gridrun.grid.plan import fingerprint, make_plan
@@ -188,9 +188,9 @@ def test_the_run_nodes_of_config_yaml_and_the_default_preset_repeat_the_schemas_
             elif not (isinstance(value, str) and "${" in value) and value != schema[key]:
                 differ.append(f"{path}{key}: {value!r} != {schema[key]!r}")
 
-    config = yaml.safe_load((REPO_ROOT / "conf" / "config.yaml").read_text())
+    config = yaml.safe_load((PACKAGE_DIR / "conf" / "config.yaml").read_text())
     walk({k: v for k, v in config.items() if k not in ("defaults", "grid", "cell")}, defaults, "")
-    released = yaml.safe_load((REPO_ROOT / "conf" / "preset" / "released.yaml").read_text())
+    released = yaml.safe_load((PACKAGE_DIR / "conf" / "preset" / "released.yaml").read_text())
     assert released == {"preset": "released"}  # every released value is the schema's
     walk(released, defaults, "")
     assert differ == []
@@ -201,7 +201,7 @@ def test_each_option_file_holds_only_what_differs_from_its_params_defaults(group
     # Each option's params dataclass is its node's schema (conf/config.yaml's schema/<group>
     # entries): an option file that wrote a key at its default would be a second copy of it,
     # free to drift. What they do write is conf's own: an interpolated table row or data path.
-    for path in sorted((REPO_ROOT / "conf" / group).glob("*.yaml")):
+    for path in sorted((PACKAGE_DIR / "conf" / group).glob("*.yaml")):
         node = yaml.safe_load(path.read_text()) or {}
         fields = {f.name: f for f in dataclasses.fields(registry.params_class(group, {"name": path.stem}))}
         for key, value in node.items():
@@ -313,7 +313,7 @@ def test_show_prints_a_cells_config_and_state(gridrun: Gridrun, results: Path, t
     assert by_dir.code == 0 and "kind: base" in by_dir.out
     # The same id in two sweeps: say which.
     copy = tmp_path / "smoke_copy.yaml"
-    copy.write_text((REPO_ROOT / "sweeps" / "smoke.yaml").read_text())
+    copy.write_text((PACKAGE_DIR / "sweeps" / "smoke.yaml").read_text())
     assert gridrun("plan", f"conf={copy}").code == 0
     ambiguous = gridrun("show", "voting-ip-toy-arith-s0")
     assert ambiguous.code == 2 and "add conf=smoke or conf=smoke_copy" in ambiguous.err
@@ -325,7 +325,7 @@ def test_every_conf_key_and_defaults_entry_has_a_comment_above_it() -> None:
     # (conf/tables.yaml, below its top-level keys) are documented by the table's comment.
     key = re.compile(r"^\s*(- )?[\w./@ -]+:")
     missing = []
-    for path in sorted((REPO_ROOT / "conf").rglob("*.yaml")) + sorted((REPO_ROOT / "sweeps").glob("*.yaml")):
+    for path in sorted((PACKAGE_DIR / "conf").rglob("*.yaml")) + sorted((PACKAGE_DIR / "sweeps").glob("*.yaml")):
         lines = path.read_text().splitlines()
         for i, line in enumerate(lines):
             documented = i > 0 and lines[i - 1].lstrip().startswith("#")

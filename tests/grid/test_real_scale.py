@@ -142,7 +142,7 @@ def test_the_canary_says_no_go_and_why(tmp_path: Path, state: str, ranks: list[d
 
 def test_a_cell_gpu_that_is_not_a_mapping_of_classes_is_refused(tmp_path: Path) -> None:
     sweep = tmp_path / "mine.yaml"
-    text = (Path(__file__).parents[2] / "sweeps" / "smoke.yaml").read_text()
+    text = (Path(__file__).parents[2] / "gridrun" / "sweeps" / "smoke.yaml").read_text()
     sweep.write_text(text + "cell_gpu: [h100]\n")
     with pytest.raises(Exception, match=r"'cell_gpu' must map a glob on cell ids to a GPU class, e.g. "):
         load_spec(str(sweep), [], Composer())

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from gridrun.grid import REPO_ROOT
+from gridrun.grid import PACKAGE_DIR
 from gridrun.rundir import RunDir
 from tests import conftest
 
@@ -78,7 +78,7 @@ class Gridrun:
     def copy_of_smoke(self, name: str) -> str:
         path = self.results.parent / "sweeps" / f"{name}.yaml"
         path.parent.mkdir(exist_ok=True)
-        path.write_text((REPO_ROOT / "sweeps" / "smoke.yaml").read_text())
+        path.write_text((PACKAGE_DIR / "sweeps" / "smoke.yaml").read_text())
         return str(path)
 
 

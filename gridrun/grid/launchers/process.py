@@ -11,7 +11,7 @@ task of a SLURM job on its node).
 
 Left out: what the launchers do around it (the local pool's slots and signals, a SLURM
 job's requeue bookkeeping) and the node's own setup before Python starts
-(slurm/setup_node.sh: site modules, the Hugging Face cache).
+(gridrun/slurm/setup_node.sh: site modules, the Hugging Face cache).
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from gridrun import cellstate
 from gridrun.cellstate import CellState
-from gridrun.grid import REPO_ROOT
+from gridrun.grid import PACKAGE_DIR
 from gridrun.grid.errors import GridError
 from gridrun.grid.gridconfig import CellOverride, ClusterSpec, cluster_spec
 from gridrun.grid.launchers.base import Launcher, LauncherSettings, launcher_settings
@@ -76,7 +76,7 @@ log = logging.getLogger("gridrun")
 # but site configs may turn that off): jobs call scontrol (SLURM_CONF) to requeue themselves
 # and share the toy-world cache and prepared data with the submitter.
 FORWARDED_ENV = ("SLURM_CONF", "GRIDRUN_CACHE", "GRIDRUN_DATA", "GRIDRUN_LOG")
-SETUP_SCRIPT = REPO_ROOT / "slurm" / "setup_node.sh"
+SETUP_SCRIPT = PACKAGE_DIR / "slurm" / "setup_node.sh"
 # Scheduler states of a job that is still on its way (sacct and squeue spellings).
 SCHEDULER_ACTIVE = (
     "PENDING", "RUNNING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "CONFIGURING",
@@ -205,7 +205,7 @@ def _extra(lines: Iterable[str], where: str) -> tuple[tuple[str, str | None], ..
 
 def setup_lines(cluster: ClusterSpec, env: Mapping[str, str]) -> tuple[str, ...]:
     """What a job runs before its tasks start: the forwarded environment, the node setup
-    script (venv, data, caches; sources slurm/sites/<cluster>.sh), the profile's own lines."""
+    script (venv, data, caches; sources gridrun/slurm/sites/<cluster>.sh), the profile's own lines."""
     lines = [f"export {name}={shlex.quote(env[name])}" for name in FORWARDED_ENV if env.get(name)]
     lines.append(f"export GRIDRUN_CLUSTER={shlex.quote(cluster.name)}")
     lines.append(f"source {shlex.quote(str(SETUP_SCRIPT))}")

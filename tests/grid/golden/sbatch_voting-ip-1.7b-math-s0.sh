@@ -18,7 +18,7 @@
 # setup
 export SLURM_CONF=/etc/slurm/slurm.conf
 export GRIDRUN_CLUSTER=paper
-source <REPO>/slurm/setup_node.sh
+source <REPO>/gridrun/slurm/setup_node.sh
 
 # command
 export SUBMITIT_EXECUTOR=slurm

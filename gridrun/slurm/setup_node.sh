@@ -3,12 +3,12 @@
 # launcher writes (after it exports SLURM_CONF, GRIDRUN_CACHE, GRIDRUN_DATA, GRIDRUN_LOG as
 # set at submission, and GRIDRUN_CLUSTER, the cluster profile's name).
 #
-#   source slurm/setup_node.sh            in a job (the launcher does it)
-#   bash slurm/setup_node.sh --check      by hand on a node: is everything a job needs there?
+#   source gridrun/slurm/setup_node.sh        in a job (the launcher does it)
+#   bash gridrun/slurm/setup_node.sh --check  by hand on a node: is everything a job needs there?
 #
 # It
-# - sources slurm/sites/$GRIDRUN_CLUSTER.sh when it exists (module loads, scratch paths:
-#   whatever your site needs; copy slurm/sites/paper.sh),
+# - sources sites/$GRIDRUN_CLUSTER.sh beside it when it exists (module loads, scratch paths:
+#   whatever your site needs; copy sites/paper.sh),
 # - keeps model downloads out of jobs (HF_HUB_OFFLINE=1: fetch models on a login node first)
 #   and points the Hugging Face cache at shared storage (HF_HOME, default ~/.cache/huggingface),
 # - keeps the toy-world cache shared (GRIDRUN_CACHE, default ~/.cache/gridrun),
@@ -19,11 +19,13 @@
 # rank) is set by the job in Python (gridrun/grid/launchers/process.py), as for a local cell;
 # this script stays shell because a site's module loads must run before that python starts.
 
-_gridrun_repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# This script ships inside the package (gridrun/slurm/); the checkout is two folders up.
+_gridrun_slurm=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+_gridrun_repo=$(cd "$_gridrun_slurm/../.." && pwd)
 
-if [[ -n ${GRIDRUN_CLUSTER:-} && -f $_gridrun_repo/slurm/sites/$GRIDRUN_CLUSTER.sh ]]; then
+if [[ -n ${GRIDRUN_CLUSTER:-} && -f $_gridrun_slurm/sites/$GRIDRUN_CLUSTER.sh ]]; then
     # shellcheck source=/dev/null
-    source "$_gridrun_repo/slurm/sites/$GRIDRUN_CLUSTER.sh"
+    source "$_gridrun_slurm/sites/$GRIDRUN_CLUSTER.sh"
 fi
 
 export HF_HOME=${HF_HOME:-$HOME/.cache/huggingface}
@@ -32,7 +34,9 @@ export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
 export GRIDRUN_CACHE=${GRIDRUN_CACHE:-$HOME/.cache/gridrun}
 
 if [[ ${1:-} == --check ]]; then
+    # The checkout's venv (make install); installed as a wheel, the python on PATH.
     python=${GRIDRUN_PYTHON:-$_gridrun_repo/.venv/bin/python}
+    [[ -n ${GRIDRUN_PYTHON:-} || -x $python ]] || python=$(command -v python3 || echo python3)
     failed=0
     check() { # check <what> <command...>
         local what=$1

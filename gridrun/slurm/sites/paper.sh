@@ -1,5 +1,5 @@
 # Site file of the `paper` cluster profile (conf/cluster/paper.yaml), sourced by
-# slurm/setup_node.sh on the node before every job. Put what your site needs here (and name
+# gridrun/slurm/setup_node.sh on the node before every job. Put what your site needs here (and name
 # the file after your profile): modules, shared-storage paths, NCCL settings.
 #
 # module load cuda/12.4

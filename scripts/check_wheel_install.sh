@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# A login node's install, checked end to end (.ci/run; 86 s of CPU, most of it pip's install;
+# 6m18s wall measured on 2 cores shared at load 11):
+# `pip install .` (no extras, not editable) into a fresh venv pulls no torch, and from a folder
+# outside the checkout that install runs the grid half: the shipped full matrix's dry run, a
+# sweep file and cluster profile of the user's own, and `status` and `collect` of a finished toy
+# sweep (trained first by the checkout's .venv, which has the training stack; GRIDRUN_TRAIN_PYTHON
+# names another python). A command that needs the trainer names the `train` extra.
+#
+#   scripts/check_wheel_install.sh        from the repository root, after `make install`
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+train_py=${GRIDRUN_TRAIN_PYTHON:-$repo/.venv/bin/python}
+work=$(mktemp -d "${TMPDIR:-/tmp}/gridrun-wheel.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+# The toy sweep's trainer runs this checkout's code (as `make install`'s editable venv does);
+# the wheel's commands run with no PYTHONPATH, so they import only the installed package.
+train_pythonpath=$repo${PYTHONPATH:+:$PYTHONPATH}
+unset GRIDRUN_RESULTS GRIDRUN_CONFIG_DIR PYTHONPATH
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+fail() { echo "check_wheel_install: FAILED: $*" >&2; exit 1; }
+say() { printf -- '--- %s (%ss)\n' "$1" "$SECONDS"; }
+
+say "a copy of the checkout's files (tracked and new, never ignored ones: no stale build/ in the wheel)"
+mkdir "$work/src"
+if git -C "$repo" rev-parse --git-dir >/dev/null 2>&1; then
+    (cd "$repo" && git ls-files -z -co --exclude-standard | tar --null --ignore-failed-read -T - -cf -) |
+        tar -C "$work/src" -xf -
+else
+    cp -r "$repo/." "$work/src" && rm -rf "$work/src/.venv" "$work/src/build" "$work/src/results"
+fi
+
+say "pip install . into a fresh venv (no extras, not editable)"
+python3 -m venv "$work/venv"
+gridrun=$work/venv/bin/gridrun
+"$work/venv/bin/pip" install -q "$work/src"
+"$work/venv/bin/python" - <<'EOF' || fail "pip install . pulled the training stack"
+import importlib.util, sys
+found = [m for m in ("torch", "transformers", "peft", "wandb", "datasets") if importlib.util.find_spec(m)]
+print("training stack installed: " + (", ".join(found) or "none (as it should be)"))
+sys.exit(1 if found else 0)
+EOF
+"$work/venv/bin/python" -c "import torch" 2>/dev/null && fail "torch is importable"
+
+user=$work/user
+mkdir -p "$user/sweeps" "$user/conf/cluster"
+cd "$user"
+
+say "gridrun sweep conf=full_matrix --dry-run (the shipped sweep, from outside the checkout)"
+"$gridrun" sweep conf=full_matrix --dry-run >"$work/full.txt" || fail "the full matrix's dry run"
+grep -q "cells (" "$work/full.txt" || fail "the full matrix's dry run printed no cell count"
+tail -n 2 "$work/full.txt"
+
+say "a sweep file and a cluster profile of the user's own (./sweeps, ./conf/cluster)"
+shipped=$("$work/venv/bin/python" -c "import gridrun, pathlib; print(pathlib.Path(gridrun.__file__).parent)")
+[[ $shipped == "$work/venv/"* ]] || fail "gridrun was imported from $shipped, not the installed wheel"
+sed -e 's/^name: paper$/name: mycluster/' -e 's/^  h100: h100$/  h100: gpu-h100/' \
+    "$shipped/conf/cluster/paper.yaml" >conf/cluster/mycluster.yaml
+cat >sweeps/mine.yaml <<'EOF'
+# The paper's voting cells at 1.7B, on the user's own cluster profile.
+axes:
+  workflow: [voting]
+  task: [math]
+  scale: [1.7b]
+  policy: [isolated, shared]
+  seed: [0]
+  kind: [train]
+overrides: [cluster=mycluster, launcher=slurm]
+EOF
+"$gridrun" plan conf=mine
+"$work/venv/bin/python" - <<'EOF' || fail "the user's sweep was not planned on the user's cluster profile"
+import json
+sweep = json.load(open("results/mine/sweep.json"))
+assert sweep["cluster"]["name"] == "mycluster" and sweep["cluster"]["partitions"]["h100"] == "gpu-h100", sweep["cluster"]
+assert len(sweep["cells"]) == 2, [c["id"] for c in sweep["cells"]]
+print("results/mine/sweep.json: 2 cells on cluster mycluster (partition gpu-h100)")
+EOF
+
+say "a finished toy sweep (one Voting/SP cell, 2 steps), trained by the checkout's venv ($train_py)"
+cat >sweeps/tiny.yaml <<'EOF'
+# One Voting/SP cell of two steps on the shipped toy world.
+axes:
+  workflow: [voting]
+  task: [arith]
+  scale: [toy]
+  policy: [shared]
+  seed: [0]
+  kind: [train]
+overrides: [train.total_steps=2]
+EOF
+PYTHONPATH=$train_pythonpath "$train_py" -m gridrun.cli sweep conf=tiny >"$work/tiny.txt" 2>&1 ||
+    { cat "$work/tiny.txt"; fail "the toy sweep did not finish"; }
+
+say "status and collect of it with the torch-free install"
+"$gridrun" status conf=tiny
+"$gridrun" status conf=tiny --json | "$work/venv/bin/python" -c '
+import json, sys
+rows = json.load(sys.stdin)
+assert [(r["cell"], r["state"]) for r in rows] == [("voting-sp-toy-arith-s0", "done")], rows
+' || fail "status --json: the toy sweep's cell is not done"
+"$gridrun" collect conf=tiny | tail -n 2
+for f in results/tiny/table1.md results/tiny/cells.parquet results/tiny/report.html; do
+    [[ -s $f ]] || fail "collect wrote no $f"
+done
+
+say "a command that needs the trainer names the extra"
+set +e
+"$gridrun" run results/tiny/cells/voting-sp-toy-arith-s0 2>"$work/run.err"
+code=$?
+set -e
+cat "$work/run.err"
+[[ $code == 2 ]] && grep -q "pip install 'gridrun\[train\]'" "$work/run.err" && [[ $(wc -l <"$work/run.err") == 1 ]] ||
+    fail "gridrun run without torch did not fail in one line naming gridrun[train] (exit $code)"
+
+say "the wheel install works without torch"
