@@ -13,8 +13,11 @@ the same sweep, with an optional `@peak`, `@last` or `@N` (default: last):
 - a `gridrun export` folder (holds roles.json): the adapter it gives the same role;
 - a run dir: the checkpoint at the step, its adapter for the same role.
 An export or run whose adapters are one (Shared-Policy, SA-RL) serves any role with it.
-A run dir must be done. Torch-free: paths and JSON only. Left out: loading the weights
-(gridrun/train/policy.py does).
+A run dir must be done. Every adapter folder handed out is verified first (`verify_adapter`:
+its config is JSON, each safetensors file's header parses and its tensors fill the file
+exactly), so a truncated or garbled file is one line naming it, before anything is copied or
+loaded. Torch-free: paths and JSON only. Left out: loading the weights (gridrun/train/policy.py
+does) and checking the tensors' values.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from gridrun.rundir import COMPLETE_MARKER, ROLES_FILE, RunDir, adapter_dir
 
 STEP_CHOICES = "peak, last or a step number"
 PEFT_CONFIG = "adapter_config.json"
+_HEADER_MAX = 100 << 20  # safetensors' own limit on a header's size
+_REWRITE = "re-run the cell (or export another step) to write it again"
 
 
 class AdapterSourceError(ValueError):
@@ -68,6 +73,7 @@ class Checkpoint:
         for name, folder in found.items():
             if not (folder / PEFT_CONFIG).is_file():
                 raise AdapterSourceError(f"{self.path} lacks adapter '{name}': the checkpoint is damaged, re-run the cell")
+            verify_adapter(folder)
         return found
 
 
@@ -103,6 +109,56 @@ def peak_checkpoint(run_dir: RunDir, peak_step: int) -> PeakCheckpoint:
         return PeakCheckpoint(0, None)
     path = run_dir.checkpoint(peak_step)
     return PeakCheckpoint(peak_step, path if (path / COMPLETE_MARKER).exists() else None)
+
+
+def verify_adapter(folder: Path) -> None:
+    """AdapterSourceError, naming the file and the fix, unless `folder`'s peft files read
+    whole: adapter_config.json is a JSON object, and each .safetensors file's header parses
+    and its tensors' byte ranges end exactly at the file's end (a truncated copy does not)."""
+    config = folder / PEFT_CONFIG
+    try:
+        whole = isinstance(json.loads(config.read_bytes()), dict)
+    except (OSError, ValueError):
+        whole = False
+    if not whole:
+        raise AdapterSourceError(f"{config} is damaged (not a JSON object): {_REWRITE}")
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights and not (folder / "adapter_model.bin").is_file():
+        raise AdapterSourceError(f"{folder} holds no adapter weights (adapter_model.safetensors): {_REWRITE}")
+    for path in weights:
+        problem = _safetensors_problem(path)
+        if problem:
+            raise AdapterSourceError(f"{path} is damaged ({problem}): {_REWRITE}")
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a safetensors file's framing (8-byte header length, JSON header,
+    data offsets covering the rest), None when it is whole. Reads the header only."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if size < 8 or length > min(size - 8, _HEADER_MAX):
+                return f"truncated: {size} bytes, fewer than its header alone needs"
+            header = json.loads(f.read(length))
+    except OSError as err:
+        return f"unreadable: {err.strerror}"
+    except ValueError:
+        return "its header is not JSON"
+    if not isinstance(header, dict):
+        return "its header is not a JSON object"
+    end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1]):
+            return f"tensor {str(name)[:60]!r} has no valid data offsets"
+        end = max(end, offsets[1])
+    if 8 + length + end != size:
+        return f"{'truncated' if 8 + length + end > size else 'trailing bytes'}: {size} bytes, its header describes {8 + length + end}"
+    return None
 
 
 def find_checkpoint(run_dir: RunDir, which: str | int = "peak") -> Checkpoint:
@@ -163,13 +219,16 @@ def resolve(source: str, role: str, run_dir: Path | None = None) -> Path:
     if exported and step:
         raise AdapterSourceError(f"{source}: @{step} picks a step of a run, but {path} holds one adapter set: drop @{step}")
     if (path / PEFT_CONFIG).is_file():
+        verify_adapter(path)
         return path
     if (path / ROLES_FILE).is_file():
         try:
             roles = json.loads((path / ROLES_FILE).read_text())
         except ValueError:
             raise AdapterSourceError(f"{path / ROLES_FILE} is damaged (not JSON): export the cell again") from None
-        return path / _for_role(roles, role, str(path))
+        folder = path / _for_role(roles, role, str(path))
+        verify_adapter(folder)
+        return folder
     source_dir = RunDir(path)
     if not source_dir.config_yaml.is_file():
         raise AdapterSourceError(

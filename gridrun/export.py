@@ -16,6 +16,7 @@ them), and adapters of cells that train none (base, transfer, eval cells).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -25,11 +26,19 @@ from typing import Any
 from gridrun.accuracy import first_peak, val_accuracy
 from gridrun.adapters import AdapterSourceError, Checkpoint, find_checkpoint
 from gridrun.runconfig import ConfigError, RunConfig, load_config
-from gridrun.rundir import ROLES_FILE, DamagedFile, RunDir
+from gridrun.rundir import ROLES_FILE, DamagedFile, RunDir, disk_error
 
 
 class ExportError(ValueError):
     """What cannot be exported, and the fix, in one line."""
+
+
+# errno -> the fix, for an --out that cannot be written.
+_OUT_FIXES = {
+    errno.ENOSPC: "free space there or pass another --out", errno.EDQUOT: "free space there or pass another --out",
+    errno.EROFS: "pass an --out on a writable disk", errno.EACCES: "pass an --out you can write",
+    errno.EPERM: "pass an --out you can write", errno.ENOENT: "pass an --out whose parent folder can be created",
+}
 
 
 def _config(run_dir: RunDir) -> RunConfig:
@@ -61,20 +70,30 @@ def export(run_dir: RunDir, which: str | int = "peak", out: Path | None = None, 
         )
     if out.exists():
         raise ExportError(f"{out} already exists: remove it or pass another --out")
+    target = out.resolve()
+    for source in (found.path, *adapters.values()):
+        if source.resolve() in (target, *target.parents):
+            raise ExportError(f"--out {out} is inside {source}, which it copies: pass a folder outside it")
     tmp = out.parent / f".{out.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     try:
-        for name, folder in adapters.items():
-            shutil.copytree(folder, tmp / name)
-        (tmp / ROLES_FILE).write_text(json.dumps(found.roles(), indent=1) + "\n")
-        (tmp / "README.md").write_text(model_card(config, found, adapters, merged))
-        if merged:
-            _write_merged(config, tmp / next(iter(adapters)), tmp / "merged")
-        os.replace(tmp, out)
-    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        tmp.mkdir(parents=True)
+        try:
+            for name, folder in adapters.items():
+                shutil.copytree(folder, tmp / name)
+            (tmp / ROLES_FILE).write_text(json.dumps(found.roles(), indent=1) + "\n")
+            (tmp / "README.md").write_text(model_card(config, found, adapters, merged))
+            if merged:
+                _write_merged(config, tmp / next(iter(adapters)), tmp / "merged")
+            os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    except OSError as err:  # a full, read-only or missing target: one line, nothing left behind
+        message = disk_error(err if err.filename else OSError(err.errno, err.strerror, str(out)), _OUT_FIXES)
+        if message is None:
+            raise
+        raise ExportError(message) from None
     return out
 
 

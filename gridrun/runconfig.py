@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -30,6 +31,10 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from gridrun import registry
+
+# The seeds a run takes: every stream it derives (gridrun/train/seeds.py) stays within torch's
+# range, and vLLM seeds numpy, which takes 32 bits.
+SEED_MAX = 2**32 - 1
 from gridrun.registry import ConfigError as ConfigError  # noqa: PLC0414 - re-exported: both halves catch it here
 from gridrun.registry import EngineParams, OptionParams, TaskParams, WorkflowParams
 
@@ -427,8 +432,9 @@ class RunConfig:
             )
         if self.cell.kind is CellKind.TRANSFER and single_agent:
             raise ConfigError("a transfer cell plugs an adapter into a multi-agent workflow: set workflow.name to one")
-        if self.grpo.clip_low <= 0 or self.grpo.clip_high <= 0:
-            raise ConfigError("grpo.clip_low and grpo.clip_high must be > 0")
+        if not all(math.isfinite(c) and c > 0 for c in (self.grpo.clip_low, self.grpo.clip_high)):
+            raise ConfigError("grpo.clip_low and grpo.clip_high must be finite numbers > 0")
+        self._check_numbers()
         for name in ("total_steps", "batch_problems", "ppo_mini_batch", "val_every", "save_every"):
             if getattr(self.train, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1")
@@ -454,6 +460,26 @@ class RunConfig:
                 f"'{missing[0]}' method to {task.prompts.__name__} or call gridrun.registry.add_prompts"
                 f"('{task.name}', {missing[0]}=...) in the workflow's module"
             )
+
+    def _check_numbers(self) -> None:
+        """Float knobs whose values the run would refuse (AdamW, the sampler) or turn into NaN."""
+        rules = {
+            "optim.lr": (self.optim.lr, "> 0"), "optim.eps": (self.optim.eps, "> 0"),
+            "optim.grad_clip": (self.optim.grad_clip, "> 0"), "optim.weight_decay": (self.optim.weight_decay, ">= 0"),
+            "optim.beta1": (self.optim.beta1, "[0, 1)"), "optim.beta2": (self.optim.beta2, "[0, 1)"),
+            "optim.min_lr_ratio": (self.optim.min_lr_ratio, "[0, 1]"), "grpo.adv_eps": (self.grpo.adv_eps, ">= 0"),
+            "sampling.temperature": (self.sampling.temperature, ">= 0"),
+            "sampling.val_temperature": (self.sampling.val_temperature, ">= 0"),
+            "sampling.top_p": (self.sampling.top_p, "(0, 1]"), "lora.dropout": (self.lora.dropout, "[0, 1)"),
+        }
+        for key, (value, rule) in rules.items():
+            ok = math.isfinite(value) and {
+                "> 0": value > 0, ">= 0": value >= 0, "[0, 1)": 0 <= value < 1, "[0, 1]": 0 <= value <= 1,
+                "(0, 1]": 0 < value <= 1,
+            }[rule]
+            if not ok:
+                bound = f"a finite number {rule}" if rule[0] in "<>" else f"in {rule}"
+                raise ConfigError(f"{key} must be {bound}, got {value}: set {key}=<such a value>")
 
     def _check_role_strength(self, workflow: registry.Workflow) -> None:
         roles = (*workflow.roles, PARALLEL)

@@ -16,7 +16,11 @@ value of the wrong type) makes the cell read as the `damaged` state, whose `erro
 file and the fix, and never raises; damaged metrics.jsonl rows are skipped and reported by
 `metrics_damage` (an accuracy outside [0, 1], NaN and Infinity included, damages its row).
 A folder without config.yaml (deleted, even under its run) reads `missing`, and `record`
-refuses to write into it. `hold` is the run's exclusive lock (one `gridrun run` per cell);
+refuses to write into it, as do all of a run's writers (`check_present`): while a RunDir
+holds the run, the folder must be the very one it held, not one planned again at its path.
+A config.yaml whose bytes do not match the hash cell.json recorded
+at plan time (`config_sha256`; cells planned before it have none and are not checked) reads
+`damaged`, and `require` refuses it: a cut that still parses would train with defaults. `hold` is the run's exclusive lock (one `gridrun run` per cell);
 `held` probes it, the truth about whether a cell that reads running still runs.
 Left out: repairing a damaged file (the messages say how), locking between ranks of one job
 (rank 0 holds the lock for all of them), and what a metric means (an accuracy, a run's peak:
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import tempfile
@@ -76,6 +81,7 @@ RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "fingerprint": (str,),
     "coords": (dict,),
     "resources": (dict,),
+    "config_sha256": (str,),  # config.yaml's bytes as planned (absent in cells planned before it)
 }
 
 
@@ -98,6 +104,11 @@ RANK_FIELDS: dict[str, tuple[type, ...]] = {
     "steps": (list,),
 }
 RANK_STEPS_KEPT = 20
+
+
+def config_digest(data: bytes) -> str:
+    """The hash cell.json records of config.yaml's bytes (`config_sha256`)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def _umask() -> int:
@@ -222,6 +233,8 @@ def read_json_file(path: Path, fields: dict[str, tuple[type, ...]], fix: str) ->
 class RunDir:
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root)
+        # (device, inode) of the folder while this object holds the run (`hold`).
+        self._identity: tuple[int, int] | None = None
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.root)!r})"
@@ -334,7 +347,27 @@ class RunDir:
                 f"{self.config_yaml} is damaged (not UTF-8 text): re-plan its sweep "
                 "(`gridrun plan conf=<sweep>`, with --replace if it says so) to write it again"
             ) from None
+        damage = self.config_damage()
+        if damage:
+            raise DamagedFile(damage)
         return self
+
+    def config_damage(self) -> str | None:
+        """Why config.yaml is not the file planned (its bytes do not match cell.json's
+        `config_sha256`), with the fix; None when it matches, or when there is nothing to check
+        it against (a cell planned before the hash; an absent or damaged cell.json, which
+        `inspect` and `plan` report themselves)."""
+        try:
+            expected = (self.read_record() or {}).get("config_sha256")
+            if not expected or config_digest(self.config_yaml.read_bytes()) == expected:
+                return None
+        except (DamagedFile, OSError):
+            return None
+        return (
+            f"{self.config_yaml} is damaged (it is not the file planned: its hash differs from the one in "
+            f"{self.cell_json.name}; truncated or edited?): re-plan its sweep (`gridrun plan conf=<sweep>`) "
+            "to write it again"
+        )
 
     # --- state -------------------------------------------------------------------------
     def _state_fix(self) -> str:
@@ -355,9 +388,37 @@ class RunDir:
             "still holds metrics or checkpoints needs --replace, which moves it to replaced/)"
         )
 
+    def _folder_identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.root)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def check_present(self, doing: str = "stopped writing") -> None:
+        """NotARunDir, naming the fix, unless this is still the planned cell's folder: config.yaml
+        is there and, while this object holds the run, it is the folder it held. Every writer
+        of a run's files calls it first, so a folder deleted under its run stays deleted."""
+        gone = self.missing()
+        if gone:
+            raise NotARunDir(f"{doing}: {gone}")
+        if self._identity is not None and self._folder_identity() != self._identity:
+            raise NotARunDir(
+                f"{doing}: {self.root} was deleted and planned again under this run, whose results are not the new "
+                "cell's: run the new cell (`gridrun sweep conf=<sweep>`)"
+            )
+
     def read_state(self) -> dict[str, Any]:
-        """state.json, `planned` when absent, the `damaged` state naming the file and fix, or
-        `missing` when the folder or its config.yaml is gone (whatever state.json says)."""
+        """state.json, `planned` when absent, the `damaged` state naming the file and fix (a
+        config.yaml that is not the one planned included), or `missing` when the folder or its
+        config.yaml is gone (whatever state.json says)."""
+        state = self._read_state_file()
+        if state["state"] in ("missing", "damaged"):
+            return state
+        damage = self.config_damage()
+        return {**state, "state": "damaged", "error": damage} if damage else state
+
+    def _read_state_file(self) -> dict[str, Any]:
         gone = self.missing()
         if gone:
             return {"state": "missing", "step": 0, "attempt": 0, "error": gone}
@@ -400,7 +461,8 @@ class RunDir:
         the transition then writes what it knows (there is no state to judge it from). A
         missing cell (its folder deleted, even under a running trainer) is NotARunDir, and
         nothing is written: a write would bring back a folder with no config.yaml."""
-        current = self.read_state()
+        self.check_present(f"cannot record {change.name}")
+        current = self._read_state_file()  # a damaged config.yaml leaves state.json's history as is
         if current["state"] == "missing":
             raise NotARunDir(f"cannot record {change.name}: {current['error']}")
         damaged = current["state"] == "damaged"
@@ -432,8 +494,10 @@ class RunDir:
                 os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
             except OSError as err:
                 raise OSError(err.errno, err.strerror, str(self.run_lock)) from err
+            self._identity = self._folder_identity()
             yield
         finally:
+            self._identity = None
             os.close(fd)
 
     def held(self) -> bool:
@@ -471,6 +535,8 @@ class RunDir:
         lines = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
         if not lines:
             return
+        if self._identity is not None:  # the run's own writer (tools and tests append to bare folders)
+            self.check_present()
         try:
             with open(self.metrics_jsonl, "a") as handle:
                 handle.write(lines)

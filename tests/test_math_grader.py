@@ -91,3 +91,57 @@ def test_two_integers_are_compared_by_value_as_sympy_would() -> None:
 
     for a, b in (("57", "58"), ("58", "58"), ("-3", "3"), ("0", "-0"), ("007", "7"), ("10", "-10")):
         assert _sympy_equal(a, b) is (sympy.simplify(sympy.sympify(f"({int(a)})-({int(b)})")) == 0), (a, b)
+
+
+# Answers that ran sympy for seconds to forever before the released grader was bounded:
+# `**` slipped past its `^` guards, and nothing limited sympy's time.
+@pytest.mark.parametrize("given, reference", [
+    ("9**9**8", "\\frac{1}{2}"),
+    ("9**9**7", "\\frac{1}{2}"),
+    ("(x+1)**999", "x"),
+    ("(x+1)**999", "\\frac{1}{2}"),
+    ("2**(10**6)", "3"),
+    ("9**(9**9)", "x+1"),
+    ("(" * 150 + "x" + ")" * 150, "x+1"),
+    ("+".join(["x"] * 3000), "x"),
+])
+def test_a_hostile_answer_is_graded_within_5_seconds(given: str, reference: str) -> None:
+    import time
+
+    t0 = time.monotonic()
+    score = score_released(f"\\boxed{{{given}}}", reference)
+    assert time.monotonic() - t0 <= 5.0, "graded too slowly"
+    assert score.reward == 0.0
+
+
+# sympy needs far more than 10 ms for this difference (it passes every guard: two letters,
+# one-digit exponents), so a 10 ms limit must cut it off.
+SLOW = ("\\boxed{(x+y)^9-(x-y)^9}", "y")
+
+
+def test_a_comparison_past_the_time_limit_scores_wrong_and_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from gridrun.tasks import math_grader
+
+    monkeypatch.setattr(math_grader, "TIME_LIMIT_S", 0.01)
+    t0 = time.monotonic()
+    score = score_released(*SLOW)
+    assert time.monotonic() - t0 < 5.0
+    assert (score.reward, score.flag) == (0.0, "timeout")
+    monkeypatch.setattr(math_grader, "TIME_LIMIT_S", 3.0)
+    assert score_released("\\boxed{2\\sqrt{2}}", "\\sqrt{8}").flag == "correct"  # the worker was replaced
+
+
+def test_the_time_limit_holds_off_the_main_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A trainer scores from any thread: the limit must not be a main-thread-only alarm.
+    import threading
+
+    from gridrun.tasks import math_grader
+
+    monkeypatch.setattr(math_grader, "TIME_LIMIT_S", 0.01)
+    flags: list[str] = []
+    worker = threading.Thread(target=lambda: flags.append(score_released(*SLOW).flag))
+    worker.start()
+    worker.join(60)
+    assert flags == ["timeout"]

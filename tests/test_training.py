@@ -447,3 +447,18 @@ def test_first_mini_batch_skips_the_old_log_prob_pass_without_changing_the_updat
         torch.testing.assert_close(skip_w[key], value, rtol=1e-4, atol=1e-3 / 100)
     for key in ("role/worker/loss", "role/worker/entropy", "role/worker/chi2", "role/orchestrator/ppl"):
         assert skip_m[key] == pytest.approx(full_m[key], rel=1e-4, abs=1e-6), key
+
+
+def test_grader_timeouts_are_counted_in_the_train_rows(tmp_path: Path, monkeypatch) -> None:
+    # Every boxed answer's grading "runs past the limit": each scores 0 and is counted.
+    from gridrun.tasks import math_grader
+
+    def too_slow(given: str, reference: str) -> bool:
+        raise math_grader._Timeout
+
+    monkeypatch.setattr(math_grader, "_grade", too_slow)
+    cell = make_cell(tmp_path, train={"total_steps": 1, "val_every": 1})
+    assert run_cell(cell) == 0, RunDir(cell).read_state().get("error")
+    train = [r for r in RunDir(cell).read_metrics() if r["split"] == "train"]
+    assert len(train) == 1
+    assert train[0]["reward/grader_timeouts"] > 0 and train[0]["reward/acc"] == 0.0

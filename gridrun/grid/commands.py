@@ -43,11 +43,13 @@ def _guarded(handler: Handler) -> Handler:
 
 
 def _conf_only(args: list[str], command: str) -> str | None:
-    """The `conf=<name>` of commands that take no other override."""
+    """The sweep named by `conf=<name or sweep file>` of commands that take no other override."""
+    from gridrun.grid.sweepdir import sweep_name
+
     conf = None
     for arg in args:
         if arg.startswith("conf="):
-            conf = arg.split("=", 1)[1]
+            conf = sweep_name(arg.split("=", 1)[1])
         else:
             raise GridError(
                 f"gridrun {command} takes conf=<sweep> and options, not '{arg}': settings are frozen in the "

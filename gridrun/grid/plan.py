@@ -50,7 +50,7 @@ from gridrun.grid.observe import live_state, observe
 from gridrun.grid.spec import SweepSpec
 from gridrun.grid.sweepdir import SweepDamaged, SweepDir, sibling_cell
 from gridrun.runconfig import CellKind, ConfigError, RunConfig, config_from_dict, dump_config, load_config
-from gridrun.rundir import DamagedFile, RunDir, atomic_write_json, atomic_write_text
+from gridrun.rundir import DamagedFile, RunDir, atomic_write_json, atomic_write_text, config_digest
 
 # Run nodes holding the chosen option's own settings (gridrun/registry.py).
 OPTION_NODES = ("workflow", "task", "engine")
@@ -360,8 +360,10 @@ def check(plan: Plan, sweep: SweepDir, replace: bool) -> Freeze:
         if run_dir is None or not any(run_dir.root.iterdir()):
             result.new.append(pc.id)
             continue
-        if not run_dir.config_yaml.is_file() and not _holds_run(run_dir) and not _busy(states[pc.id], run_dir):
-            # What a deleted cell leaves (logs, state.json, samples): no result to lose, but
+        deleted = not run_dir.config_yaml.is_file() and (not _holds_run(run_dir) or not run_dir.cell_json.exists())
+        if deleted and not _busy(states[pc.id], run_dir):
+            # What a deleted cell leaves (logs, state.json, samples; metric rows a run wrote
+            # while `rm -rf` ran, with neither config.yaml nor cell.json to say what it ran):
             # kept, moved aside like a replaced run, and the cell is planned afresh.
             result.replaced.append(pc.id)
             continue
@@ -452,11 +454,13 @@ def freeze(plan: Plan, sweep: SweepDir, replace: bool = False) -> Freeze:
 def _write_record(
     run_dir: RunDir, pc: PlannedCell, plan: Plan, sweep: SweepDir, now: float, provenance: dict[str, Any]
 ) -> None:
-    """config.yaml and cell.json of a planned cell."""
-    atomic_write_text(run_dir.config_yaml, dump_config(pc.config))
+    """config.yaml and cell.json of a planned cell (with config.yaml's hash, checked by every reader)."""
+    text = dump_config(pc.config)
+    atomic_write_text(run_dir.config_yaml, text)
     atomic_write_json(
         run_dir.cell_json,
-        {**pc.entry(), "sweep": sweep.name, "planned_at": now, "settings": plan.spec.settings, **provenance},
+        {**pc.entry(), "sweep": sweep.name, "planned_at": now, "settings": plan.spec.settings,
+         "config_sha256": config_digest(text.encode("utf-8")), **provenance},
     )
 
 
@@ -484,7 +488,8 @@ def _needs_repair(run_dir: RunDir) -> bool:
         record = run_dir.read_record()
     except DamagedFile:
         return True
-    return record is None or not record.get("fingerprint") or _config_fingerprint(run_dir) != record["fingerprint"]
+    return (record is None or not record.get("fingerprint") or _config_fingerprint(run_dir) != record["fingerprint"]
+            or run_dir.config_damage() is not None)
 
 
 def _differences(run_dir: RunDir, new: RunConfig) -> list[str]:

@@ -48,10 +48,13 @@ from gridrun.grid import search
 from gridrun.grid.cells import AXES, KINDS, SINGLE_KINDS
 from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError, closest
-from gridrun.grid.sweepdir import check_sweep_name
+from gridrun.grid.sweepdir import SWEEP_FILE_SUFFIXES, check_sweep_name
+from gridrun.runconfig import SEED_MAX
 
-# A variant's name ends cell ids: no '-' (the ids' separator) and nothing a path refuses.
+# A variant's name ends cell ids: no '-' (the ids' separator) and nothing a path refuses,
+# short enough that an id (and replaced/<id>-<time>) fits a file name.
 VARIANT_NAME = re.compile(r"[A-Za-z0-9_]+")
+VARIANT_NAME_MAX = 64
 SWEEP_KEYS = ("axes", "restrict", "overrides", "variants", "early_warning", "cell_gpu")
 VARIANT_AXIS = "variant"
 POLICIES = ("isolated", "shared")
@@ -122,6 +125,9 @@ class EarlyWarningPlan:
             values = data[key]
             if not isinstance(values, list) or not values or not all(type(v) is int for v in values):
                 raise GridError(f"{where}: early_warning.{key} must be a non-empty list of seeds, e.g. [0, 1]")
+            twice = [v for i, v in enumerate(values) if v in values[:i]]
+            if twice:
+                raise GridError(f"{where}: early_warning.{key} lists seed {twice[0]} twice: give each seed once")
             seeds[key] = tuple(values)
         if set(seeds["fit_seeds"]) & set(seeds["held_out_seeds"]):
             raise GridError(f"{where}: early_warning's held-out seeds must not be fit seeds: a seed that chose the "
@@ -144,6 +150,14 @@ class EarlyWarningPlan:
             out[name] = tuple(values)
         return cls(seeds["fit_seeds"], seeds["held_out_seeds"], out)
 
+    def check_seeds(self, planned: list[Any], where: str) -> None:
+        """Every fit and held-out seed is one the sweep plans (else it has no cells to score)."""
+        for key in ("fit_seeds", "held_out_seeds"):
+            for seed in getattr(self, key):
+                if seed not in planned:
+                    raise GridError(f"{where}: early_warning.{key}: seed {seed} is not on the seed axis "
+                                    f"({', '.join(map(str, planned))}): add it to the seeds or drop it from {key}")
+
 
 def available_sweeps() -> list[str]:
     """The sweeps conf=<name> finds: the user's own and gridrun's shipped ones."""
@@ -164,7 +178,7 @@ def split_conf(args: Sequence[str]) -> tuple[str | None, list[str]]:
 
 def sweep_file(conf: str) -> Path:
     path = Path(conf)
-    if path.suffix in (".yaml", ".yml"):
+    if path.suffix in SWEEP_FILE_SUFFIXES:
         if not path.is_file():
             raise GridError(f"sweep file {path} does not exist")
         return path
@@ -185,7 +199,9 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
     path = sweep_file(conf)
     check_sweep_name(path.stem)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.load(path.read_text(), Loader=_SweepLoader) or {}  # a SafeLoader
+    except _KeyTwice as twice:
+        raise GridError(f"{path}: {twice}") from None
     except yaml.YAMLError as err:
         raise GridError(f"{path} is not valid YAML ({err.__class__.__name__}): fix the file") from None
     if not isinstance(data, dict):
@@ -246,6 +262,8 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
             settings.append(line)
     for axis in AXES:
         axes[axis] = _checked_axis(axis, axes[axis], composer)
+    if early_warning is not None:
+        early_warning.check_seeds(axes["seed"], str(path))
     restrict: dict[str, dict[str, list[Any]]] = {}
     for (kind, axis), values in restrict_lines.items():
         if kind not in KINDS:
@@ -274,6 +292,9 @@ def _variants(path: Path, data: Any, composer: Composer) -> dict[str, dict[str, 
         name = str(name)
         if not VARIANT_NAME.fullmatch(name):
             raise GridError(f"{path}: variant '{name}' must be letters, digits and '_' (it ends cell ids)")
+        if len(name) > VARIANT_NAME_MAX:
+            raise GridError(f"{path}: variant '{name[:20]}...' is {len(name)} characters: give it a name of at most "
+                            f"{VARIANT_NAME_MAX} characters (it ends cell ids, which name folders)")
         if bundle is None or isinstance(bundle, list):
             bundle = {policy: bundle or [] for policy in POLICIES}
         if not isinstance(bundle, dict):
@@ -346,13 +367,7 @@ def _checked_axis(axis: str, values: list[Any], composer: Composer, single_ok: b
     checked: list[Any] = []
     for value in values:
         if axis == "seed":
-            try:
-                seed = int(value)
-            except (TypeError, ValueError):
-                raise GridError(f"seed '{value}' is not an integer: write seed=0,1,2 or 'seed=range(0,3)'") from None
-            if seed < 0:
-                raise GridError(f"seed {seed} is negative: seeds are integers >= 0")
-            value = seed
+            value = _seed(value)
         elif axis == "kind":
             if value not in KINDS:
                 raise GridError(f"unknown kind '{value}'{closest(str(value), KINDS)}")
@@ -368,6 +383,41 @@ def _checked_axis(axis: str, values: list[Any], composer: Composer, single_ok: b
             raise GridError(f"axis '{axis}' lists '{value}' twice: give each value once")
         checked.append(value)
     return checked
+
+
+def _seed(value: Any) -> int:
+    """A seed axis value as the run takes it: an integer (never 1.5 or true read as 1) in range."""
+    if type(value) is int or (isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value)):
+        seed = int(value)
+    else:
+        shown = f"'{value}'" if isinstance(value, str) else str(value)
+        raise GridError(f"seed {shown} is not an integer: write seed=0,1,2 or 'seed=range(0,3)'")
+    if not 0 <= seed <= SEED_MAX:
+        raise GridError(f"seed {seed} is out of range: seeds are integers from 0 to {SEED_MAX}")
+    return seed
+
+
+class _KeyTwice(yaml.YAMLError):
+    """A mapping of the sweep file gives a key twice (YAML would keep the last one silently)."""
+
+
+class _SweepLoader(yaml.SafeLoader):
+    """SafeLoader refusing a key given twice in one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            try:
+                again = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: SafeLoader's own error names it
+                break
+            if again:
+                raise _KeyTwice(f"'{key}' is given twice (line {key_node.start_mark.line + 1}): give each key once")
+        return super().construct_mapping(node, deep=deep)
 
 
 def _last_wins(settings: list[str], composer: Composer) -> list[str]:

@@ -40,6 +40,16 @@ class SweepDamaged(GridError):
     """sweep.json exists but cannot be read as a plan."""
 
 
+SWEEP_FILE_SUFFIXES = (".yaml", ".yml")
+
+
+def sweep_name(conf: str) -> str:
+    """The sweep that `conf=<...>` names: a sweep file's path (sweeps/x.yaml, ./my.yml) names
+    the sweep of its stem, as `plan` names it; anything else is the name itself."""
+    path = Path(conf)
+    return path.stem if path.suffix in SWEEP_FILE_SUFFIXES else conf
+
+
 def check_sweep_name(name: str) -> str:
     """A sweep's name is a folder name under the results root: no separators, not `.`/`..`."""
     if not SWEEP_NAME.fullmatch(name) or name in (".", ".."):

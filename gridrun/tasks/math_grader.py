@@ -23,6 +23,15 @@ module implements its rules rather than approximating them with math-verify:
        non-integer never, anything else when sympy simplifies their difference to 0 (refused
        for expressions with more than 2 distinct letters or with `^{`, `^(`, or exponents of
        2+ digits, as sympy could hang).
+  * Bounded, as the released guards meant to be ("refuse what could hang"), where they were
+    not: `**` is guarded exactly as `^` (sympy reads `^` as `**`, so `9**9**8` and
+    `(x+1)**999` slipped past and ran for minutes), a given element longer than
+    `answers.MAX_BOX_CHARS` (or twice the reference's) or nested deeper than
+    `_MAX_NESTING` brackets is refused, and sympy runs in a worker process with a hard limit
+    of `TIME_LIMIT_S` per response: past it the worker is killed, the answer scores 0.0 with
+    the flag "timeout" (counted as `reward/grader_timeouts`) and a warning is logged. A
+    process, not an alarm: `signal.alarm` only works on the main thread, and a watchdog
+    thread cannot interrupt big-int arithmetic, which holds the GIL.
 
 Left out, or approximate:
   * LaTeX to plain text: the released grader uses pylatexenc's `latex2text`, which gridrun does
@@ -31,8 +40,9 @@ Left out, or approximate:
     `\\frac{a+1}{2}` reads a+1/2 there too; `\\sqrt{x}` -> `sqrt(x)`; `\\pi`, `\\infty`,
     `\\cdot`, `\\times`, `\\cup` to the grader's words; `\\text{}`, spacing macros; any other
     macro dropped) and may differ from pylatexenc on anything rarer.
-  * No time limit on sympy (the released grader ran without one in 0.2.1): the guards above
-    are its only protection, as there.
+  * The bounds above are gridrun's, not the released code's (which ran sympy without a time
+    limit in 0.2.1); they change no verdict of an answer sympy settles within the limit,
+    except answers written with `**` that the released code would have sent to sympy.
   * Speed: the same verdicts, faster where that is provable: two integer literals are
     compared by value, not through sympy (0.06 ms instead of 2 ms per wrong integer answer).
   * rLLM's handling of `<think>` delimiters and of several reference answers: gridrun's
@@ -41,16 +51,34 @@ Left out, or approximate:
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import os
 import re
+import select
+import subprocess
+import sys
+import threading
+import time
 
 import sympy
 from sympy.parsing import sympy_parser
 
-from gridrun.tasks.answers import released_box
+from gridrun.tasks.answers import MAX_BOX_CHARS, released_box
 from gridrun.tasks.math_reward import MathScore
 
-__all__ = ["grade", "score_released"]
+__all__ = ["TIME_LIMIT_S", "grade", "score_released"]
+
+log = logging.getLogger(__name__)
+
+# Seconds of sympy per response (all of its tuple elements together). Normal answers take
+# milliseconds; the worker's start (importing sympy) is not counted.
+TIME_LIMIT_S = 3.0
+_WORKER_START_S = 120.0
+_WORKER_MEMORY = 4 << 30  # RLIMIT_AS of the worker: `9<<10**10` is a MemoryError, not a full node
+# Brackets nested deeper than this are no final answer (and Python's parser gives up at 200).
+_MAX_NESTING = 32
 
 # A unit word with its plural and power ("meters^2"), removed from PRM-normalised answers.
 _UNITS = ("degree", "cm", "centimeter", "meter", "mile", "second", "minute", "hour", "day", "week",
@@ -226,16 +254,41 @@ def _tuple_elements(expr: str) -> list[str]:
     return [expr]
 
 
-def _sympy_equal(reference: str, given: str) -> bool:
+class _Timeout(Exception):
+    """The sympy part of one response ran past TIME_LIMIT_S."""
+
+
+def _nesting(expr: str) -> int:
+    depth = deepest = 0
+    for c in expr:
+        if c in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in ")]}":
+            depth -= 1
+    return deepest
+
+
+def _sympy_equal(reference: str, given: str, deadline: float | None = None) -> bool:
+    """sympy's verdict on (reference) - (given) == 0, or False where the guards refuse it.
+
+    ``deadline`` (time.monotonic()) bounds sympy's time, raising _Timeout past it; None runs
+    it in this process without a bound (the worker's own call).
+    """
     if _INTEGER.fullmatch(reference) and _INTEGER.fullmatch(given):
         # Two integer literals: sympy's difference is 0 exactly when their values are equal,
         # so compare the values (2 ms of sympy per wrong integer answer, most of the toy
         # world's and DAPO-Math's verdicts).
         return int(reference) == int(given)
     expr = f"({reference})-({given})"
+    guarded = expr.replace("**", "^")  # the same power to sympy, so the same guards
     letters = {c for c in expr.replace("sqrt", "").replace("frac", "") if c.isalpha()}
-    if len(letters) > 2 or any(b in expr for b in _SYMPY_REFUSED) or any(r.search(expr) for r in _SYMPY_REFUSED_RE):
+    if len(letters) > 2 or any(b in guarded for b in _SYMPY_REFUSED) or any(r.search(guarded) for r in _SYMPY_REFUSED_RE):
         return False
+    if len(given) > max(MAX_BOX_CHARS, 2 * len(reference)) or _nesting(expr) > _MAX_NESTING:
+        return False
+    if deadline is not None:
+        return _WORKERS.equal(reference, given, deadline)
     transformations = sympy_parser.standard_transformations + (sympy_parser.implicit_multiplication_application,)
     try:
         diff = sympy_parser.parse_expr(expr.replace("^", "**"), transformations=transformations)
@@ -244,7 +297,96 @@ def _sympy_equal(reference: str, given: str) -> bool:
         return False
 
 
-def _sympy_check(given: str, reference: str) -> bool:
+class _Worker:
+    """One `python -m gridrun.tasks.math_grader` process answering sympy checks, a JSON line each."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gridrun.tasks.math_grader"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, start_new_session=True)
+        if self._read(time.monotonic() + _WORKER_START_S) != "ready":
+            self.close()
+            raise RuntimeError(f"the math grader's sympy worker ({sys.executable} -m gridrun.tasks.math_grader) "
+                               f"did not start within {_WORKER_START_S:.0f} s: check that gridrun imports in "
+                               "that interpreter")
+
+    def _read(self, deadline: float) -> str | None:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                return None
+            line = self.proc.stdout.readline()
+            return line.decode().strip() if line else None
+
+    def equal(self, reference: str, given: str, deadline: float) -> bool | None:
+        """The verdict, or None when it did not come before ``deadline``."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps([reference, given]).encode() + b"\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            return None
+        answer = self._read(deadline)
+        return None if answer is None else answer == "1"
+
+    def close(self) -> None:
+        """Kill and reap (a killed worker must leave no zombie)."""
+        try:
+            os.killpg(self.proc.pid, 9)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
+
+
+class _Workers:
+    """Idle workers, one per concurrent caller; a worker that ran past its deadline is replaced."""
+
+    def __init__(self) -> None:
+        self._idle: list[_Worker] = []
+        self._lock = threading.Lock()
+
+    def equal(self, reference: str, given: str, deadline: float) -> bool:
+        with self._lock:
+            worker = self._idle.pop() if self._idle else None
+        if worker is None:
+            worker = _Worker()  # before the clock matters: the deadline counts sympy's time only
+            deadline = max(deadline, time.monotonic() + TIME_LIMIT_S)
+        verdict = worker.equal(reference, given, deadline)
+        if verdict is None:
+            worker.close()
+            raise _Timeout
+        with self._lock:
+            self._idle.append(worker)
+        return verdict
+
+
+_WORKERS = _Workers()
+
+
+def _serve() -> None:
+    """The worker's loop: a JSON [reference, given] per line in, "1" or "0" per line out."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (_WORKER_MEMORY, _WORKER_MEMORY))
+    out = sys.stdout
+    out.write("ready\n")
+    out.flush()
+    for line in sys.stdin:  # EOF: the grader's process is gone
+        reference, given = json.loads(line)
+        try:
+            ok = _sympy_equal(reference, given)
+        except MemoryError:
+            ok = False
+        out.write("1\n" if ok else "0\n")
+        out.flush()
+
+
+def _sympy_check(given: str, reference: str, deadline: float | None = None) -> bool:
     ref, ans = _prm(reference), _prm(given)
     if ref == ans:
         return True
@@ -261,21 +403,40 @@ def _sympy_check(given: str, reference: str) -> bool:
         elif _is_int_text(r) != _is_int_text(a):
             ok = False
         else:
-            ok = _sympy_equal(r, a)
+            ok = _sympy_equal(r, a, deadline)
         if not ok:
             return False
     return True
 
 
+def _grade(given: str, reference: str) -> bool:
+    deadline = time.monotonic() + TIME_LIMIT_S
+    return _mathd(given) == _mathd(reference) or _sympy_check(given, reference, deadline)
+
+
 def grade(given: str, reference: str) -> bool:
-    """The released grader's verdict on a boxed answer: the mathd check, else the sympy check."""
-    return _mathd(given) == _mathd(reference) or _sympy_check(given, reference)
+    """The released grader's verdict on a boxed answer: the mathd check, else the sympy check
+    (False when sympy runs past TIME_LIMIT_S)."""
+    try:
+        return _grade(given, reference)
+    except _Timeout:
+        return False
 
 
 def score_released(response: str, answer: str, format_penalty: float = 0.0) -> MathScore:
-    """1.0 / 0.0 by `grade` on the last box; `format_penalty` (the released 0.0) without one."""
+    """1.0 / 0.0 by `grade` on the last box; `format_penalty` (the released 0.0) without one;
+    0.0 flagged "timeout" when sympy ran past TIME_LIMIT_S."""
     given = released_box(response)
     if given is None:
         return MathScore(format_penalty, None, "no_box")
-    ok = grade(given, answer)
+    try:
+        ok = _grade(given, answer)
+    except _Timeout:
+        log.warning("math grader: sympy ran past %.1f s on the answer %.80r (reference %.80r); scored wrong",
+                    TIME_LIMIT_S, given, answer)
+        return MathScore(0.0, given, "timeout")
     return MathScore(1.0 if ok else 0.0, given, "correct" if ok else "wrong")
+
+
+if __name__ == "__main__":
+    _serve()

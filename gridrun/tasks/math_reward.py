@@ -63,7 +63,8 @@ from gridrun.tasks.answers import MAX_BOX_CHARS, last_box
 
 __all__ = ["Flag", "MathScore", "score_math", "score_math_json"]
 
-Flag = Literal["correct", "wrong", "no_box", "unparseable"]
+# "timeout": the released grader's sympy ran past its time limit (scored 0.0, counted).
+Flag = Literal["correct", "wrong", "no_box", "unparseable", "timeout"]
 Parsed: TypeAlias = sympy.Basic | MatrixBase | str  # what math-verify's parse() returns items of
 
 

@@ -8,8 +8,9 @@ logged loudly and reported as ``isolated=False`` in every result.
 
 What is covered:
 - Filesystem: a fresh root holding read-only binds of /usr, /etc, the /bin-/lib
-  links and the interpreter's prefix, a private size-capped /tmp and a minimal
-  /dev. No /proc, no home directories, no project tree: writes outside /tmp fail
+  links and the interpreter's prefix, a private /tmp capped in bytes and in inodes (a
+  tmpfs mounted by a small launcher in its own mount namespace, since bubblewrap's own
+  --tmpfs cannot cap inodes) and a minimal /dev. No /proc, no home directories, no project tree: writes outside /tmp fail
   and files such as ~/.netrc or the repository cannot be read.
 - No network (own network namespace with only a down loopback), own IPC, UTS
   and PID namespaces. Everything started inside dies with the sandbox, detached
@@ -26,17 +27,24 @@ What is covered:
 - No user namespaces inside: a seccomp filter (x86_64, aarch64) refuses clone/unshare
   with CLONE_NEWUSER and clone3 (glibc falls back to clone), and in user-namespace mode
   ``--disable-userns`` as well. The probe checks that creating one fails.
+- Memory that no address-space limit sees is refused: the same filter refuses SysV IPC
+  (shmget, msgget, semget: a segment outlives its process), POSIX message queues
+  (mq_open; RLIMIT_MSGQUEUE is 0 as well) and memfd_create/memfd_secret (a memfd is
+  memory that need never be mapped). /dev/shm is not writable; /tmp is capped.
 - rlimits set inside the sandbox before the program runs: CPU seconds, address
-  space, file size, process count, no core files.
+  space, file size, process count, open files, no message queues, no core files.
 - An empty environment plus PATH/LANG/HOME/TMPDIR; no API keys or tokens.
-- Parent side: wall-clock deadline, stdout/stderr read up to a cap, and the whole
-  process group SIGKILLed (never SIGTERM) on timeout or overflow.
+- Parent side: wall-clock deadline, stdout/stderr read up to a cap, and the sandbox
+  SIGKILLed (never SIGTERM) on timeout or overflow: its namespace's init first, so that
+  bubblewrap reaps it and is then reaped here (nothing is orphaned to a PID 1 that may
+  never reap), then the whole process group.
 
 What is not covered:
 - Kernel exploits: the seccomp filter only guards user namespaces; every other
   syscall stays reachable.
 - CPU and memory contention: no cgroups, so the address-space limit is per process
-  (nproc x memory in total) and a sandbox can slow its neighbours.
+  (at most nproc x memory_mb, plus tmpfs_mb of /tmp and the kernel's share of nofile
+  descriptors per process, in total) and a sandbox can slow its neighbours.
 - World-readable files under /usr, /etc and the interpreter prefix stay readable
   (/etc/shadow, /etc/gshadow, /etc/ssh, /etc/ssl/private and sudoers are masked).
 - Root without CAP_SYS_ADMIN (e.g. Docker with seccomp=unconfined but not
@@ -110,9 +118,11 @@ class Limits:
     memory_mb: int = 1024  # RLIMIT_AS
     file_mb: int = 16  # RLIMIT_FSIZE
     nproc: int = 32  # RLIMIT_NPROC, counting threads
+    nofile: int = 256  # RLIMIT_NOFILE: bounds kernel buffers held through pipes and sockets
     stdout_bytes: int = 8 << 20
     stderr_bytes: int = 1 << 20
     tmpfs_mb: int = 64  # size of the private /tmp
+    tmpfs_inodes: int = 8192  # files and folders in /tmp (an empty file costs ~1 KB of kernel memory)
 
 
 ISOLATIONS = ("bwrap", "none")
@@ -188,6 +198,8 @@ def _gridrun_confine(spec):
         ("RLIMIT_AS", spec["as"], spec["as"]),
         ("RLIMIT_FSIZE", spec["fsize"], spec["fsize"]),
         ("RLIMIT_NPROC", nproc, nproc),
+        ("RLIMIT_NOFILE", spec["nofile"], spec["nofile"]),
+        ("RLIMIT_MSGQUEUE", 0, 0),
         ("RLIMIT_CORE", 0, 0),
     ):
         resource.setrlimit(getattr(resource, name), (soft, hard))
@@ -208,6 +220,74 @@ os.execv(sys.argv[2], sys.argv[2:])
 '''
 
 
+# The sandbox's parent (trusted, ours): starts bubblewrap in its own mount namespace (and,
+# without root, its own user namespace) holding /tmp's tmpfs, so /tmp can be capped in
+# inodes as well as bytes (bubblewrap's --tmpfs only takes a size); mounts are made private
+# first, so nothing mounted here reaches the host. It is a child subreaper and reaps every
+# process of the sandbox, so none is orphaned to a PID 1 that may never reap: bubblewrap
+# exits as soon as its init reports a status, before that init is reaped. SIGTERM makes it
+# SIGKILL bubblewrap's process group; it exits with bubblewrap's status once all are reaped.
+_LAUNCHER = r'''
+import ctypes, json, os, signal, sys
+spec = json.loads(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+def check(ok, what):
+    if not ok:
+        raise SystemExit("gridrun sandbox launcher: %s failed: %s" % (what, os.strerror(ctypes.get_errno())))
+uid, gid = os.getuid(), os.getgid()
+check(libc.unshare(0x00020000 | (0x10000000 if spec["userns"] else 0)) == 0, "unshare")  # NEWNS, NEWUSER
+if spec["userns"]:
+    for name, text in (("setgroups", "deny"), ("uid_map", "0 %d 1" % uid), ("gid_map", "0 %d 1" % gid)):
+        with open("/proc/self/" + name, "w") as f:
+            f.write(text)
+check(libc.mount(None, b"/", None, 0x4000 | 0x40000, None) == 0, "making mounts private")  # MS_REC|MS_PRIVATE
+check(libc.mount(b"tmpfs", spec["dir"].encode(), b"tmpfs", 2 | 4, spec["options"].encode()) == 0,
+      "mounting /tmp")  # MS_NOSUID|MS_NODEV
+child, stopped = 0, False
+def stop(signum, frame):
+    global stopped
+    stopped = True
+    if child:
+        try:
+            os.killpg(child, signal.SIGKILL)
+        except OSError:
+            pass
+signal.signal(signal.SIGTERM, stop)
+check(libc.prctl(36, 1, 0, 0, 0) == 0, "becoming a subreaper")  # PR_SET_CHILD_SUBREAPER
+libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the caller
+if os.getppid() != spec["parent"]:
+    raise SystemExit("gridrun sandbox launcher: its caller is gone")
+child = os.fork()
+if child == 0:
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.execv(sys.argv[2], sys.argv[2:])
+try:
+    os.setpgid(child, child)
+except OSError:
+    pass
+if stopped:
+    stop(signal.SIGTERM, None)
+null = os.open("/dev/null", os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)  # the sandbox's pipes close when the sandbox is done, not when we are
+os.closerange(3, 1 << 16)
+status = 0
+while True:
+    try:
+        pid, st = os.waitpid(-1, 0)
+    except ChildProcessError:
+        break
+    if pid == child:
+        status = st
+if os.WIFSIGNALED(status):  # the same death, so the caller sees what bubblewrap got
+    if os.WTERMSIG(status) != signal.SIGKILL:
+        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+    os.kill(os.getpid(), os.WTERMSIG(status))
+os._exit(os.WEXITSTATUS(status))
+'''
+
+
 @dataclass(frozen=True)
 class _Isolation:
     ok: bool
@@ -223,6 +303,9 @@ _warned: set[str] = set()
 
 # seccomp-bpf refusing new user namespaces. Per machine: audit arch, clone, unshare, clone3.
 _SYSCALLS = {"x86_64": (0xC000003E, 56, 272, 435), "aarch64": (0xC00000B7, 220, 97, 435)}
+# Refused outright (EPERM), per machine: memory outside every rlimit. shmget, msgget, semget,
+# mq_open, memfd_create, memfd_secret.
+_REFUSED = {"x86_64": (29, 68, 64, 240, 319, 447), "aarch64": (194, 186, 190, 180, 279, 447)}
 _CLONE_NEWUSER = 0x10000000
 _X32_SYSCALL_BIT = 0x40000000
 
@@ -235,6 +318,7 @@ def _seccomp_filter(machine: str) -> bytes | None:
     ld_abs, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|.., BPF_RET
     allow, kill, errno = 0x7FFF0000, 0x80000000, 0x00050000
     eperm, enosys = 1, 38
+    refused = [insn for nr in _REFUSED[machine] for insn in ((jeq, 0, 1, nr), (ret, 0, 0, errno | eperm))]
     program = [
         (ld_abs, 0, 0, 4),  # A = seccomp_data.arch
         (jeq, 1, 0, arch),
@@ -244,6 +328,7 @@ def _seccomp_filter(machine: str) -> bytes | None:
         (ret, 0, 0, errno | enosys),  # x32 ABI
         (jeq, 0, 1, clone3),
         (ret, 0, 0, errno | enosys),  # its flags sit behind a pointer; glibc falls back to clone
+        *refused,
         (jeq, 1, 0, clone),
         (jeq, 0, 3, unshare),
         (ld_abs, 0, 0, 16),  # A = low word of args[0], the flags (little-endian)
@@ -286,8 +371,12 @@ def _bind_roots(python: str, extra: Sequence[str]) -> list[str]:
 
 
 def _bwrap_argv(bwrap: str, config: SandboxConfig, limits: Limits, *, as_pid_1: bool, privileged: bool,
-                seccomp_fd: int | None) -> list[str]:
-    argv = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                seccomp_fd: int | None, tmp_dir: str) -> list[str]:
+    """The launcher, then bubblewrap's command line; ``tmp_dir`` is an empty host folder that
+    the launcher mounts /tmp's tmpfs on (in its own mount namespace)."""
+    tmpfs = {"dir": tmp_dir, "userns": not privileged, "parent": os.getpid(),
+             "options": f"size={limits.tmpfs_mb << 20},nr_inodes={limits.tmpfs_inodes},mode=1777"}
+    argv = [_python(config), "-I", "-S", "-c", _LAUNCHER, json.dumps(tmpfs), bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent"]
     if privileged:
         # Privileged mode (no user namespace) so the program can drop to a non-root
@@ -327,8 +416,7 @@ def _bwrap_argv(bwrap: str, config: SandboxConfig, limits: Limits, *, as_pid_1: 
             made.add(anc)
         argv += ["--ro-bind", path, path]
         made.add(path)
-    argv += ["--dev", "/dev", "--perms", "1777", "--size", str(limits.tmpfs_mb << 20),
-             "--tmpfs", "/tmp", "--chdir", "/tmp", "--clearenv"]
+    argv += ["--dev", "/dev", "--bind", tmp_dir, "/tmp", "--chdir", "/tmp", "--clearenv"]
     for key, value in {**_ENV, "HOME": "/tmp", "TMPDIR": "/tmp"}.items():
         argv += ["--setenv", key, value]
     return argv
@@ -343,6 +431,7 @@ def _spec(limits: Limits, *, isolated: bool, privileged: bool, nodump: bool) -> 
         "cpu": max(1, int(limits.cpu_s)),
         "as": limits.memory_mb << 20,
         "fsize": limits.file_mb << 20,
+        "nofile": limits.nofile,
     })
 
 
@@ -360,8 +449,9 @@ def _try_bwrap(bwrap: str, config: SandboxConfig, privileged: bool) -> str:
     spec = json.loads(_spec(limits, isolated=True, privileged=privileged, nodump=False))
     check = f"{_PRELUDE}\n_gridrun_confine({spec!r})\n{_PROBE_CHECK}"
     seccomp_fd = _seccomp_fd()
-    argv = [*_bwrap_argv(bwrap, config, limits, as_pid_1=False, privileged=privileged, seccomp_fd=seccomp_fd),
-            _python(config), "-I", "-S", "-c", check]
+    tmp_dir = tempfile.mkdtemp(prefix="gridrun-sbx-tmp-")
+    argv = [*_bwrap_argv(bwrap, config, limits, as_pid_1=False, privileged=privileged, seccomp_fd=seccomp_fd,
+                         tmp_dir=tmp_dir), _python(config), "-I", "-S", "-c", check]
     try:
         proc = _popen(argv, seccomp_fd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                       stderr=subprocess.PIPE, env=dict(_ENV), start_new_session=True)
@@ -369,13 +459,47 @@ def _try_bwrap(bwrap: str, config: SandboxConfig, privileged: bool) -> str:
     except OSError as exc:
         return f"it failed to start: {exc}"
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill_sandbox(proc.pid)
         proc.communicate()
         return f"it did not answer within {limits.wall_s:.0f} s"
+    finally:
+        _remove_tmp_dir(tmp_dir)
     if proc.returncode == 0 and b"gridrun-sandbox-ok" in out:
         return ""
     lines = err.decode(errors="replace").strip().splitlines()
     return lines[-1] if lines else f"exit status {proc.returncode}"
+
+
+def _remove_tmp_dir(path: str) -> None:
+    try:
+        os.rmdir(path)  # empty on the host: the tmpfs was only ever mounted in the launcher's namespace
+    except OSError as exc:
+        log.warning("could not remove the sandbox's /tmp mount point %s: %s", path, exc)
+
+
+def _exited(pid: int) -> bool:
+    # WNOWAIT leaves the zombie in place, so its pid (= its process group id) cannot be
+    # reused before the group has been swept.
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def _kill_sandbox(pid: int, grace_s: float = 2.0) -> None:
+    """SIGKILL the sandbox whose launcher is our child ``pid``; the caller reaps ``pid``.
+
+    The launcher SIGKILLs bubblewrap's group and reaps everything first (see _LAUNCHER);
+    only then, or after ``grace_s``, does the launcher's own group get SIGKILL.
+    """
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    end = time.monotonic() + grace_s
+    while not _exited(pid) and time.monotonic() < end:
+        time.sleep(0.002)
+    try:
+        os.killpg(pid, signal.SIGKILL)  # stragglers, or a launcher that did not answer
+    except ProcessLookupError:
+        pass
 
 
 def _probe(config: SandboxConfig, bwrap: str | None, root: bool) -> _Isolation:
@@ -469,11 +593,13 @@ class SandboxProcess:
         self._t0 = time.monotonic()
         self._deadline = self._t0 + limits.wall_s
         self._workdir: str | None = None
+        self._tmp_dir: str | None = None
         seccomp_fd = None
         if iso.ok:
             seccomp_fd = _seccomp_fd()
+            self._tmp_dir = tempfile.mkdtemp(prefix="gridrun-sbx-tmp-")
             argv = _bwrap_argv(iso.bwrap, config, limits, as_pid_1=as_pid_1, privileged=iso.privileged,
-                               seccomp_fd=seccomp_fd) + list(inner_argv)
+                               seccomp_fd=seccomp_fd, tmp_dir=self._tmp_dir) + list(inner_argv)
             env, cwd = dict(_ENV), "/"
         else:
             self._workdir = tempfile.mkdtemp(prefix="gridrun-sbx-")
@@ -482,9 +608,15 @@ class SandboxProcess:
             env = {**_ENV, "HOME": self._workdir, "TMPDIR": self._workdir}
             cwd = self._workdir
         # A new session makes the sandbox a process group we can SIGKILL as a whole.
-        self._proc = _popen(argv, seccomp_fd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True,
-                                  close_fds=True)
+        try:
+            self._proc = _popen(argv, seccomp_fd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True,
+                                close_fds=True)
+        except BaseException:
+            for folder in (self._tmp_dir, self._workdir):
+                if folder is not None:
+                    shutil.rmtree(folder, ignore_errors=True)
+            raise
         assert self._proc.stdin and self._proc.stdout and self._proc.stderr
         self._stdin = self._proc.stdin.fileno()
         os.set_blocking(self._stdin, False)
@@ -597,18 +729,19 @@ class SandboxProcess:
                 return None
 
     def _exited(self) -> bool:
-        # WNOWAIT leaves the zombie in place, so its pid (= our process group id)
-        # cannot be reused before kill() has swept the group.
-        info = os.waitid(os.P_PID, self._proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        return info is not None
+        return _exited(self._proc.pid)
 
     def kill(self) -> None:
-        """SIGKILL the sandbox's whole process group (the PID namespace dies with it)."""
-        if not self._reaped:
-            try:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        """SIGKILL the sandbox: its PID namespace's init, then its whole process group."""
+        if self._reaped:
+            return
+        if self.isolated:
+            _kill_sandbox(self._proc.pid)
+            return
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def finish(self) -> SandboxResult:
         """Close stdin, collect output until EOF or the wall deadline, reap; idempotent."""
@@ -637,6 +770,8 @@ class SandboxProcess:
             stream.close()  # type: ignore[union-attr]
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
+        if self._tmp_dir is not None:
+            _remove_tmp_dir(self._tmp_dir)
         self._result = SandboxResult(
             returncode=self._proc.returncode, stdout=bytes(self._out[self._out_pos:]),
             stderr=bytes(self._err), wall_s=time.monotonic() - self._t0,

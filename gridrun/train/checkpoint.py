@@ -53,6 +53,7 @@ def save(
 ) -> Path:
     """Write the checkpoint of `step`, then delete every complete one that is neither among
     the newest `keep` nor in `protect`. `roles`: each role's adapter (None: the base model)."""
+    run_dir.check_present()  # a cell folder deleted under the run gets nothing written into it
     final = run_dir.checkpoint(step)
     tmp = final.parent / f".{final.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -37,7 +37,7 @@ from gridrun.adapters import AdapterSourceError
 from gridrun.mechanisms import RESPONSE_CAP, MechanismWatch, alert_flags
 from gridrun.metric_keys import VAL_ROLE
 from gridrun.runconfig import ModelSpec, RunConfig, load_config
-from gridrun.rundir import RANK_STEPS_KEPT, RUN_DISK_FIXES, RunDir, atomic_write_text, disk_error
+from gridrun.rundir import RANK_STEPS_KEPT, RUN_DISK_FIXES, NotARunDir, RunDir, atomic_write_text, disk_error
 from gridrun.tasks import make_task
 from gridrun.tasks.base import Problem
 from gridrun.tasks.sandbox import SandboxUnavailable
@@ -182,7 +182,8 @@ class Trainer:
         if cfg.shuffles_rewards:
             shuffle_rewards(episodes, cfg.cell.seed, step, self.dist)
         # Every rank's outcomes, in single-process order (groups are whole on one rank).
-        outcomes, _ = self.dist.gather([(e.reward, e.scored.correct, e.scored.parsed is None) for e in episodes])
+        outcomes, _ = self.dist.gather([(e.reward, e.scored.correct, e.scored.parsed is None,
+                                         e.scored.flag == "timeout") for e in episodes])
         rewards = torch.tensor([o[0] for o in outcomes])
         advantages, groups = turn_advantages(episodes, self.workflow, cfg.grpo, self.dist)
         trainable = set(self.routing.trainable)
@@ -222,6 +223,8 @@ class Trainer:
             "reward/mean": float(rewards.mean()),
             "reward/acc": sum(o[1] for o in outcomes) / len(outcomes),
             "reward/no_answer_rate": sum(o[2] for o in outcomes) / len(outcomes),
+            # Answers the grader gave up on (past its time limit), scored wrong: a count.
+            "reward/grader_timeouts": sum(o[3] for o in outcomes),
             "adv/groups": groups.groups,
             "adv/singleton_groups": groups.singleton,
             "adv/zero_variance_groups": groups.zero_variance,
@@ -298,6 +301,7 @@ class Trainer:
         self.log_row(row)
         self.summarise(step, metrics)
         dumped = "".join(json.dumps(e.to_json()) + "\n" for e in episodes[: cfg.train.val_samples])
+        self.run_dir.check_present()
         atomic_write_text(self.run_dir.samples(step), dumped)
         log.info("step %d validation: acc %.3f on %d problems", step, metrics["val/acc"], len(problems))
 
@@ -417,6 +421,9 @@ def run_under_lock(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int
             record(cellstate.preempted(str(stop)))
             log.info("%s", stop)
             return 75
+        except NotARunDir as gone:  # the cell's folder was deleted under the run: write nothing more
+            log.error("%s", gone)
+            return 1
         except (SandboxUnavailable, AdapterSourceError) as refused:  # a fix for the user, not a bug: one line
             record(cellstate.failed(str(refused)))
             log.error("%s", refused)

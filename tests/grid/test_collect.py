@@ -230,6 +230,14 @@ def test_the_peak_has_one_definition_read_off_metrics(tmp_path: Path) -> None:
     assert (summary["peak_step"], summary["peak_val_acc"], summary["drop_from_peak"]) == (10, 0.5, -0.25)
 
 
+def stand_in_weights(name: str) -> bytes:
+    """A well-formed safetensors file holding one U8 tensor, the adapter's name (export checks
+    the framing of every weights file before copying it)."""
+    data = name.encode()
+    header = json.dumps({"name": {"dtype": "U8", "shape": [len(data)], "data_offsets": [0, len(data)]}}).encode()
+    return len(header).to_bytes(8, "little") + header + data
+
+
 def peak_checkpoint_on_disk(sweep: SweepDir, cell_id: str, step: int, roles: dict[str, str | None]) -> Path:
     """A complete checkpoint as the trainer writes it, its adapters' files stand-ins (collect
     and export copy them, never load them), and the cell's config.yaml."""
@@ -239,7 +247,7 @@ def peak_checkpoint_on_disk(sweep: SweepDir, cell_id: str, step: int, roles: dic
         folder = path / "adapters" / adapter
         folder.mkdir(parents=True)
         (folder / "adapter_config.json").write_text("{}")
-        (folder / "adapter_model.safetensors").write_bytes(adapter.encode())
+        (folder / "adapter_model.safetensors").write_bytes(stand_in_weights(adapter))
     (path / "roles.json").write_text(json.dumps(roles))
     (path / "COMPLETE").write_text(f"{step}\n")
     config = merge(TOY_CELL, {"cell": {"id": cell_id, "kind": "train"}, "workflow": {"name": "voting"},
@@ -261,7 +269,7 @@ def test_the_peaks_checkpoint_is_named_and_exported(gridrun: Gridrun, hand: Swee
     # Only the done cell whose peak is on disk is exported; the others are named.
     out = tmp_path / "peaks" / "hand" / "voting-ip-1.7b-math-s0-step_000020"
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "aggregator", "generator", "roles.json"]
-    assert (out / "generator" / "adapter_model.safetensors").read_bytes() == b"generator"
+    assert (out / "generator" / "adapter_model.safetensors").read_bytes() == stand_in_weights("generator")
     assert "exported 1 peaks to" in result.out and "peaks not on disk:" in result.out
     assert "sa_rl-1.7b-math-s0" in result.out.split("peaks not on disk:")[1]
     # Again: what is there is kept, nothing is overwritten.

@@ -1,0 +1,54 @@
+"""The frozen config.yaml is verifiably whole: cell.json records its hash at plan time, and
+`run`, `show`, `status` and `collect` refuse a config.yaml that does not match it (a cut that
+still parses would otherwise train with the schema's defaults)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gridrun.grid.sweepdir import SweepDir
+from gridrun.rundir import RunDir
+from tests.grid.conftest import Gridrun
+
+pytestmark = pytest.mark.usefixtures("recording_launcher")
+
+
+def _truncate(run_dir: RunDir) -> None:
+    """Cut config.yaml at a line break, as a full disk or an interrupted copy would: it still parses."""
+    lines = run_dir.config_yaml.read_text().splitlines(keepends=True)
+    run_dir.config_yaml.write_text("".join(lines[: len(lines) // 2]))
+
+
+def test_a_truncated_config_yaml_makes_its_cell_damaged_everywhere(gridrun: Gridrun, smoke: SweepDir) -> None:
+    ids = smoke.cell_ids()
+    bad = smoke.cell(ids[0])
+    assert len(json.loads(bad.cell_json.read_text())["config_sha256"]) == 64
+    _truncate(bad)
+
+    ran = gridrun("run", str(bad.root))
+    assert ran.code == 2 and ran.err.count("\n") == 1, ran.err
+    assert str(bad.config_yaml) in ran.err and "gridrun plan conf=<sweep>" in ran.err
+    assert not bad.metrics_jsonl.exists() and bad.read_state()["state"] == "damaged"
+
+    shown = gridrun("show", ids[0])  # as for a config.yaml that is not text: one line, the fix
+    assert shown.code == 2 and shown.err == ran.err
+    rows = {row["cell"]: row for row in json.loads(gridrun("status", "conf=smoke", "--json").out)}
+    assert rows[ids[0]]["state"] == "damaged" and str(bad.config_yaml) in rows[ids[0]]["error"]
+    assert {rows[i]["state"] for i in ids[1:]} == {"planned"}
+    collected = gridrun("collect", "conf=smoke")
+    assert collected.code == 0 and "damaged" in collected.out
+
+    # The fix the message names: planning writes config.yaml again from the plan.
+    assert gridrun("plan", "conf=smoke", "grid.launcher.name=record").code == 0
+    assert bad.read_state()["state"] == "planned"
+
+
+def test_a_cell_planned_before_the_hash_keeps_working(gridrun: Gridrun, smoke: SweepDir) -> None:
+    cell = smoke.cell(smoke.cell_ids()[0])
+    record = json.loads(cell.cell_json.read_text())
+    del record["config_sha256"]
+    cell.cell_json.write_text(json.dumps(record))
+    assert cell.require() is not None and cell.read_state()["state"] == "planned"
+    assert cell.inspect()["state"] == "planned"
