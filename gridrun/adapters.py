@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gridrun.accuracy import first_peak, val_accuracy
-from gridrun.rundir import ROLES_FILE, RunDir, adapter_dir
+from gridrun.cellstate import CellState
+from gridrun.rundir import COMPLETE_MARKER, ROLES_FILE, RunDir, adapter_dir
 
 STEP_CHOICES = "peak, last or a step number"
 PEFT_CONFIG = "adapter_config.json"
@@ -74,6 +75,40 @@ class Checkpoint:
                 raise AdapterSourceError(f"{self.path} lacks adapter '{name}': the checkpoint is damaged, re-run the cell")
             verify_adapter(folder)
         return found
+
+
+@dataclass(frozen=True)
+class PeakCheckpoint:
+    """Where the checkpoint of a trained cell's peak is: the one lookup behind `collect`'s
+    `peak_checkpoint` column, `collect --export-peaks` and `@peak`."""
+
+    step: int
+    # The complete checkpoint's folder; None at step 0 (the base model) or when it is gone.
+    path: Path | None
+
+    @property
+    def base_model(self) -> bool:
+        """A peak at step 0: the base model before any update, no trained adapter."""
+        return self.step == 0
+
+    @property
+    def deleted(self) -> bool:
+        """Not on disk (a run older than peak retention, or removed by hand)."""
+        return not self.base_model and self.path is None
+
+    def describe(self) -> str:
+        """As cells.parquet and Table 1's csv write it: the folder, "base model" or "deleted"."""
+        if self.base_model:
+            return "base model"
+        return "deleted" if self.path is None else str(self.path)
+
+
+def peak_checkpoint(run_dir: RunDir, peak_step: int) -> PeakCheckpoint:
+    """The checkpoint at a cell's peak step (its first highest validation, `first_peak`)."""
+    if peak_step == 0:
+        return PeakCheckpoint(0, None)
+    path = run_dir.checkpoint(peak_step)
+    return PeakCheckpoint(peak_step, path if (path / COMPLETE_MARKER).exists() else None)
 
 
 def verify_adapter(folder: Path) -> None:
@@ -138,7 +173,7 @@ def find_checkpoint(run_dir: RunDir, which: str | int = "peak") -> Checkpoint:
         if peak is None:
             raise AdapterSourceError(f"{name} has no validation yet, so no peak: name a step instead (on disk: {steps})")
         step = peak[0]
-        if step == 0:
+        if peak_checkpoint(run_dir, step).base_model:
             raise AdapterSourceError(
                 f"{name} peaked at step 0, the base model before any update: there is no trained adapter "
                 f"there; name the last step or a number (on disk: {steps})"
@@ -201,7 +236,7 @@ def resolve(source: str, role: str, run_dir: Path | None = None) -> Path:
             "names, or point policy.adapters at an adapter"
         )
     state = source_dir.read_state()
-    if state.get("state") != "done":
+    if state.get("state") != CellState.DONE:
         raise AdapterSourceError(
             f"adapter source {path.name} is {state.get('state')} at step {state.get('step', 0)}/"
             f"{state.get('total_steps', '?')}, not done: finish it first (`gridrun resubmit --cells {path.name}`)"

@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gridrun import registry
+from gridrun.metric_keys import VAL_ROLE, parse_role_key, role_key, val_key
 
 GRADIENT_AMPLIFICATION = "gradient_amplification"
 SP_ROLE_CAPTURE = "sp_role_capture"
@@ -140,7 +141,7 @@ def applies(mechanism: str, workflow: str, policy: str | None, groups: Groups | 
     if mechanism == GRADIENT_AMPLIFICATION:
         return policy == "isolated" and registry.workflow(workflow).parallel_role is not None
     if mechanism == SP_ROLE_CAPTURE:
-        return policy == "shared" and workflow != "single"
+        return policy == "shared" and not registry.workflow(workflow).single_agent
     if mechanism in (SIGNATURE_DRIFT, NON_FINITE):
         return True
     raise ValueError(f"unknown alert '{mechanism}': expected one of {', '.join(ALERTS)}")
@@ -224,8 +225,8 @@ class MechanismWatch:
         keys = tuple(row)
         layout = self._layouts.get(keys)
         if layout is None:
-            parts = (key.split("/") for key in keys if key.startswith("role/"))
-            layout = [("/".join(p), p[1], p[2]) for p in parts if len(p) == 3 and p[2] in ("chi2", "ppl", "grad_share")]
+            parts = ((key, parse_role_key(key)) for key in keys)
+            layout = [(key, p[0], p[1]) for key, p in parts if p is not None and p[1] in ("chi2", "ppl", "grad_share")]
             self._layouts[keys] = layout
         return layout
 
@@ -255,7 +256,7 @@ class MechanismWatch:
 
     def _see_val(self, row: Mapping[str, Any]) -> None:
         self._val_rows += 1
-        signature = {key: float(value) for key, value in row.items() if key.startswith("val/role/") and _number(value)}
+        signature = {key: float(value) for key, value in row.items() if key.startswith(VAL_ROLE) and _number(value)}
         for key, value in signature.items():
             if key.endswith(("/len_mean", "/terse_rate")):
                 self._first_val.setdefault(key, value)
@@ -335,14 +336,14 @@ class MechanismWatch:
         t = self.thresholds
         first, last = self._first_val, self._last_val
         found = []
-        own, theirs = f"val/role/{role}/len_mean", f"val/role/{dominant}/len_mean"
+        own, theirs = val_key(role_key(role, "len_mean")), val_key(role_key(dominant, "len_mean"))
         if own in first and theirs in first:
             gap_before = first[theirs] - first[own]
             gap_now = last[theirs] - last[own]
             moved = last[own] - first[own]
             if gap_before and moved * gap_before > 0 and abs(gap_now) <= (1 - t.gap_close) * abs(gap_before):
                 found.append(f"{role} length {first[own]:.0f}->{last[own]:.0f} ({dominant} {last[theirs]:.0f})")
-        terse = f"val/role/{role}/terse_rate"
+        terse = val_key(role_key(role, "terse_rate"))
         if terse in first and first[terse] - last[terse] >= t.terse_drop:
             found.append(f"{role} terse rate {first[terse]:.0%}->{last[terse]:.0%}")
         return ", ".join(found) or None

@@ -103,6 +103,9 @@ class Workflow:
     # Its per-role rewards (reward.credit=per_role), if it defines them; it may score only
     # turns of answer_roles.
     credit: RoleCredit | None = None
+    # The single-agent workflow (one, `single`): the SA-RL control and its base control run
+    # it; it trains as kind sa_rl, never train, and has no policy axis.
+    single_agent: bool = False
 
     def slots(self, params: WorkflowParams) -> int:
         """Same-role multiplicity of parallel_role (1 without one)."""
@@ -271,6 +274,13 @@ def task(name: str, plugin: str | None = None) -> Task:
 
 def engine(name: str, plugin: str | None = None) -> Engine:
     return _lookup(_ENGINES, name, plugin)
+
+
+def single_agent_workflow() -> str:
+    """The name of the single-agent workflow (the entry with `single_agent`)."""
+    _load_builtins()
+    (name,) = (entry.name for entry in _WORKFLOWS.entries.values() if entry.single_agent)
+    return name
 
 
 def workflow_names() -> list[str]:

@@ -27,6 +27,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
@@ -43,8 +44,49 @@ P = TypeVar("P", bound=OptionParams)
 
 # The key of a per-role setting that names the workflow's parallel role, whatever it is called.
 PARALLEL = "parallel"
-# Cell kinds whose roles run on frozen adapters trained elsewhere (policy.adapters).
-EVALUATES_ADAPTERS = ("transfer", "eval")
+
+
+class CellKind(StrEnum):
+    """What a cell runs. Each kind says here, once, whether it trains, whether its roles run
+    on adapters trained elsewhere, and whether a sweep's variants cross it; the grid's ids
+    and plans (gridrun/grid/cells.py) and the analysis read these properties."""
+
+    # Multi-agent GRPO: workflow x policy.
+    TRAIN = "train"
+    # The single-agent RL control (workflow single).
+    SA_RL = "sa_rl"
+    # The base model evaluated (step 0 only).
+    BASE = "base"
+    # Table 3's: the SA-RL generator plugged into a workflow, evaluated.
+    TRANSFER = "transfer"
+    # The reward control: trains as its train (or sa_rl) twin on rewards permuted within each step.
+    SHUFFLED = "shuffled"
+    # Adapters trained elsewhere (policy.adapters), evaluated in a workflow.
+    EVAL = "eval"
+
+    @property
+    def trains(self) -> bool:
+        """Runs GRPO steps (the others evaluate at step 0 only: no peak checkpoint, no alerts)."""
+        return self in (CellKind.TRAIN, CellKind.SA_RL, CellKind.SHUFFLED)
+
+    @property
+    def evaluates_adapters(self) -> bool:
+        """Its roles run on frozen adapters trained elsewhere (policy.adapters, policy.name=transfer)."""
+        return self in (CellKind.TRANSFER, CellKind.EVAL)
+
+    @property
+    def crossed_by_variants(self) -> bool:
+        """A sweep's variants cross it: the trained multi-agent cells and their reward twins."""
+        return self in (CellKind.TRAIN, CellKind.SHUFFLED)
+
+    @property
+    def seeded(self) -> bool:
+        """Has a seed axis (every kind but the base control)."""
+        return self is not CellKind.BASE
+
+
+# Kinds that train (cells.parquet's `kind` column holds their values).
+TRAINED_KINDS = tuple(kind.value for kind in CellKind if kind.trains)
 # policy.adapters' key for every role the map does not name.
 ALL_ROLES = "all_roles"
 # The adapter of policy shared (and of any one-role workflow's trained cell).
@@ -66,11 +108,14 @@ class CellSpec:
     # each step's episode rewards permuted across the step's episodes. transfer and eval
     # evaluate adapters trained elsewhere (policy.adapters): transfer is Table 3's (the SA-RL
     # generator, planned by the grid), eval any adapters a sweep names.
-    kind: Literal["train", "sa_rl", "base", "transfer", "shuffled", "eval"] = "train"
+    kind: CellKind = CellKind.TRAIN
     seed: int = 0
     # The sweep's variant this cell trains (a named bundle of overrides, gridrun/grid/spec.py);
     # None (and absent from config.yaml) for controls and sweeps without variants.
     variant: str | None = None
+
+    def __post_init__(self) -> None:
+        self.kind = CellKind(self.kind)  # a caller's plain string, checked
 
 
 @dataclass
@@ -381,7 +426,7 @@ class RunConfig:
     model: ModelSpec = field(default_factory=lambda: ModelSpec(name_or_path="toy", toy=ToySpec()))
     # Each node: the params of the option it names (gridrun/registry.py), e.g. voting's
     # n_voters; absent, the option below with its defaults.
-    workflow: WorkflowParams = field(default_factory=lambda: _default_option(WorkflowParams, "workflow", "single"))
+    workflow: WorkflowParams = field(default_factory=lambda: _default_option(WorkflowParams, "workflow", registry.single_agent_workflow()))
     task: TaskParams = field(default_factory=lambda: _default_option(TaskParams, "task", "arith"))
     lengths: LengthSpec = field(default_factory=LengthSpec)
     policy: PolicySpec = field(default_factory=PolicySpec)
@@ -399,14 +444,16 @@ class RunConfig:
         self._check()
 
     def _check(self) -> None:
-        if self.cell.kind == "sa_rl" and self.workflow.name != "single":
+        single = registry.single_agent_workflow()
+        single_agent = self.workflow_entry().single_agent
+        if self.cell.kind is CellKind.SA_RL and not single_agent:
             raise ConfigError(
-                f"cell.kind=sa_rl runs workflow 'single', got '{self.workflow.name}': "
-                "set workflow.name=single"
+                f"cell.kind=sa_rl runs workflow '{single}', got '{self.workflow.name}': "
+                f"set workflow.name={single}"
             )
-        if self.cell.kind == "train" and self.workflow.name == "single":
-            raise ConfigError("workflow 'single' trains as cell.kind=sa_rl, not train")
-        if (self.cell.kind in EVALUATES_ADAPTERS) != (self.policy.name == "transfer"):
+        if self.cell.kind is CellKind.TRAIN and single_agent:
+            raise ConfigError(f"workflow '{single}' trains as cell.kind=sa_rl, not train")
+        if self.cell.kind.evaluates_adapters != (self.policy.name == "transfer"):
             raise ConfigError(
                 f"cell.kind={self.cell.kind} with policy.name={self.policy.name}: transfer and eval cells evaluate "
                 "adapters trained elsewhere and nothing else does; set policy.name=transfer with one of those "
@@ -420,7 +467,7 @@ class RunConfig:
             raise ConfigError(
                 f"policy.adapters is for transfer and eval cells (policy.name=transfer), not {self.policy.name}: drop it"
             )
-        if self.cell.kind == "transfer" and self.workflow.name == "single":
+        if self.cell.kind is CellKind.TRANSFER and single_agent:
             raise ConfigError("a transfer cell plugs an adapter into a multi-agent workflow: set workflow.name to one")
         self._check_groups()
         self._check_credit()
@@ -442,7 +489,7 @@ class RunConfig:
         self._check_role_strength(workflow)
         # A transfer cell's generator may be missing (Orch-Workers has none: the paper ran it
         # wholly on the base model); an eval cell names the roles it means.
-        if self.cell.kind == "eval":
+        if self.cell.kind is CellKind.EVAL:
             self._check_roles("policy.adapters", self.policy.adapters, (*roles, ALL_ROLES))
         task = registry.task(self.task.name, self.task.plugin)
         missing = [p for p in workflow.prompt_names() if p not in task.prompt_names()]
@@ -655,12 +702,12 @@ class RunConfig:
 
     @property
     def shuffles_rewards(self) -> bool:
-        return self.cell.kind == "shuffled"
+        return self.cell.kind is CellKind.SHUFFLED
 
     @property
     def trains(self) -> bool:
         """Base, transfer and eval cells only evaluate (step 0, n = 1)."""
-        return self.cell.kind not in ("base", *EVALUATES_ADAPTERS)
+        return self.cell.kind.trains
 
     @property
     def steps_to_train(self) -> int:
@@ -674,6 +721,7 @@ class RunConfig:
         tree = self.full_tree()
         if tree["model"]["toy"] is None:
             del tree["model"]["toy"]
+        tree["cell"]["kind"] = self.cell.kind.value
         if tree["cell"]["variant"] is None:
             del tree["cell"]["variant"]
         for node, key, default in OMITTED_AT_DEFAULT:
@@ -722,6 +770,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ConfigError as err:
                 errors.append(str(err))
         raise ConfigError(errors[0] if errors else f"{key}: invalid value {value!r}")
+    if isinstance(tp, type) and issubclass(tp, StrEnum):
+        if value not in tp._value2member_map_:
+            raise ConfigError(f"{key}: {value!r} is not one of {[member.value for member in tp]}")
+        return tp(value)
     if origin is Literal:
         allowed = get_args(tp)
         if value not in allowed:
@@ -793,7 +845,7 @@ def run_defaults() -> dict[str, Any]:
     conf/ composes on top of (gridrun/grid/compose.py), so that conf/ sets only what differs.
     Left out: the cell node (the grid's), the model's identity (scale/ names it) and the
     workflow, task and engine nodes, whose keys depend on the option each names."""
-    defaults = RunConfig(cell=CellSpec(id="", kind="base")).full_tree()
+    defaults = RunConfig(cell=CellSpec(id="", kind=CellKind.BASE)).full_tree()
     for node in ("cell", "workflow", "task", "engine"):
         del defaults[node]
     for key in ("name_or_path", "toy"):

@@ -47,6 +47,7 @@ def test_grid_takes_the_run_schema_from_the_seam_module_only() -> None:
 def test_seam_modules_import_only_the_standard_library() -> None:
     seam = [
         "gridrun.runconfig", "gridrun.registry", "gridrun.rundir", "gridrun.accuracy", "gridrun.cellstate", "gridrun.mechanisms",
+        "gridrun.metric_keys",
     ]
     loaded = imported_after(seam)
     assert {m for m in loaded if m.startswith("gridrun.")} == set(seam)

@@ -230,7 +230,7 @@ def test_released_mini_batches_are_length_balanced_consecutive_cuts(tmp_path: Pa
     # Released: the step's sequences in verl's balance_batch order (one rank: by length,
     # short-long-short), cut consecutively, no shuffle; as_written: a shuffle that the
     # update's rng decides. The spy records each mini-batch the update trains.
-    from gridrun.train import grpo as grpo_maths
+    from gridrun.train import minibatches
     from gridrun.train import update as update_module
 
     cell = make_cell(tmp_path, workflow={"name": "orch_workers"}, policy={"name": "shared"},
@@ -246,7 +246,7 @@ def test_released_mini_batches_are_length_balanced_consecutive_cuts(tmp_path: Pa
 
     monkeypatch.setattr(update_module, "_minibatch", spy)
     run_update(trainer, seqs)
-    order = grpo_maths.balanced_order([len(s.prompt_ids) + len(s.completion_ids) for s in seqs], 1, 2)
+    order = minibatches.balanced_order([len(s.prompt_ids) + len(s.completion_ids) for s in seqs], 1, 2)
     expected = [[id(seqs[i]) for i in order[k : k + 2]] for k in range(0, len(seqs), 2)]
     assert seen == expected and len(seen) == 10  # 2 problems x 2 episodes x 5 turns, 2 per cut
     lengths = [len(seqs[i].prompt_ids) + len(seqs[i].completion_ids) for i in order]

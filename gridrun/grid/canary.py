@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gridrun.cellstate import ACTIVE_STATES
+from gridrun.cellstate import ACTIVE_STATES, CellState
 from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError
 from gridrun.grid.plan import PlannedCell, freeze, make_plan
@@ -230,7 +230,7 @@ def report(run_dir: RunDir, cell: PlannedCell, project_name: str, project: list[
     roles = sorted(set(cell.config.workflow_entry().roles))
     lines += adapter_lines(rows, roles)
     problems = []
-    if state.get("state") != "done":
+    if state.get("state") != CellState.DONE:
         error = str(state.get("error") or "").strip().splitlines()
         problems.append(f"the cell ended {state.get('state')}: {error[-1] if error else 'no error recorded'}")
     world = max([int(r.get("world") or 1) for r in records] or [0])

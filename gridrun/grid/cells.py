@@ -33,17 +33,20 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+from gridrun.registry import single_agent_workflow
+from gridrun.runconfig import CellKind
+
 AXES = ("workflow", "task", "scale", "policy", "seed", "kind")
-KINDS = ("train", "sa_rl", "base", "transfer", "shuffled", "eval")
-# The kinds a sweep's variants cross: the trained cells and their reward twins.
-VARIANT_KINDS = ("train", "shuffled")
+KINDS = tuple(kind.value for kind in CellKind)
+# The kinds whose workflow axis adds `single` to the sweep's workflows (and may be restricted to it).
+SINGLE_KINDS = (CellKind.BASE, CellKind.SHUFFLED, CellKind.EVAL)
 POLICY_TAGS = {"isolated": "ip", "shared": "sp"}
 TOY_SCALE = "toy"
 
 
 @dataclass(frozen=True)
 class Cell:
-    kind: str
+    kind: CellKind
     workflow: str
     task: str
     scale: str
@@ -55,24 +58,31 @@ class Cell:
     # without variants.
     variant: str | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", CellKind(self.kind))
+
     @property
     def id(self) -> str:
         return self._axes_id() + (f"-{self.variant}" if self.variant else "")
 
     def _axes_id(self) -> str:
-        if self.kind == "train":
+        if self.kind is CellKind.TRAIN:
             return f"{self.workflow}-{self.policy_tag}-{self.scale}-{self.task}-s{self.seed}"
-        if self.kind == "sa_rl":
+        if self.kind is CellKind.SA_RL:
             return f"sa_rl-{self.scale}-{self.task}-s{self.seed}"
-        if self.kind == "transfer" or (self.kind == "eval" and not self.policy):
+        if self.kind is CellKind.TRANSFER or (self.kind is CellKind.EVAL and not self.policy):
             return f"{self.kind}-{self.workflow}-{self.scale}-{self.task}-s{self.seed}"
-        if self.kind == "eval":
+        if self.kind is CellKind.EVAL:
             return f"eval-{self.workflow}-{self.policy_tag}-{self.scale}-{self.task}-s{self.seed}"
-        if self.kind == "shuffled":
-            twin = Cell("sa_rl" if self.workflow == "single" else "train", self.workflow, self.task, self.scale,
-                        self.policy, self.seed)
-            return f"shuffled-{twin._axes_id()}"
+        if self.kind is CellKind.SHUFFLED:
+            return f"shuffled-{self.trained_twin()._axes_id()}"
         return f"base-{self.workflow}-{self.scale}-{self.task}"
+
+    def trained_twin(self) -> Cell:
+        """The trained cell at this cell's coordinates (the twin rule, written once): sa_rl
+        for workflow single, else train; a shuffled cell's id and an eval cell's {cell} name it."""
+        kind = CellKind.SA_RL if self.workflow == single_agent_workflow() else CellKind.TRAIN
+        return Cell(kind, self.workflow, self.task, self.scale, self.policy, self.seed)
 
     @property
     def policy_tag(self) -> str:
@@ -82,8 +92,8 @@ class Cell:
     @property
     def needs(self) -> list[Cell]:
         """Cells that must be done before this one starts (a transfer cell: its SA-RL run)."""
-        if self.kind == "transfer":
-            return [Cell("sa_rl", "single", self.task, self.scale, None, self.seed)]
+        if self.kind is CellKind.TRANSFER:
+            return [Cell(CellKind.SA_RL, single_agent_workflow(), self.task, self.scale, None, self.seed)]
         return []
 
     def coords(self) -> dict[str, Any]:
@@ -102,7 +112,7 @@ class Cell:
     def group_choices(self) -> list[str]:
         """Hydra group overrides selecting this cell's options (controls run `shared`:
         one role, or no training at all, so the routing makes no difference)."""
-        policy = "transfer" if self.kind in ("transfer", "eval") else self.policy or "shared"
+        policy = "transfer" if self.kind.evaluates_adapters else self.policy or "shared"
         return [
             f"workflow={self.workflow}",
             f"task={self.task}",
@@ -112,7 +122,7 @@ class Cell:
 
     def cell_node(self) -> dict[str, Any]:
         """The `cell` node of its config.yaml (the variant only where there is one)."""
-        node: dict[str, Any] = {"id": self.id, "kind": self.kind, "seed": self.seed or 0}
+        node: dict[str, Any] = {"id": self.id, "kind": self.kind.value, "seed": self.seed or 0}
         if self.variant:
             node["variant"] = self.variant
         return node
@@ -121,10 +131,10 @@ class Cell:
 def base_control(kind: str, coords: dict[str, Any]) -> str | None:
     """The id of the base control a cell is measured against: its workflow's (SA-RL's is
     `single`'s) at its task and scale; None for a base cell."""
-    if kind == "base":
+    if kind == CellKind.BASE:
         return None
-    workflow = "single" if kind == "sa_rl" else coords["workflow"]
-    return Cell(kind="base", workflow=workflow, task=coords["task"], scale=coords["scale"]).id
+    workflow = single_agent_workflow() if kind == CellKind.SA_RL else coords["workflow"]
+    return Cell(kind=CellKind.BASE, workflow=workflow, task=coords["task"], scale=coords["scale"]).id
 
 
 def expand(
@@ -158,32 +168,33 @@ def expand(
 
 def _takes_variants(cell: Cell) -> bool:
     """A train cell and a workflow's shuffled twin; SA-RL's twin is a control like SA-RL."""
-    return cell.kind in VARIANT_KINDS and cell.workflow != "single"
+    return cell.kind.crossed_by_variants and cell.workflow != single_agent_workflow()
 
 
 def _expand_axes(axes: dict[str, list[Any]]) -> list[Cell]:
     cells: list[Cell] = []
+    single = single_agent_workflow()
     kinds = axes["kind"]
-    if "train" in kinds:
+    if CellKind.TRAIN in kinds:
         for workflow, task, scale, policy, seed in itertools.product(
             axes["workflow"], axes["task"], axes["scale"], axes["policy"], axes["seed"]
         ):
-            cells.append(Cell("train", workflow, task, scale, policy, seed))
-    if "sa_rl" in kinds:
+            cells.append(Cell(CellKind.TRAIN, workflow, task, scale, policy, seed))
+    if CellKind.SA_RL in kinds:
         for task, scale, seed in itertools.product(axes["task"], axes["scale"], axes["seed"]):
-            cells.append(Cell("sa_rl", "single", task, scale, None, seed))
-    if "base" in kinds:
-        for workflow, task, scale in itertools.product(["single", *axes["workflow"]], axes["task"], axes["scale"]):
-            cells.append(Cell("base", workflow, task, scale))
-    if "transfer" in kinds:
+            cells.append(Cell(CellKind.SA_RL, single_agent_workflow(), task, scale, None, seed))
+    if CellKind.BASE in kinds:
+        for workflow, task, scale in itertools.product([single, *axes["workflow"]], axes["task"], axes["scale"]):
+            cells.append(Cell(CellKind.BASE, workflow, task, scale))
+    if CellKind.TRANSFER in kinds:
         for workflow, task, scale, seed in itertools.product(axes["workflow"], axes["task"], axes["scale"], axes["seed"]):
-            cells.append(Cell("transfer", workflow, task, scale, None, seed))
-    if "eval" in kinds:
-        for workflow, task, scale, seed in itertools.product(["single", *axes["workflow"]], axes["task"], axes["scale"], axes["seed"]):
-            policies = [None] if workflow == "single" else axes["policy"]
-            cells.extend(Cell("eval", workflow, task, scale, policy, seed) for policy in policies)
-    if "shuffled" in kinds:
-        for workflow, task, scale, seed in itertools.product(["single", *axes["workflow"]], axes["task"], axes["scale"], axes["seed"]):
-            policies = [None] if workflow == "single" else axes["policy"]
-            cells.extend(Cell("shuffled", workflow, task, scale, policy, seed) for policy in policies)
+            cells.append(Cell(CellKind.TRANSFER, workflow, task, scale, None, seed))
+    if CellKind.EVAL in kinds:
+        for workflow, task, scale, seed in itertools.product([single, *axes["workflow"]], axes["task"], axes["scale"], axes["seed"]):
+            policies = [None] if workflow == single else axes["policy"]
+            cells.extend(Cell(CellKind.EVAL, workflow, task, scale, policy, seed) for policy in policies)
+    if CellKind.SHUFFLED in kinds:
+        for workflow, task, scale, seed in itertools.product([single, *axes["workflow"]], axes["task"], axes["scale"], axes["seed"]):
+            policies = [None] if workflow == single else axes["policy"]
+            cells.extend(Cell(CellKind.SHUFFLED, workflow, task, scale, policy, seed) for policy in policies)
     return cells

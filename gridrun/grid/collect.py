@@ -50,6 +50,8 @@ import pandas as pd
 import yaml
 
 from gridrun import registry
+from gridrun.adapters import peak_checkpoint
+from gridrun.cellstate import CellState
 from gridrun.grid.analysis.calibration import calibration_tables
 from gridrun.grid.analysis.findings import alerts_table, findings_table
 from gridrun.grid.analysis.summary import MetricColumns, alert_summary, cell_grouping, cell_hours, cell_summary
@@ -60,11 +62,10 @@ from gridrun.grid.console import track
 from gridrun.grid.status import sweep_rows
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.mechanisms import ALERTS
-from gridrun.runconfig import EVALUATES_ADAPTERS
-from gridrun.rundir import COMPLETE_MARKER, RunDir, atomic_write_bytes, atomic_write_text
+from gridrun.metric_keys import VAL_ROLE
+from gridrun.runconfig import CellKind
+from gridrun.rundir import RunDir, atomic_write_bytes, atomic_write_text
 
-# Kinds that train nothing: no base check, no peak checkpoint.
-EVALUATES = ("base", *EVALUATES_ADAPTERS)
 # Below this many cells, worker processes cost more to start than they save.
 PARALLEL_FROM_CELLS = 200
 INT_COLUMNS = ("seed", "peak_step", "final_step", "cliff_step", "peak_drop_step", "peak_drop_peak_step",
@@ -122,7 +123,7 @@ def _read_all(cells: Sequence[tuple[str, str | None, str | None]], description: 
 def base_id(kind: str, coords: dict[str, Any]) -> str | None:
     """The id of the base control that a cell's step 0 must match (none for base, transfer and
     eval cells: their adapters are not the base model)."""
-    return None if kind in EVALUATES else base_control(kind, coords)
+    return base_control(kind, coords) if CellKind(kind).trains else None
 
 
 def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
@@ -153,7 +154,7 @@ def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
             **summary,
         })
     frame = pd.DataFrame.from_records(records)
-    frame["peak_checkpoint"] = [peak_checkpoint(sweep.cell(c), k, p) for c, k, p in
+    frame["peak_checkpoint"] = [_peak_where(sweep.cell(c), k, p) for c, k, p in
                                 zip(frame["cell"], frame["kind"], frame.get("peak_step", [None] * len(frame)))]
     _check_base(frame, tolerance_pp)
     frame["flags"] = ["; ".join(flags(r)) for _, r in frame.iterrows()]
@@ -163,21 +164,17 @@ def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
     return SweepData(frame, columns)
 
 
-def peak_checkpoint(run_dir: RunDir, kind: str, peak_step: Any) -> str | None:
-    """Where the checkpoint of a training cell's peak is, "deleted" when it is not on disk (a
-    run older than peak retention), "base model" for a peak at step 0; None for cells that
-    train nothing or have no peak yet."""
-    if kind in EVALUATES or peak_step is None or pd.isna(peak_step):
+def _peak_where(run_dir: RunDir, kind: str, peak_step: Any) -> str | None:
+    """The `peak_checkpoint` column (PeakCheckpoint.describe); None for cells that train
+    nothing or have no peak yet."""
+    if not CellKind(kind).trains or peak_step is None or pd.isna(peak_step):
         return None
-    if int(peak_step) == 0:
-        return "base model"
-    path = run_dir.checkpoint(int(peak_step))
-    return str(path) if (path / COMPLETE_MARKER).exists() else "deleted"
+    return peak_checkpoint(run_dir, int(peak_step)).describe()
 
 
 def _check_base(frame: pd.DataFrame, tolerance_pp: float) -> None:
     step0 = frame["val_acc_step0"]
-    base_acc = {c: a for c, k, s, a in zip(frame["cell"], frame["kind"], frame["state"], step0) if k == "base" and s == "done"}
+    base_acc = {c: a for c, k, s, a in zip(frame["cell"], frame["kind"], frame["state"], step0) if k == CellKind.BASE and s == CellState.DONE}
     frame["base_cell"] = [base_id(k, r) for k, r in zip(frame["kind"], frame.to_dict("records"))]
     frame["base_val_acc"] = pd.array([base_acc.get(b) if b else None for b in frame["base_cell"]], dtype="Float64")
     diffs = [
@@ -263,11 +260,12 @@ def export_peaks(sweep: SweepDir, cells: pd.DataFrame, out: Path, console: Any) 
     from gridrun.export import ExportError, export
 
     written, kept, missing = [], 0, []
-    done = cells[(cells["state"] == "done") & cells["peak_checkpoint"].notna()]
-    for cell, where, step in zip(done["cell"], done["peak_checkpoint"], done["peak_step"]):
-        if where == "base model":
+    done = cells[(cells["state"] == CellState.DONE) & cells["peak_checkpoint"].notna()]
+    for cell, step in zip(done["cell"], done["peak_step"]):
+        peak = peak_checkpoint(sweep.cell(cell), int(step))
+        if peak.base_model:
             continue
-        if where == "deleted":
+        if peak.deleted:
             missing.append(cell)
             continue
         target = out / sweep.name / f"{cell}-step_{int(step):06d}"
@@ -297,7 +295,7 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0, export_to:
 
     def signatures(cell: str) -> dict[str, dict[int, float]]:
         columns = data.columns[cell]
-        return {m: columns.series("val", m) for m in columns.metrics("val") if m.startswith("val/role/")}
+        return {m: columns.series("val", m) for m in columns.metrics("val") if m.startswith(VAL_ROLE)}
 
     tables: list[Table] = []
     for variant, part in variant_slices(cells):

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import difflib
 import errno
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
+from gridrun.runconfig import ConfigError, from_dict
 from gridrun.rundir import disk_error as write_error
+
+T = TypeVar("T")
 
 _FULL = (
     "free space there (or pass --results-dir on another disk), then re-run the same command: "
@@ -38,6 +42,21 @@ def closest(word: str, options: Sequence[str]) -> str:
     if match:
         return f" (did you mean '{match[0]}'?)"
     return f" (valid: {', '.join(options)})" if len(options) <= 12 else ""
+
+
+def checked(cls: type[T], data: dict[str, Any], prefix: str, where: str) -> T:
+    """Dataclass `cls` built from a user-written node by the run schema's rules; a bad key or
+    value is a GridError naming it and `where` to fix it."""
+    try:
+        return from_dict(cls, data, prefix)
+    except ConfigError as err:
+        raise GridError(f"{err}: fix {where}") from None
+
+
+def option_file(group: str, node: Mapping[str, Any]) -> str:
+    """The option file a node came from, as its own `name:` says (without the composition at
+    hand, as in sweep.json)."""
+    return f"the conf/{group}/ file of {group} '{node.get('name')}'"
 
 
 def disk_error(err: OSError, runs_cells: bool = True) -> str | None:

@@ -19,9 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from gridrun.grid.errors import GridError
-from gridrun.registry import ConfigError
-from gridrun.runconfig import from_dict
+from gridrun.grid.errors import GridError, checked, option_file
+from gridrun.grid.launchers.base import LauncherSettings, launcher_class, launcher_settings
 
 T = TypeVar("T")
 
@@ -81,43 +80,6 @@ class ClusterSpec:
 
 
 @dataclass
-class LauncherSettings:
-    """A launcher's settings (conf/launcher/<name>.yaml); each launcher extends it with its own."""
-
-    name: str
-    # Cells (local) or array elements (slurm) running at once; null: the launcher's choice.
-    max_parallel: int | None = None
-
-
-S = TypeVar("S", bound=LauncherSettings)
-
-
-@dataclass
-class LocalSettings(LauncherSettings):
-    """launcher=local (conf/launcher/local.yaml)."""
-
-    name: str = "local"
-    # Seconds between polls of the cells' state files.
-    poll_s: float = 0.5
-    # Seconds a cell gets to stop after SIGTERM before SIGKILL.
-    term_timeout_s: float = 30
-
-
-@dataclass
-class SlurmSettings(LauncherSettings):
-    """launcher=slurm (conf/launcher/slurm.yaml)."""
-
-    name: str = "slurm"
-    max_parallel: int | None = 64
-    # Seconds between SLURM's warning signal (USR2) and the time limit.
-    signal_delay_s: int = 300
-    # Requeues at the time limit a cell may take (submitit's max_num_timeout).
-    max_num_timeout: int = 3
-    # Submissions of one cell, the first included.
-    max_attempts: int = 5
-
-
-@dataclass
 class EstimateSpec:
     """The dry run's cost model (conf/config.yaml's grid.estimate, rows of conf/tables.yaml)."""
 
@@ -152,45 +114,26 @@ def grid_root(node: Mapping[str, Any], files: Mapping[str, str] | None = None) -
     """The composed `grid` node, checked against the schema; a bad key or value is a one-line
     GridError naming it, its closest valid spelling and the file to fix (`files`: group ->
     the option file it was composed from, Composer.option_files; else named by `name:`)."""
-    from gridrun.grid.launchers.base import launcher_class
-
     files = files or {}
     # The user-written parts first, so that an error names their file.
     cluster_spec(_mapping(node, "cluster"), files.get("cluster"))
     gpu = _mapping(node, "gpu")
-    _checked(GpuSpec, dict(gpu), "grid.gpu.", files.get("gpu") or _file("gpu", gpu))
+    checked(GpuSpec, dict(gpu), "grid.gpu.", files.get("gpu") or option_file("gpu", gpu))
     launcher = _mapping(node, "launcher")
     settings_type = launcher_class(str(launcher.get("name"))).settings_type
     settings = launcher_settings(launcher, settings_type, files.get("launcher"))
     rest = {key: value for key, value in node.items() if key != "launcher"}
-    return GridRoot(spec=_checked(GridSpec, rest, "grid.", "conf/config.yaml's grid node"), launcher=settings)
+    return GridRoot(spec=checked(GridSpec, rest, "grid.", "conf/config.yaml's grid node"), launcher=settings)
 
 
 def cluster_spec(cluster: Mapping[str, Any], file: str | None = None) -> ClusterSpec:
     """A cluster profile (as composed, or as sweep.json records it), checked, with its defaults."""
-    return _checked(ClusterSpec, dict(cluster), "grid.cluster.", file or _file("cluster", cluster))
-
-
-def launcher_settings(launcher: Mapping[str, Any], settings_type: type[S], file: str | None = None) -> S:
-    """A launcher's settings (as composed, or as sweep.json and --max-parallel give them), checked."""
-    return _checked(settings_type, dict(launcher), "grid.launcher.", file or _file("launcher", launcher))
+    return checked(ClusterSpec, dict(cluster), "grid.cluster.", file or option_file("cluster", cluster))
 
 
 def as_dict(spec: Any) -> dict[str, Any]:
     """A checked spec as sweep.json records it: every key, defaults filled in."""
     return dataclasses.asdict(spec)
-
-
-def _checked(cls: type[T], data: dict[str, Any], prefix: str, where: str) -> T:
-    try:
-        return from_dict(cls, data, prefix)
-    except ConfigError as err:
-        raise GridError(f"{err}: fix {where}") from None
-
-
-def _file(group: str, node: Mapping[str, Any]) -> str:
-    # Without the composition at hand (sweep.json), the profile's own name says which it is.
-    return f"the conf/{group}/ file of {group} '{node.get('name')}'"
 
 
 def _mapping(node: Mapping[str, Any], key: str) -> Mapping[str, Any]:

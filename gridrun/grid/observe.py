@@ -23,7 +23,7 @@ import socket
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from gridrun.cellstate import ACTIVE_STATES, BLOCKING_STATES
+from gridrun.cellstate import ACTIVE_STATES, BLOCKING_STATES, CellState
 from gridrun.grid.launchers.base import LAUNCHERS, launcher_class
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def _held(observed: dict[str, dict[str, Any]], needs: Mapping[str, list[str]]) -
             continue
         for need in required:
             need_state = str((observed.get(need) or {}).get("state", "planned"))
-            if need_state == "done":
+            if need_state == CellState.DONE:
                 continue
             if need_state in BLOCKING_STATES:
                 observed[cell_id] = {

@@ -49,7 +49,7 @@ from gridrun.grid.gridconfig import GpuSpec, GridRoot, GridSpec, as_dict, grid_r
 from gridrun.grid.observe import live_state, observe
 from gridrun.grid.spec import SweepSpec
 from gridrun.grid.sweepdir import SweepDamaged, SweepDir, sibling_cell
-from gridrun.runconfig import ConfigError, RunConfig, config_from_dict, dump_config, load_config
+from gridrun.runconfig import CellKind, ConfigError, RunConfig, config_from_dict, dump_config, load_config
 from gridrun.rundir import DamagedFile, RunDir, atomic_write_json, atomic_write_text, config_digest
 
 # Run nodes holding the chosen option's own settings (gridrun/registry.py).
@@ -80,9 +80,9 @@ class PlannedCell:
 
     def entry(self) -> dict[str, Any]:
         """This cell's record in sweep.json (and cell.json)."""
-        entry = {
+        entry: dict[str, Any] = {
             "id": self.id,
-            "kind": self.cell.kind,
+            "kind": self.cell.kind.value,
             "coords": self.cell.coords(),
             "fingerprint": self.fingerprint,
             "total_steps": self.total_steps(),
@@ -149,10 +149,10 @@ def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
                                                 composer.option_files([*choices, *settings]))
             unused -= set(applied)
         tree, root = composed[choices, variant], roots[choices, variant]
-        if cell.kind == "transfer":
+        if cell.kind is CellKind.TRANSFER:
             (source,) = cell.needs
             tree = {**tree, "policy": {**tree["policy"], "adapters": {"generator": sibling_cell(source.id)}}}
-        elif cell.kind == "eval":
+        elif cell.kind is CellKind.EVAL:
             tree = {**tree, "policy": {**tree["policy"], "adapters": _cell_sources(cell, tree["policy"].get("adapters") or {})}}
         try:
             config = run_config(tree, cell.cell_node())
@@ -181,9 +181,7 @@ def _cell_sources(cell: Cell, sources: dict[str, Any]) -> dict[str, str]:
     (`+policy.adapters.all_roles='../../../smoke/cells/{cell}@peak'`) names each cell's own
     source. {cell} is the id of the trained cell at the eval cell's coordinates (train, or
     sa_rl for `single`); {policy} is written as ids write it (ip, sp)."""
-    trained = Cell("sa_rl" if cell.workflow == "single" else "train", cell.workflow, cell.task, cell.scale,
-                   cell.policy, cell.seed)
-    fields = {**cell.coords(), "seed": cell.seed or 0, "policy": cell.policy_tag, "cell": trained.id}
+    fields = {**cell.coords(), "seed": cell.seed or 0, "policy": cell.policy_tag, "cell": cell.trained_twin().id}
     try:
         return {role: str(source).format(**fields) for role, source in sources.items()}
     except (KeyError, IndexError, ValueError) as err:

@@ -46,8 +46,9 @@ from typing import Any
 import yaml
 from hydra.core.override_parser.types import Glob
 
+from gridrun import registry
 from gridrun.grid import search
-from gridrun.grid.cells import AXES, KINDS
+from gridrun.grid.cells import AXES, KINDS, SINGLE_KINDS
 from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError, closest
 from gridrun.grid.sweepdir import SWEEP_FILE_SUFFIXES, check_sweep_name
@@ -285,7 +286,7 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
             raise GridError(f"restrict.{kind}.{axis}: name an axis ({', '.join(axes_named)}){closest(axis, axes_named)}")
         listed = values if isinstance(values, list) else [values]
         # The kinds that add workflow `single` to the sweep's may be restricted to it.
-        restrict.setdefault(kind, {})[axis] = _checked_axis(axis, listed, composer, single_ok=kind in ("base", "shuffled", "eval"))
+        restrict.setdefault(kind, {})[axis] = _checked_axis(axis, listed, composer, single_ok=kind in SINGLE_KINDS)
     return SweepSpec(
         name=path.stem, source=path, axes=axes, settings=_last_wins(settings, composer), restrict=restrict,
         argv=list(overrides), variants=_chosen_variants(path, variants, chosen), early_warning=early_warning,
@@ -387,9 +388,9 @@ def _checked_axis(axis: str, values: list[Any], composer: Composer, single_ok: b
         else:
             value = str(value)
             composer.check_choice(axis, value)
-            if axis == "workflow" and value == "single" and not single_ok:
+            if axis == "workflow" and value == registry.single_agent_workflow() and not single_ok:
                 raise GridError(
-                    "workflow 'single' is not a multi-agent workflow: the sa_rl, base, shuffled and eval kinds already "
+                    f"workflow '{value}' is not a multi-agent workflow: the sa_rl, base, shuffled and eval kinds already "
                     "run it; drop it from workflow="
                 )
         if value in checked:

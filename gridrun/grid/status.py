@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gridrun.cellstate import STATES, UNREADABLE_STATES
+from gridrun.cellstate import STATES, UNREADABLE_STATES, CellState
 from gridrun.grid.cells import base_control
 from gridrun.grid.observe import live_state, needs_of, observe
 from gridrun.grid.sweepdir import SweepDamaged, SweepDir, planned_sweeps
@@ -30,7 +30,7 @@ STATE_STYLES = {
     "planned": "dim",
     "queued": "cyan",
     "running": "blue",
-    "done": "green",
+    CellState.DONE: "green",
     "failed": "red",
     "preempted": "magenta",
     "cancelled": "yellow",
@@ -45,7 +45,7 @@ def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
     cells = sweep.read()["cells"]
     # state.json only (cell.json's damage is `show`'s to report and `plan`'s to repair): the fast path.
     states = observe({cell["id"]: live_state(sweep.cell(cell["id"])) for cell in cells}, needs_of(cells))
-    base_acc = {cell_id: s.get("peak_val_acc") for cell_id, s in states.items() if s.get("state") == "done"}
+    base_acc = {cell_id: s.get("peak_val_acc") for cell_id, s in states.items() if s.get("state") == CellState.DONE}
     now = time.time()
     rows = []
     for cell in cells:

@@ -9,7 +9,8 @@ Hydra or gridrun.grid; reads config.yaml and writes only inside its run director
     scoring.py      rewards computed while the rollout goes on
     credit.py       role-level credit (reward.credit): each turn's own reward; role/<r>/reward
     advantages.py   the reward control's shuffle, GRPO's rows and groups, named estimators
-    grpo.py         pure GRPO maths: clipped loss, KL, aggregation, mini-batch order, LR schedule
+    ppo.py          pure PPO-side maths: clipped loss, KL, ratio diagnostics, aggregation
+    minibatches.py  the order rows are cut into mini-batches; lr_schedule.py: the LR schedule
     update.py       the policy update of a step: per adapter, mini-batches, per-role metrics
     logprobs.py     per-token log-probs and entropies; padding.py: ragged rows to tensors
     attention.py    grouped-query attention on the CPU without copies

@@ -18,7 +18,7 @@ Rows are role turns under group_key=problem_trajectory, and under group_key=prob
 the estimator asks for turns (`per_role`) or the turns carry rewards of their own
 (reward.credit=per_role); otherwise one row per episode.
 Left out: process (per-token) rewards, a value baseline (no critic), the KL penalty (a loss
-term: gridrun/train/grpo.py), and the random streams' seeds (gridrun/train/seeds.py).
+term: gridrun/train/ppo.py), and the random streams' seeds (gridrun/train/seeds.py).
 """
 
 from __future__ import annotations

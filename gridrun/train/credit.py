@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from gridrun.metric_keys import role_key
 from gridrun.registry import Workflow
 from gridrun.tasks.base import Score, Task
 from gridrun.train.distributed import Dist
@@ -45,4 +46,4 @@ def role_reward_metrics(episodes: list[Episode], dist: Dist | None = None) -> di
     by_role: dict[str, list[float]] = defaultdict(list)
     for role, reward in everyone:
         by_role[role].append(reward)
-    return {f"role/{role}/reward": sum(values) / len(values) for role, values in by_role.items()}
+    return {role_key(role, "reward"): sum(values) / len(values) for role, values in by_role.items()}

@@ -14,6 +14,7 @@ import math
 import re
 from collections import defaultdict
 
+from gridrun.metric_keys import role_key, role_prefix
 from gridrun.tasks.answers import last_boxed
 from gridrun.train.episode import Episode, Turn
 
@@ -64,7 +65,7 @@ def role_signatures(episodes: list[Episode], parallel_role: str | None) -> dict[
     out: dict[str, float] = {}
     for role, group in turns.items():
         lengths = [float(len(t.completion_ids)) for t in group]
-        prefix = f"role/{role}/"
+        prefix = role_prefix(role)
         out[prefix + "len_p50"] = percentile(lengths, 50)
         out[prefix + "len_p95"] = percentile(lengths, 95)
         out[prefix + "len_mean"] = sum(lengths) / len(lengths)
@@ -79,5 +80,5 @@ def role_signatures(episodes: list[Episode], parallel_role: str | None) -> dict[
             if pairs:
                 scores.append(sum(pairs) / len(pairs))
         if scores:
-            out[f"role/{parallel_role}/slot_jaccard3"] = sum(scores) / len(scores)
+            out[role_key(parallel_role, "slot_jaccard3")] = sum(scores) / len(scores)
     return out

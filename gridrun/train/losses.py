@@ -25,7 +25,7 @@ import torch
 
 from gridrun.registry import ConfigError
 from gridrun.runconfig import GRPOSpec
-from gridrun.train import grpo
+from gridrun.train import ppo
 
 # (logp, old_logp, advantages, mask, spec) -> (loss, clipped): every tensor (batch, tokens).
 PolicyLoss: TypeAlias = Callable[
@@ -71,13 +71,13 @@ def policy_loss(name: str) -> PolicyLoss:
 def vanilla(
     logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, spec: GRPOSpec
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's clipped surrogate with clip-higher and dual-clip (grpo.clipped_policy_loss), its
+    """PPO's clipped surrogate with clip-higher and dual-clip (ppo.clipped_policy_loss), its
     bounds from `spec` (clip_low, clip_high, clip_ratio_c, log_ratio_clamp).
 
     logp: (batch, tokens) the current policy's log-probs, with gradient; old_logp: (batch,
     tokens) the old policy's; advantages: (batch, tokens), a row's advantage on each of its
     tokens; mask: (batch, tokens) 1 on completion tokens (unused: the aggregation masks).
     Returns (loss (batch, tokens), clipped (batch, tokens) bool)."""
-    return grpo.clipped_policy_loss(
+    return ppo.clipped_policy_loss(
         logp, old_logp, advantages, spec.clip_low, spec.clip_high, spec.clip_ratio_c, spec.log_ratio_clamp
     )

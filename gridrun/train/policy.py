@@ -35,7 +35,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 
 from gridrun.adapters import resolve
 from gridrun.registry import Workflow
-from gridrun.runconfig import ALL_ROLES, SHARED_ADAPTER, RunConfig
+from gridrun.runconfig import ALL_ROLES, SHARED_ADAPTER, CellKind, RunConfig
 
 SHARED = SHARED_ADAPTER
 TRANSFER = "transfer"
@@ -62,7 +62,7 @@ class Routing:
 def routing_for(config: RunConfig, workflow: Workflow, run_dir: Path | None = None) -> Routing:
     """`run_dir`: the cell's own, from which relative adapter sources are taken (transfer)."""
     roles = workflow.roles
-    if config.cell.kind == "base":
+    if config.cell.kind is CellKind.BASE:
         return Routing({r: None for r in roles}, ())
     if config.policy.name == TRANSFER:
         return _frozen_routing(config, workflow, run_dir)

@@ -35,12 +35,13 @@ from gridrun import cellstate
 from gridrun.accuracy import first_peak, val_accuracy
 from gridrun.adapters import AdapterSourceError
 from gridrun.mechanisms import RESPONSE_CAP, MechanismWatch, alert_flags
+from gridrun.metric_keys import VAL_ROLE
 from gridrun.runconfig import ModelSpec, RunConfig, load_config
 from gridrun.rundir import RANK_STEPS_KEPT, RUN_DISK_FIXES, NotARunDir, RunDir, atomic_write_text, disk_error
 from gridrun.tasks import make_task
 from gridrun.tasks.base import Problem
 from gridrun.tasks.sandbox import SandboxUnavailable
-from gridrun.train import checkpoint, grpo
+from gridrun.train import checkpoint, lr_schedule
 from gridrun.train.advantages import estimator, shuffle_rewards, turn_advantages
 from gridrun.train.coherence import Coherence
 from gridrun.train.credit import assign_credit, role_reward_metrics
@@ -270,8 +271,8 @@ class Trainer:
 
     def lr(self, step: int, update_index: int, updates_per_step: int) -> float:
         opt = self.config.optim
-        advances = grpo.schedule_advances(step, update_index, updates_per_step, opt.lr_advance)
-        return grpo.lr_at(advances, opt.lr, opt.warmup_steps, self.total_steps, opt.schedule, opt.min_lr_ratio)
+        advances = lr_schedule.schedule_advances(step, update_index, updates_per_step, opt.lr_advance)
+        return lr_schedule.lr_at(advances, opt.lr, opt.warmup_steps, self.total_steps, opt.schedule, opt.min_lr_ratio)
 
     def record_skipped(self, skipped: int) -> None:
         """Count non-finite updates into state.json at once (the alert follows with the row)."""
@@ -314,7 +315,7 @@ class Trainer:
         """Accuracy summary and the alerts into state.json, so `gridrun status` reads one file."""
         fields: dict[str, Any] = {"last_val_acc": metrics["val/acc"], **self.peak_fields()}
         if step == 0:
-            fields["first_val"] = {k: v for k, v in metrics.items() if k.startswith("val/role/")}
+            fields["first_val"] = {k: v for k, v in metrics.items() if k.startswith(VAL_ROLE)}
         else:
             fields["alerts"] = self.alerts()
         self.run_dir.record(cellstate.progressed(**fields))

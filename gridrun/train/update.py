@@ -34,7 +34,7 @@ Semantics (the paper's stack, reproduced rather than smoothed; `preset=` picks t
   before the optimizer step. On one rank every collective is the identity.
 Diagnostics per role and over all roles (`train/...`): chi2 = E[rho^2] - 1 of the token
 ratio rho = pi_theta / pi_rollout (as verl's rollout_corr/chi2_token), chi2_centered =
-mean (rho - 1)^2, ppl = mean over sequences of exp(-mean log-prob) (grpo.ratio_diagnostics:
+mean (rho - 1)^2, ppl = mean over sequences of exp(-mean log-prob) (ppo.ratio_diagnostics:
 each per micro-batch, then averaged over every rank's micro-batches as verl, so that with
 several ranks they depend on the rank count as verl's do, or pooled over the step, as
 grpo.chi2_reduction says), entropy of the
@@ -57,8 +57,9 @@ from typing import Any
 
 import torch
 
+from gridrun.metric_keys import adapter_prefix, role_key, role_prefix
 from gridrun.runconfig import GRPOSpec, RunConfig
-from gridrun.train import grpo, logprobs
+from gridrun.train import logprobs, minibatches, ppo
 from gridrun.train.coherence import Coherence
 from gridrun.train.distributed import Dist
 from gridrun.train.losses import DEFAULT_POLICY_LOSS, policy_loss
@@ -135,7 +136,7 @@ class _RoleStats:
     absdiff_sum: float = 0.0
     grad_norms: list[float] = field(default_factory=list)
     # One entry per micro-batch: the sums behind chi2, chi2_centered and ppl.
-    ratios: list[grpo.RatioSums] = field(default_factory=list)
+    ratios: list[ppo.RatioSums] = field(default_factory=list)
     # I6's factor of each of the role's mini-batch gradients.
     coherence_scales: list[float] = field(default_factory=list)
 
@@ -348,7 +349,7 @@ def _optimizer_steps(
     done = _AdapterSteps()
     for batch in cuts:
         scaled = settings.grpo.partial_minibatch == "scaled" and adapter not in settings.adapter_steps
-        scale = grpo.partial_scale(len(batch), settings.minibatch_size) if scaled else 1.0
+        scale = minibatches.partial_scale(len(batch), settings.minibatch_size) if scaled else 1.0
         measured = {role: len(stats[role].grad_norms) for role in {s.role for s in batch}}
         loss = _minibatch(model, batch, params, settings, stats, dist, scale, coherence)
         if dist.world > 1:
@@ -374,7 +375,7 @@ def _optimizer_steps(
 
 def _adapter_metrics(adapter: str, done: _AdapterSteps, lr: float, roles: Iterable[str]) -> dict[str, float]:
     """`adapter/<name>/...` of one adapter's loop, and its optimizer steps under each role it serves."""
-    prefix = f"adapter/{adapter}/"
+    prefix = adapter_prefix(adapter)
     metrics: dict[str, float] = {
         prefix + "opt_steps": done.steps,
         prefix + "skipped_nonfinite": done.skipped,
@@ -382,7 +383,7 @@ def _adapter_metrics(adapter: str, done: _AdapterSteps, lr: float, roles: Iterab
         prefix + "lr": lr,
     }
     for role in roles:
-        metrics[f"role/{role}/opt_steps"] = done.steps
+        metrics[role_key(role, "opt_steps")] = done.steps
     return metrics
 
 
@@ -395,7 +396,7 @@ def _role_metrics(stats: dict[str, _RoleStats], gcfg: GRPOSpec, with_coherence: 
     metrics: dict[str, float] = {}
     for role, s in stats.items():
         n = max(s.tokens, 1)
-        prefix = f"role/{role}/"
+        prefix = role_prefix(role)
         metrics.update(
             {
                 prefix + "seqs": s.seqs,
@@ -430,7 +431,7 @@ def _role_metrics(stats: dict[str, _RoleStats], gcfg: GRPOSpec, with_coherence: 
 def _divergences(prefix: str, s: _RoleStats, reduction: str) -> dict[str, float]:
     """chi2 (E[rho^2] - 1), chi2_centered (mean (rho - 1)^2) and per-sequence ppl, reduced
     over micro-batches as `reduction` says; the entropy per token."""
-    out = {prefix + name: value for name, value in grpo.ratio_diagnostics(s.ratios, reduction).items()}
+    out = {prefix + name: value for name, value in ppo.ratio_diagnostics(s.ratios, reduction).items()}
     out[prefix + "entropy"] = s.entropy_sum / max(s.tokens, 1)
     return out
 
@@ -446,7 +447,7 @@ def minibatch_plan(
     that adapter's sequences are cut into that many near-equal consecutive mini-batches
     instead of by `size`."""
     if spec.minibatch_order == "balanced":
-        order = grpo.balanced_order([len(s.prompt_ids) + len(s.completion_ids) for s in seqs], world, size)
+        order = minibatches.balanced_order([len(s.prompt_ids) + len(s.completion_ids) for s in seqs], world, size)
         seqs = [seqs[i] for i in order]
     plan: dict[str, list[list[TrainSeq]]] = {}
     for adapter in adapters:
@@ -562,9 +563,9 @@ def _accumulate(
     kl = None
     if beta > 0:
         ref = _aligned([s.ref_logp or [] for s in chunk], t_max).to(device)
-        kl = grpo.k3_kl(logp, ref, gcfg.log_ratio_clamp, gcfg.kl_clamp)
+        kl = ppo.k3_kl(logp, ref, gcfg.log_ratio_clamp, gcfg.kl_clamp)
         token_loss = token_loss + beta * kl
-    weights = grpo.token_weights(mask, gcfg.loss_agg, n_tokens, n_seqs) * scale * settings.role_weight.get(role, 1.0)
+    weights = ppo.token_weights(mask, gcfg.loss_agg, n_tokens, n_seqs) * scale * settings.role_weight.get(role, 1.0)
     loss = (weights * token_loss).sum()
     loss.backward()
     with torch.no_grad():
@@ -576,7 +577,7 @@ def _accumulate(
         if entropy is not None:
             s.entropy_sum += float((entropy * mask)[unmeasured].sum())
         # rho = pi_theta / pi_rollout, its log clamped to +-20 as verl's chi2_token.
-        s.ratios.append(grpo.ratio_sums(logp.detach(), rollout, mask, _RHO_LOG_BOUND))
+        s.ratios.append(ppo.ratio_sums(logp.detach(), rollout, mask, _RHO_LOG_BOUND))
         s.clipped += int((clipped.float() * mask).sum())
         s.loss_sum += float((token_loss * mask).sum())
         s.absdiff_sum += float(((old - rollout).abs() * mask).sum())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from gridrun.metric_keys import role_key
 from gridrun.registry import Workflow, WorkflowParams
 from gridrun.tasks.base import Task
 from gridrun.train.diagnostics import role_signatures
@@ -35,7 +36,7 @@ def validation_metrics(episodes: list[Episode], task: Task, workflow: Workflow, 
     for (_, turn), score in zip(turns, turn_scores):
         by_role[turn.role].append(score.correct)
     for role, marks in by_role.items():
-        out[f"role/{role}/acc"] = sum(marks) / len(marks)
+        out[role_key(role, "acc")] = sum(marks) / len(marks)
 
     def correct(turn: Turn) -> bool:
         return correct_by_turn[id(turn)]

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gridrun.metric_keys import role_key
 from gridrun.registry import ConfigError, Workflow, WorkflowParams, register_workflow
 from gridrun.runconfig import ProtocolSpec
 from gridrun.tasks.answers import parse_verdict, python_blocks
@@ -99,9 +100,9 @@ def metrics(episodes: list[Any], correct: Callable[[Any], bool], params: EvalOpt
             judged.append((review.parsed, correct(answers[review.round])))
     reviews = [t for e in episodes for t in e.role_turns("evaluator")]
     if reviews:
-        out["role/evaluator/verdict_rate"] = sum(parse_verdict(t.text, "first") is not None for t in reviews) / len(reviews)
-        out["role/evaluator/verdict_acc"] = sum(v is not None and v == ok for v, ok in judged) / len(judged)
-        out["role/evaluator/code_fence_rate"] = sum(has_code_block(t) for t in reviews) / len(reviews)
+        out[role_key("evaluator", "verdict_rate")] = sum(parse_verdict(t.text, "first") is not None for t in reviews) / len(reviews)
+        out[role_key("evaluator", "verdict_acc")] = sum(v is not None and v == ok for v, ok in judged) / len(judged)
+        out[role_key("evaluator", "code_fence_rate")] = sum(has_code_block(t) for t in reviews) / len(reviews)
     return out
 
 

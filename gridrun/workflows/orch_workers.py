@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gridrun.metric_keys import role_key
 from gridrun.registry import Workflow, WorkflowParams, register_workflow
 from gridrun.runconfig import ProtocolSpec
 from gridrun.tasks.answers import parse_strategies, unnumbered_strategies
@@ -62,8 +63,8 @@ def metrics(episodes: list[Any], correct: Callable[[Any], bool], params: OrchWor
     plans = [e.role_turns("orchestrator")[0] for e in episodes]
     openers = {" ".join(t.text.split()[:3]).lower() for t in plans}
     return {
-        "role/orchestrator/plan_rate": sum(len(set(p.parsed)) == params.n_workers for p in plans) / len(episodes),
-        "role/orchestrator/unique_openers": float(len(openers)),
+        role_key("orchestrator", "plan_rate"): sum(len(set(p.parsed)) == params.n_workers for p in plans) / len(episodes),
+        role_key("orchestrator", "unique_openers"): float(len(openers)),
     }
 
 

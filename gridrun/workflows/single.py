@@ -21,5 +21,6 @@ async def run(llm: Any, episode: Any, task: Any, params: SingleParams, protocol:
 
 
 WORKFLOW = register_workflow(
-    Workflow(name="single", roles=("generator",), params=SingleParams, run=run, answer_roles=("generator",))
+    Workflow(name="single", roles=("generator",), params=SingleParams, run=run, answer_roles=("generator",),
+             single_agent=True)
 )

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gridrun.metric_keys import role_key
 from gridrun.registry import Workflow, WorkflowParams, register_workflow
 from gridrun.runconfig import ProtocolSpec
 from gridrun.tasks.answers import parse_selection
@@ -57,12 +58,12 @@ def metrics(episodes: list[Any], correct: Callable[[Any], bool], params: VotingP
     boxed = [parse_selection(p.text, len(e.role_turns("generator")), "last_box") is not None
              for e, p in zip(episodes, picks)]
     out = {
-        "role/aggregator/select_rate": sum(boxed) / n,
-        "role/aggregator/terse_rate": sum(len(p.completion_ids) <= TERSE_TOKENS and ok for p, ok in zip(picks, boxed)) / n,
+        role_key("aggregator", "select_rate"): sum(boxed) / n,
+        role_key("aggregator", "terse_rate"): sum(len(p.completion_ids) <= TERSE_TOKENS and ok for p, ok in zip(picks, boxed)) / n,
     }
     solvable = [(e, p.parsed) for e, p in zip(episodes, picks) if any(correct(t) for t in e.role_turns("generator"))]
     if solvable:
-        out["role/aggregator/select_acc"] = sum(
+        out[role_key("aggregator", "select_acc")] = sum(
             p is not None and correct(e.role_turns("generator")[p]) for e, p in solvable
         ) / len(solvable)
     return out

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gridrun import cellstate
-from gridrun.grid.gridconfig import LocalSettings
 from gridrun.grid.launchers.base import Launcher
+from gridrun.grid.launchers.local import LocalSettings
 from gridrun.grid.sweepdir import SweepDir
 
 

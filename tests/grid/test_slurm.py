@@ -14,8 +14,15 @@ import pytest
 
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.errors import GridError
-from gridrun.grid.gridconfig import SlurmSettings
-from gridrun.grid.launchers.slurm import SlurmLauncher, by_job, chunks, executor_parameters, job_spec, sbatch_script
+from gridrun.grid.launchers.slurm import (
+    SlurmLauncher,
+    SlurmSettings,
+    by_job,
+    chunks,
+    executor_parameters,
+    job_spec,
+    sbatch_script,
+)
 from tests.grid.conftest import Gridrun
 from tests.states import put_state
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from gridrun.grid.analysis.findings import HOLDS, UNSURE, claim_e, claim_verdict
-from gridrun.grid.analysis.warning import Cliff, cliff_from_peak, early_warning_table, lead, warning_columns
+from gridrun.grid.analysis.warning import PeakDrop, early_warning_table, lead, peak_drop, warning_columns
 from gridrun.grid.sweepdir import SweepDir
 from tests.grid.conftest import Gridrun
 from tests.grid.test_collect import add_cell, coords
@@ -20,26 +20,26 @@ def test_the_cliff_is_the_largest_drop_below_the_running_peak() -> None:
     # Peak 0.60 at step 10; below it 15 points at 15, 10 at 20, 30 at 25: the cliff is 30
     # points at step 25, measured from step 10, and the fall shows first at step 15.
     accs = {0: 0.40, 5: 0.55, 10: 0.60, 15: 0.45, 20: 0.50, 25: 0.30}
-    cliff = cliff_from_peak(accs)
+    cliff = peak_drop(accs)
     assert cliff is not None
     assert (cliff.step, cliff.peak_step, cliff.onset_step) == (25, 10, 15)
     assert cliff.drop_pp == pytest.approx(30.0)
     # A slow slide: each step falls 5 points (the largest consecutive drop), but the running
     # peak 0.50 of step 0 ends 15 points above step 15. Step 5 is within ONSET_PP (5) of the
     # peak, still at it: the fall shows at 10.
-    slide = cliff_from_peak({0: 0.50, 5: 0.45, 10: 0.40, 15: 0.35})
+    slide = peak_drop({0: 0.50, 5: 0.45, 10: 0.40, 15: 0.35})
     assert slide is not None and (slide.step, slide.peak_step, slide.onset_step) == (15, 0, 10)
     assert slide.drop_pp == pytest.approx(15.0)
     # A noisy dip of 6 points right after the peak, a recovery to 1 point below it, then the
     # fall: the onset is after the recovery (step 8), not the dip (step 2), so an alert at
     # step 5 leads it by 2 validations (6 and 8) where it would trail the dip.
     noisy = {0: 0.315, 2: 0.255, 4: 0.25, 6: 0.305, 8: 0.225, 10: 0.195}
-    dip = cliff_from_peak(noisy)
+    dip = peak_drop(noisy)
     assert dip is not None and (dip.step, dip.peak_step, dip.onset_step) == (10, 0, 8)
     assert lead(sorted(noisy), dip.onset_step, 5) == 2
     # Never below its running peak: no cliff; no validations: nothing.
-    assert cliff_from_peak({0: 0.3, 5: 0.3, 10: 0.4}) == Cliff(0.0)
-    assert cliff_from_peak({}) is None
+    assert peak_drop({0: 0.3, 5: 0.3, 10: 0.4}) == PeakDrop(0.0)
+    assert peak_drop({}) is None
 
 
 def test_lead_counts_validations_between_the_firing_and_the_fall() -> None:

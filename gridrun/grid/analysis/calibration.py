@@ -37,14 +37,14 @@ from typing import Any
 import pandas as pd
 
 from gridrun.accuracy import val_accuracy
+from gridrun.cellstate import CellState
 from gridrun.grid.analysis.summary import cell_grouping
 from gridrun.grid.analysis.tables import Table, number
 from gridrun.grid.analysis.warning import (
     CLIFF_PP,
     LEAD_VALIDATIONS,
-    TRAINED_KINDS,
     alert_counts,
-    cliff_from_peak,
+    peak_drop,
     warning_columns,
 )
 from gridrun.grid.spec import EarlyWarningPlan
@@ -60,6 +60,7 @@ from gridrun.mechanisms import (
     applies,
     firings,
 )
+from gridrun.runconfig import TRAINED_KINDS, CellKind
 from gridrun.rundir import RunDir
 
 # A calibrated alert must cry wolf on fewer than this share of the cells without a cliff.
@@ -121,7 +122,7 @@ def score(curves: Sequence[CellCurve], mechanism: str, thresholds: Thresholds) -
         fired = curve.first_firing(mechanism, thresholds)
         # Steps replayed: none (no training row) leaves the cell out, as collect's alert_summary does.
         trained = sum(row.get("split") == "train" for row in curve.rows) or None
-        records.append({"kind": "train", "state": "done", f"alert/{mechanism}/steps": trained, first: fired,
+        records.append({"kind": CellKind.TRAIN.value, "state": CellState.DONE.value, f"alert/{mechanism}/steps": trained, first: fired,
                         **warning_columns(curve.val_acc, {first: fired})})
     counts = alert_counts(pd.DataFrame.from_records(records), mechanism)
     return Score(counts["cliffs"], counts["warned"], counts["calm"], counts["false"])
@@ -158,7 +159,7 @@ class Calibration:
 
 def read_curves(sweep: SweepDir, cells: pd.DataFrame) -> list[CellCurve]:
     """The done training cells' curves (the only cells an alert is scored on)."""
-    done = cells[cells["kind"].isin(TRAINED_KINDS) & (cells["state"] == "done")]
+    done = cells[cells["kind"].isin(TRAINED_KINDS) & (cells["state"] == CellState.DONE)]
     curves = []
     for record in done.to_dict("records"):
         run_dir = RunDir(sweep.cell(record["cell"]).root)
@@ -246,7 +247,7 @@ def shown_table(curves: Sequence[CellCurve], results: Sequence[Calibration]) -> 
     rows = []
     for (workflow, policy, variant), members in groups.items():
         mechanism = next((m for m in MECHANISMS if members[0].applies(m)), None)
-        drops = [c.drop_pp for m in members if (c := cliff_from_peak(m.val_acc)) is not None]
+        drops = [c.drop_pp for m in members if (c := peak_drop(m.val_acc)) is not None]
         cliffs = sum(d >= CLIFF_PP for d in drops)
         fired = (sum(m.first_firing(mechanism, chosen[mechanism]) is not None for m in members)
                  if mechanism is not None else None)

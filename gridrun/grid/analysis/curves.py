@@ -37,6 +37,8 @@ from gridrun.grid.analysis.plotting import (
 from gridrun.grid.analysis.summary import MetricColumns
 from gridrun.grid.analysis.tables import POLICY_LABELS, ordered_workflows
 from gridrun.grid.sweepdir import SweepDir
+from gridrun.metric_keys import role_key
+from gridrun.registry import single_agent_workflow
 
 # The paper's order; a policy it does not name comes after, alphabetically.
 POLICY_ORDER = ("isolated", "shared")
@@ -55,7 +57,7 @@ class Curves:
 def read_curves(columns: MetricColumns) -> Curves:
     curves = Curves(val_acc={s: 100 * v for s, v in columns.series("val", "val/acc").items()})
     for role in columns.roles():
-        share = columns.series("train", f"role/{role}/grad_share")
+        share = columns.series("train", role_key(role, "grad_share"))
         if share:
             curves.grad_share[role] = share
     return curves
@@ -95,7 +97,7 @@ Grid = list[list[Panel | None]]  # rows of panels; None leaves a position empty
 
 # --- what to draw ------------------------------------------------------------------------------
 def _workflows(block: list[dict[str, Any]]) -> list[str]:
-    return ordered_workflows(r["workflow"] for r in block if r["kind"] in ("train", "base") and r["workflow"] != "single")
+    return ordered_workflows(r["workflow"] for r in block if r["kind"] in ("train", "base") and r["workflow"] != single_agent_workflow())
 
 
 def _policies(train: list[dict[str, Any]]) -> list[str]:

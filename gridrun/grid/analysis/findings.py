@@ -41,9 +41,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from gridrun.cellstate import CellState
 from gridrun.grid.analysis.stats import mean_ci95
 from gridrun.grid.analysis.tables import POLICY_LABELS, Table, blocks, number
 from gridrun.mechanisms import MECHANISMS
+from gridrun.metric_keys import role_key, val_key
+from gridrun.registry import single_agent_workflow
 
 HOLDS, FAILS, UNSURE = "holds", "does not hold", "inconclusive"
 STATEMENTS = {
@@ -131,7 +134,7 @@ def _done(cells: pd.DataFrame, column: str) -> dict[int, float]:
     """seed -> value of the done cells with a value (a base control's seed is None: key -1)."""
     if column not in cells:
         return {}
-    done = cells[(cells["state"] == "done") & cells[column].notna()]
+    done = cells[(cells["state"] == CellState.DONE) & cells[column].notna()]
     return {(-1 if pd.isna(seed) else int(seed)): float(value) for seed, value in zip(done["seed"], done[column])}
 
 
@@ -182,10 +185,11 @@ def claim_a(cells: pd.DataFrame) -> Claim:
         needs="`shuffled` cells: add `shuffled` to the sweep's `kind` axis")], "most"))
     sa_rl = []
     for task, scale in dict.fromkeys(zip(cells["task"], cells["scale"])):
-        shuffled = _select(cells, "shuffled", task, scale, "single")
+        single = single_agent_workflow()
+        shuffled = _select(cells, "shuffled", task, scale, single)
         if len(shuffled):
-            rl = _done(_select(cells, "sa_rl", task, scale, "single"), "final_val_acc")
-            sa_rl.append(_measured("SA-RL final − shuffled SA-RL final", (task, scale, "single", ""),
+            rl = _done(_select(cells, "sa_rl", task, scale, single), "final_val_acc")
+            sa_rl.append(_measured("SA-RL final − shuffled SA-RL final", (task, scale, single, ""),
                                    _paired(rl, _done(shuffled, "final_val_acc"), 100), "pp", 1,
                                    "done sa_rl cells and shuffled twins of the same seeds"))
     if sa_rl:
@@ -229,7 +233,7 @@ def claim_c(cells: pd.DataFrame) -> Claim:
         for metric, label in (("chi2", "χ²"), ("ppl", "perplexity")):
             rows.append(_measured(
                 f"generator − aggregator {label} peak/first", (task, scale, "voting", "IP"),
-                _paired(_done(group, f"role/generator/{metric}_ratio"), _done(group, f"role/aggregator/{metric}_ratio")),
+                _paired(_done(group, role_key("generator", f"{metric}_ratio")), _done(group, role_key("aggregator", f"{metric}_ratio"))),
                 "ratio", 1, f"done cells with both roles' {label} ratios (a first value > 0)"))
     if not rows:
         claim.needs = "Voting-IP `train` cells"
@@ -244,10 +248,10 @@ def claim_d(cells: pd.DataFrame) -> Claim:
     for task, scale, group in _voting_blocks(cells, "shared"):
         where = (task, scale, "voting", "SP")
         rows.append(_measured("aggregator terse rate, last − first validation", where,
-                              [100 * v for v in _done(group, "val/role/aggregator/terse_rate_change").values()],
+                              [100 * v for v in _done(group, val_key(role_key("aggregator", "terse_rate_change"))).values()],
                               "pp", -1, "done cells with the aggregator's terse rate at two validations"))
         rows.append(_measured("aggregator mean length, last − first validation", where,
-                              list(_done(group, "val/role/aggregator/len_mean_change").values()),
+                              list(_done(group, val_key(role_key("aggregator", "len_mean_change"))).values()),
                               "tokens", 1, "done cells with the aggregator's length at two validations"))
     if not rows:
         claim.needs = "Voting-SP `train` cells"

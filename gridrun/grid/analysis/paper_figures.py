@@ -32,6 +32,7 @@ from typing import Any
 
 import pandas as pd
 
+from gridrun.cellstate import CellState
 from gridrun.grid.analysis.plotting import (
     OKABE_ITO,
     SERIES_COLORS,
@@ -47,6 +48,7 @@ from gridrun.grid.analysis.summary import MetricColumns
 from gridrun.grid.analysis.tables import POLICY_LABELS, ordered_workflows
 from gridrun.grid.errors import GridError
 from gridrun.grid.sweepdir import SweepDir
+from gridrun.metric_keys import role_key
 from gridrun.rundir import RunDir
 
 POLICY_MARKER = {"IP": "o", "SP": "s"}
@@ -95,7 +97,7 @@ def _draw_runs(ax: Any, runs: Sequence[Series], color: str, label: str, linestyl
 
 
 def _done(frame: pd.DataFrame, column: str) -> list[float]:
-    return [float(v) for v in frame.loc[(frame["state"] == "done") & frame[column].notna(), column]]
+    return [float(v) for v in frame.loc[(frame["state"] == CellState.DONE) & frame[column].notna(), column]]
 
 
 def _blocks(cells: pd.DataFrame) -> list[tuple[str, str]]:
@@ -318,7 +320,7 @@ def fig6(cells: pd.DataFrame, columns: dict[str, MetricColumns], cell: str) -> b
     for ax, (metric, name) in zip(axes, DIAGNOSTICS):
         raw = []
         for index, role in enumerate(roles):
-            series = metrics.series("train", f"role/{role}/{metric}")
+            series = metrics.series("train", role_key(role, metric))
             if not series:
                 continue
             steps = sorted(series)
@@ -357,7 +359,7 @@ def fig6(cells: pd.DataFrame, columns: dict[str, MetricColumns], cell: str) -> b
         legend(overlay)
     share = axes[5]
     for index, role in enumerate(roles):
-        series = metrics.series("train", f"role/{role}/grad_share")
+        series = metrics.series("train", role_key(role, "grad_share"))
         steps = sorted(series)
         share.plot(steps, [series[s] for s in steps], color=OKABE_ITO[index % len(OKABE_ITO)],
                    linestyle=("-", "--", ":", "-.")[index % 4], linewidth=1.5, label=role)

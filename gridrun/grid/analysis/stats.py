@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from gridrun.cellstate import CellState
+
 # Two-sided 95% Student t quantiles by degrees of freedom (a df between entries takes the
 # lower entry's, slightly wider, value).
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -58,7 +60,7 @@ class Entry:
         """What a table says instead of a number."""
         if not self.states:
             return "missing"
-        unfinished = sorted(set(self.states) - {"done"})
+        unfinished = sorted(set(self.states) - {CellState.DONE})
         return "/".join(unfinished) if unfinished else "no val"
 
     def minus(self, other: Entry) -> tuple[float, int, float] | None:

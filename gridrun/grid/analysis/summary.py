@@ -57,11 +57,11 @@ import numpy as np
 
 from gridrun.accuracy import first_peak
 from gridrun.mechanisms import ALERTS, THRESHOLDS, Groups, Thresholds, alert_history, applies, firings
+from gridrun.metric_keys import VAL_ROLE, adapter_key, adapter_prefix, parse_role_key, role_key, role_prefix
 from gridrun.runconfig import ConfigError, load_config
 from gridrun.rundir import RunDir
 
 Column = tuple["np.ndarray", "np.ndarray"]  # steps (int64), values (float64), sorted by step
-ROLE_KEY = re.compile(r"^role/([^/]+)/([^/]+)$")
 ADAPTER_KEY = re.compile(r"^adapter/([^/]+)/([^/]+)$")
 RATIO_METRICS = ("chi2", "ppl", "grad_norm")
 SIGNATURE_CHANGES = ("len_mean", "terse_rate")
@@ -125,7 +125,7 @@ class MetricColumns:
 
     def roles(self) -> list[str]:
         """Roles with training metrics, in first-logged order."""
-        return list(dict.fromkeys(m.group(1) for key in self.metrics("train") if (m := ROLE_KEY.match(key))))
+        return list(dict.fromkeys(m[0] for key in self.metrics("train") if (m := parse_role_key(key))))
 
     def adapters(self) -> list[str]:
         return list(dict.fromkeys(m.group(1) for key in self.metrics("train") if (m := ADAPTER_KEY.match(key))))
@@ -180,7 +180,7 @@ def _max(columns: MetricColumns, metrics: Iterable[str]) -> float | None:
 def token_weighted(columns: MetricColumns, roles: list[str], metric: str) -> Column:
     """(steps, the roles' `metric` averaged with their token counts as weights); the plain
     mean at a step where a present role's token count is missing or zero."""
-    present = [(r, _finite(columns, f"role/{r}/{metric}")) for r in roles]
+    present = [(r, _finite(columns, role_key(r, metric))) for r in roles]
     present = [(r, c) for r, c in present if len(c[0])]
     if not present:
         return _empty()
@@ -189,7 +189,7 @@ def token_weighted(columns: MetricColumns, roles: list[str], metric: str) -> Col
     weights = np.full_like(values, np.nan)
     for i, (role, (role_steps, role_values)) in enumerate(present):
         values[i, np.searchsorted(steps, role_steps)] = role_values
-        token_steps, tokens = _finite(columns, f"role/{role}/tokens")
+        token_steps, tokens = _finite(columns, role_key(role, "tokens"))
         weights[i, np.searchsorted(steps, token_steps)] = tokens
     logged = ~np.isnan(values)
     weighted_ok = np.all(~logged | (weights > 0), axis=0)
@@ -219,12 +219,13 @@ def peak_over_first(column: Column, floor: float | None = None) -> tuple[float |
 
 
 def ratio_columns(prefix: str, chi2: Column, ppl: Column, grad_norm: Column) -> dict[str, Any]:
+    """Table 2's columns of a role or adapter (`prefix`: role_prefix or adapter_prefix)."""
     chi2_ratio, chi2_peak_step = peak_over_first(chi2, THRESHOLDS.chi2_floor)
     return {
-        f"{prefix}/chi2_ratio": chi2_ratio,
-        f"{prefix}/ppl_ratio": peak_over_first(ppl)[0],
-        f"{prefix}/grad_norm_ratio": peak_over_first(grad_norm)[0],
-        f"{prefix}/chi2_peak_step": chi2_peak_step,
+        f"{prefix}chi2_ratio": chi2_ratio,
+        f"{prefix}ppl_ratio": peak_over_first(ppl)[0],
+        f"{prefix}grad_norm_ratio": peak_over_first(grad_norm)[0],
+        f"{prefix}chi2_peak_step": chi2_peak_step,
     }
 
 
@@ -237,21 +238,21 @@ def training_summary(columns: MetricColumns) -> dict[str, Any]:
         "train_acc_start": float(reward[0]) if len(reward) else None,
         "train_acc_peak": float(reward.max()) if len(reward) else None,
         "train_acc_end": float(reward[-1]) if len(reward) else None,
-        "max_chi2": _max(columns, (f"role/{r}/chi2" for r in roles)),
-        "max_grad_norm": _max(columns, (f"adapter/{a}/grad_norm" for a in adapters)),
+        "max_chi2": _max(columns, (role_key(r, "chi2") for r in roles)),
+        "max_grad_norm": _max(columns, (adapter_key(a, "grad_norm") for a in adapters)),
         "entropy_collapse": float(entropy[0] - entropy.min()) if len(entropy) else None,
     }
     for role in roles:
-        opt_steps = _finite(columns, f"role/{role}/opt_steps")[1]
-        out[f"role/{role}/opt_steps"] = float(opt_steps.mean()) if len(opt_steps) else None
-        out.update(ratio_columns(f"role/{role}", *(_finite(columns, f"role/{role}/{m}") for m in RATIO_METRICS)))
+        opt_steps = _finite(columns, role_key(role, "opt_steps"))[1]
+        out[role_key(role, "opt_steps")] = float(opt_steps.mean()) if len(opt_steps) else None
+        out.update(ratio_columns(role_prefix(role), *(_finite(columns, role_key(role, m)) for m in RATIO_METRICS)))
     if len(adapters) == 1 and len(roles) > 1:
         (adapter,) = adapters
         out.update(ratio_columns(
-            f"adapter/{adapter}",
+            adapter_prefix(adapter),
             token_weighted(columns, roles, "chi2"),
             token_weighted(columns, roles, "ppl"),
-            _finite(columns, f"adapter/{adapter}/grad_norm"),
+            _finite(columns, adapter_key(adapter, "grad_norm")),
         ))
     return out
 
@@ -260,7 +261,7 @@ def signature_changes(columns: MetricColumns) -> dict[str, float]:
     """Last minus first validation value of each role's SIGNATURE_CHANGES signatures."""
     out = {}
     for metric in columns.metrics("val"):
-        if metric.startswith("val/role/") and metric.rsplit("/", 1)[1] in SIGNATURE_CHANGES:
+        if metric.startswith(VAL_ROLE) and metric.rsplit("/", 1)[1] in SIGNATURE_CHANGES:
             values = columns.column("val", metric)[1]
             values = values[np.isfinite(values)]
             if len(values):

@@ -28,8 +28,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from gridrun.cellstate import CellState
 from gridrun.grid.analysis.stats import Entry
 from gridrun.mechanisms import MECHANISMS
+from gridrun.metric_keys import ADAPTER, ROLE, role_key, val_key
+from gridrun.registry import single_agent_workflow
+from gridrun.runconfig import CellKind
 
 HEADERS = {"base": "Base", "sa_rl": "SA-RL", "ip": "IP", "sp": "SP", "ip_minus_sa": "IP−SA", "sp_minus_sa": "SP−SA"}
 # The reward controls' columns (`shuffled` cells: their twin's training with each step's rewards
@@ -109,12 +113,12 @@ def entry(frame: pd.DataFrame, column: str, scale: float = 1.0) -> Entry:
     """The done cells' values of `column` (times `scale`) and every cell's state."""
     if column not in frame:
         return Entry([], list(frame["state"]))
-    done = frame[(frame["state"] == "done") & frame[column].notna()]
+    done = frame[(frame["state"] == CellState.DONE) & frame[column].notna()]
     return Entry([scale * float(v) for v in done[column]], list(frame["state"]))
 
 
 def several_seeds(cells: pd.DataFrame) -> bool:
-    seeded = cells[cells["kind"].isin(["train", "sa_rl", "transfer", "shuffled", "eval"])]
+    seeded = cells[cells["kind"].isin([kind.value for kind in CellKind if kind.seeded])]
     keys = ["kind", "workflow", "task", "scale", "policy"]
     return bool(len(seeded)) and int(seeded.groupby(keys, dropna=False).size().max()) > 1
 
@@ -126,7 +130,7 @@ def ordered_workflows(values: Iterable[str]) -> list[str]:
 
 def blocks(cells: pd.DataFrame, kinds: Sequence[str]) -> list[tuple[str, str, str]]:
     """(task, scale, workflow) keys of the cells of these kinds, multi-agent workflows only."""
-    keyed = cells[cells["kind"].isin(kinds) & (cells["workflow"] != "single")]
+    keyed = cells[cells["kind"].isin(kinds) & (cells["workflow"] != single_agent_workflow())]
     keys = list(dict.fromkeys(zip(keyed["task"], keyed["scale"], keyed["workflow"])))
     rank = {w: i for i, w in enumerate(ordered_workflows(k[2] for k in keys))}
     task_scale = list(dict.fromkeys((t, s) for t, s, _ in keys))
@@ -138,7 +142,7 @@ def shuffled_columns(cells: pd.DataFrame) -> list[str]:
     """Table 1's reward-control columns that the sweep has cells for (SA-RL's twin has workflow
     `single`; a workflow's twins keep its policy)."""
     shuffled = cells[cells["kind"] == "shuffled"]
-    present = {"sa_rl_shuffled": bool((shuffled["workflow"] == "single").any()),
+    present = {"sa_rl_shuffled": bool((shuffled["workflow"] == single_agent_workflow()).any()),
                "ip_shuffled": bool((shuffled["policy"] == "isolated").any()),
                "sp_shuffled": bool((shuffled["policy"] == "shared").any())}
     return [name for name in SHUFFLED_HEADERS if present[name]]
@@ -177,13 +181,13 @@ def table1(cells: pd.DataFrame, value: str = "peak_val_acc") -> Table:
         }
         entries = {name: entry(frame, value, 100) for name, frame in frames.items()}
         shuffled = block[block["kind"] == "shuffled"]
-        twins = {"sa_rl_shuffled": shuffled[shuffled["workflow"] == "single"],
+        twins = {"sa_rl_shuffled": shuffled[shuffled["workflow"] == single_agent_workflow()],
                  "ip_shuffled": shuffled[(shuffled["workflow"] == workflow) & (shuffled["policy"] == "isolated")],
                  "sp_shuffled": shuffled[(shuffled["workflow"] == workflow) & (shuffled["policy"] == "shared")]}
         csv_row = {"task": task, "scale": scale, "workflow": workflow}
         shown_row = [task, scale, workflow]
         for name in trained:
-            done = frames[name][frames[name]["state"] == "done"]
+            done = frames[name][frames[name]["state"] == CellState.DONE]
             csv_row[f"{name}_peak_checkpoint"] = " ".join(str(p) for p in done["peak_checkpoint"].dropna())
         for name, item in entries.items():
             csv_row[name] = number(item.mean) if item.mean is not None else item.word()
@@ -271,14 +275,14 @@ def table2(cells: pd.DataFrame) -> Table:
             continue  # not matched
         for policy in ("isolated", "shared"):
             group = train[train["policy"] == policy]
-            prefixes = _prefixes(group, "role/")
+            prefixes = _prefixes(group, f"{ROLE}/")
             if policy == "shared":
-                prefixes = _prefixes(group, "adapter/") + prefixes
+                prefixes = _prefixes(group, f"{ADAPTER}/") + prefixes
             if not prefixes:
                 prefixes = [""]  # no training metrics yet: one row carrying the cells' state
             for prefix in prefixes:
                 label = "(no metrics)" if not prefix else (
-                    f"all roles ({prefix.split('/', 1)[1]} adapter)" if prefix.startswith("adapter/") else prefix.split("/", 1)[1])
+                    f"all roles ({prefix.split('/', 1)[1]} adapter)" if prefix.startswith(f"{ADAPTER}/") else prefix.split("/", 1)[1])
                 csv_row = [task, scale, workflow, TRAIN_POLICIES[policy].upper(), label]
                 shown_row = list(csv_row)
                 for name, _, digits in RATIO_COLUMNS:
@@ -384,7 +388,7 @@ def signature_tables(cells: pd.DataFrame, signatures: Callable[[str], dict[str, 
             notes.append(f"- `{row['cell']}`: {row['flags']}")
             for role in roles:
                 for checkpoint, step in checkpoints.items():
-                    values = [series.get(f"val/role/{role}/{m}", {}).get(step) for m in metrics]
+                    values = [series.get(val_key(role_key(role, m)), {}).get(step) for m in metrics]
                     rows.append([row["cell"], checkpoint, str(step), role,
                                  *("" if v is None else number(v, 3 if abs(v) < 10 else 1) for v in values)])
         caption = ("Per-role trajectory signatures (validation samples) at the first, peak-accuracy and last "

@@ -36,11 +36,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gridrun.cellstate import CellState
 from gridrun.grid.analysis.plotting import OKABE_ITO, legend, new_figure, to_png
 from gridrun.grid.analysis.summary import MetricColumns
 from gridrun.grid.analysis.tables import POLICY_LABELS, Table, number
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.mechanisms import ALERTS
+from gridrun.runconfig import TRAINED_KINDS
 
 # A cliff worth warning about: at least this many points below the running peak.
 CLIFF_PP = 10.0
@@ -49,24 +51,26 @@ CLIFF_PP = 10.0
 ONSET_PP = 5.0
 # Warned in time: the alert fired at least this many validations before the fall showed.
 LEAD_VALIDATIONS = 2
-TRAINED_KINDS = ("train", "sa_rl", "shuffled")
 
 
 @dataclass(frozen=True)
-class Cliff:
+class PeakDrop:
+    """A series' largest drop below its running peak (the early warning's target; the cliff,
+    summary.cliff, is the largest drop between consecutive validations)."""
+
     drop_pp: float
     step: int | None = None
     peak_step: int | None = None
     onset_step: int | None = None
 
 
-def cliff_from_peak(val_acc: Mapping[int, float]) -> Cliff | None:
+def peak_drop(val_acc: Mapping[int, float]) -> PeakDrop | None:
     """The largest drop below the running peak of a step -> accuracy (0-1) series; None
     without validations. Ties keep the earlier step (of the peak and of the drop)."""
     steps = sorted(val_acc)
     if not steps:
         return None
-    best = Cliff(0.0)
+    best = PeakDrop(0.0)
     peak = steps[0]
     for step in steps:
         if val_acc[step] > val_acc[peak]:
@@ -75,7 +79,7 @@ def cliff_from_peak(val_acc: Mapping[int, float]) -> Cliff | None:
         if drop > best.drop_pp:
             near = [s for s in steps if peak <= s < step and 100 * (val_acc[peak] - val_acc[s]) <= ONSET_PP + 1e-9]
             onset = next(s for s in steps if s > near[-1])
-            best = Cliff(drop, step, peak, onset)
+            best = PeakDrop(drop, step, peak, onset)
     return best
 
 
@@ -90,18 +94,18 @@ def lead(val_steps: Sequence[int], onset: int | None, fired: int | None) -> int 
 
 
 def warning_columns(val_acc: Mapping[int, float], summary: Mapping[str, Any]) -> dict[str, Any]:
-    """A cell's cliff and each alert's lead (the module docstring); `summary` holds the
+    """A cell's drop below its running peak and each alert's lead (the module docstring); `summary` holds the
     replayed alerts' `alert/<a>/first_step`."""
-    cliff = cliff_from_peak(val_acc)
+    drop = peak_drop(val_acc)
     out: dict[str, Any] = {
-        "peak_drop_pp": None if cliff is None else cliff.drop_pp,
-        "peak_drop_step": None if cliff is None else cliff.step,
-        "peak_drop_peak_step": None if cliff is None else cliff.peak_step,
-        "peak_drop_onset_step": None if cliff is None else cliff.onset_step,
+        "peak_drop_pp": None if drop is None else drop.drop_pp,
+        "peak_drop_step": None if drop is None else drop.step,
+        "peak_drop_peak_step": None if drop is None else drop.peak_step,
+        "peak_drop_onset_step": None if drop is None else drop.onset_step,
     }
     steps = sorted(val_acc)
     for alert in ALERTS:
-        out[f"alert/{alert}/lead"] = lead(steps, None if cliff is None else cliff.onset_step,
+        out[f"alert/{alert}/lead"] = lead(steps, None if drop is None else drop.onset_step,
                                           summary.get(f"alert/{alert}/first_step"))
     return out
 
@@ -112,7 +116,7 @@ def alert_counts(cells: pd.DataFrame, alert: str) -> dict[str, int]:
     steps = f"alert/{alert}/steps"
     if steps not in cells:
         return {"cells": 0, "cliffs": 0, "warned": 0, "calm": 0, "calm_shuffled": 0, "false": 0}
-    eligible = cells[cells["kind"].isin(TRAINED_KINDS) & (cells["state"] == "done") & cells[steps].notna()
+    eligible = cells[cells["kind"].isin(TRAINED_KINDS) & (cells["state"] == CellState.DONE) & cells[steps].notna()
                      & cells["peak_drop_pp"].notna()]
     cliff = eligible["peak_drop_pp"] >= CLIFF_PP
     leads = eligible[f"alert/{alert}/lead"]

@@ -25,13 +25,31 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from gridrun.grid.errors import GridError
-from gridrun.grid.gridconfig import LauncherSettings
+from gridrun.grid.errors import GridError, checked, option_file
 
 if TYPE_CHECKING:
     from gridrun.grid.sweepdir import SweepDir
+
+@dataclass
+class LauncherSettings:
+    """A launcher's settings (conf/launcher/<name>.yaml); each launcher extends it with its own,
+    beside its class (local.py's LocalSettings, slurm.py's SlurmSettings)."""
+
+    name: str
+    # Cells (local) or array elements (slurm) running at once; null: the launcher's choice.
+    max_parallel: int | None = None
+
+
+S = TypeVar("S", bound=LauncherSettings)
+
+
+def launcher_settings(launcher: Mapping[str, Any], settings_type: type[S], file: str | None = None) -> S:
+    """A launcher's settings (as composed, or as sweep.json and --max-parallel give them), checked."""
+    return checked(settings_type, dict(launcher), "grid.launcher.", file or option_file("launcher", launcher))
+
 
 # name -> "module:Class"; imported only when a cell of that launcher is touched.
 LAUNCHERS: dict[str, str] = {

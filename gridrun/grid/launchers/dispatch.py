@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gridrun import cellstate
-from gridrun.cellstate import ACTIVE_STATES, UNREADABLE_STATES
+from gridrun.cellstate import ACTIVE_STATES, UNREADABLE_STATES, CellState
 from gridrun.grid.launchers.base import Launcher
 from gridrun.grid.observe import needs_of, observe_cells
 
@@ -36,7 +36,7 @@ def runnable(sweep: SweepDir, ids: list[str]) -> list[str]:
     """The cells a (re-run) sweep dispatches: all but those done, queued, running, damaged or
     missing (an unreadable cell waits for its files to be fixed: its message says how)."""
     states = observe_cells(sweep, ids)
-    return [cell_id for cell_id in ids if states[cell_id].get("state") not in ("done", *UNREADABLE_STATES, *ACTIVE_STATES)]
+    return [cell_id for cell_id in ids if states[cell_id].get("state") not in (CellState.DONE, *UNREADABLE_STATES, *ACTIVE_STATES)]
 
 
 def queue(sweep: SweepDir, ids: list[str], launcher: Launcher) -> list[str]:
@@ -80,7 +80,7 @@ def _needs_first(
             continue
         stuck = [
             need for need in needs[cell_id]
-            if need not in free and states.get(need, {}).get("state") not in ("done", *ACTIVE_STATES)
+            if need not in free and states.get(need, {}).get("state") not in (CellState.DONE, *ACTIVE_STATES)
         ]
         if stuck:
             state = states.get(stuck[0], {}).get("state", "planned")

@@ -31,15 +31,15 @@ import subprocess
 import time
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gridrun import cellstate
-from gridrun.cellstate import ACTIVE_STATES, BLOCKING_STATES
+from gridrun.cellstate import ACTIVE_STATES, BLOCKING_STATES, CellState
 from gridrun.grid.console import console
 from gridrun.grid.errors import GridError
-from gridrun.grid.gridconfig import LocalSettings
-from gridrun.grid.launchers.base import Launcher
+from gridrun.grid.launchers.base import Launcher, LauncherSettings
 from gridrun.grid.launchers.process import cell_env, last_own_line, log_tail, start_cell
 from gridrun.grid.observe import HOST, live_state, observe, sweep_needs
 from gridrun.rundir import DamagedFile, RunDir
@@ -125,6 +125,17 @@ def _cell_cpus(run_dir: RunDir) -> int | None:
     return cpus if isinstance(cpus, int) and not isinstance(cpus, bool) and cpus > 0 else None
 
 
+@dataclass
+class LocalSettings(LauncherSettings):
+    """launcher=local (conf/launcher/local.yaml)."""
+
+    name: str = "local"
+    # Seconds between polls of the cells' state files.
+    poll_s: float = 0.5
+    # Seconds a cell gets to stop after SIGTERM before SIGKILL.
+    term_timeout_s: float = 30
+
+
 class LocalLauncher(Launcher):
     name = "local"
     settings_type = LocalSettings
@@ -134,8 +145,8 @@ class LocalLauncher(Launcher):
         # None: fit the machine, once the cells' thread counts are known (`parallelism`).
         setting = self.settings.get("max_parallel")
         self.max_parallel = None if setting is None else max(1, int(setting))
-        self.poll_s = float(self.settings.get("poll_s", 0.5))
-        self.term_timeout_s = float(self.settings.get("term_timeout_s", 30))
+        self.poll_s = float(self.settings.get("poll_s", LocalSettings.poll_s))
+        self.term_timeout_s = float(self.settings.get("term_timeout_s", LocalSettings.term_timeout_s))
         self.job_id = f"{os.getpid()}@{HOST}"
 
     # --- the Launcher interface ------------------------------------------------------------
@@ -245,7 +256,7 @@ class _Pool:
                 signal.signal(sig, handler)
         if self.stopping:
             return 128 + self.stop_signal  # the shell's code for it: 130 Ctrl-C, 143 SIGTERM
-        return 0 if all(state == "done" for state in self.outcomes.values()) else 1
+        return 0 if all(state == CellState.DONE for state in self.outcomes.values()) else 1
 
     def _on_stop(self, signum: int, frame: Any) -> None:
         self.killing = self.stopping
@@ -264,7 +275,7 @@ class _Pool:
                 self.pending.remove(cell_id)
                 need = given_up[0]
                 self._finished(cell_id, {"state": "blocked", "error": f"{need} is {states[need]}: resubmit it"})
-            elif all(state == "done" for state in states.values()):
+            elif all(state == CellState.DONE for state in states.values()):
                 self.pending.remove(cell_id)
                 return cell_id
         return None
@@ -321,12 +332,14 @@ class _Pool:
         line = f"{outcome:<9} {cell_id}"
         if state.get("peak_val_acc") is not None:
             line += f"  peak val acc {100 * state['peak_val_acc']:.1f}% @ step {state.get('peak_step')}"
-        if outcome != "done" and state.get("error"):
+        if outcome != CellState.DONE and state.get("error"):
             # The cell's folder is on its line already: its message goes on without it.
             error = str(state["error"]).replace(str(self.sweep.cell(cell_id).root), "its folder")
             error = error.replace("conf=<sweep>", f"conf={self.sweep.name}")
             line += f"  {error.strip().splitlines()[-1][:160]}"
-        color = {"done": "green", "failed": "red", "missing": "red", "damaged": "red"}.get(outcome, "yellow")
+        colors: dict[str, str] = {CellState.DONE: "green", CellState.FAILED: "red", CellState.MISSING: "red",
+                                  CellState.DAMAGED: "red"}
+        color = colors.get(outcome, "yellow")
         self.progress.console.print(f"[{color}]{line}[/]", highlight=False)
 
     def _draw(self) -> None:

@@ -59,10 +59,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gridrun import cellstate
+from gridrun.cellstate import CellState
 from gridrun.grid import PACKAGE_DIR
 from gridrun.grid.errors import GridError
-from gridrun.grid.gridconfig import CellOverride, ClusterSpec, SlurmSettings, cluster_spec, launcher_settings
-from gridrun.grid.launchers.base import Launcher
+from gridrun.grid.gridconfig import CellOverride, ClusterSpec, cluster_spec
+from gridrun.grid.launchers.base import Launcher, LauncherSettings, launcher_settings
 from gridrun.grid.launchers.process import interpreter_line
 from gridrun.grid.observe import sweep_needs
 
@@ -104,6 +105,20 @@ SCHEDULER_FINAL: dict[str, tuple[str, str]] = {
 SETTLE_S = 30.0
 # A job sbatch just accepted may not be in sacct's database yet.
 SUBMIT_LAG_S = 120.0
+
+
+@dataclass
+class SlurmSettings(LauncherSettings):
+    """launcher=slurm (conf/launcher/slurm.yaml)."""
+
+    name: str = "slurm"
+    max_parallel: int | None = 64
+    # Seconds between SLURM's warning signal (USR2) and the time limit.
+    signal_delay_s: int = 300
+    # Requeues at the time limit a cell may take (submitit's max_num_timeout).
+    max_num_timeout: int = 3
+    # Submissions of one cell, the first included.
+    max_attempts: int = 5
 
 
 def _command_timeout() -> float:
@@ -384,7 +399,7 @@ class SlurmLauncher(Launcher):
         jobs = []
         for need in needs:
             state = sweep.cell(need).read_state()
-            job = submitted.get(need) or (state.get("job_id") if state.get("state") != "done" else None)
+            job = submitted.get(need) or (state.get("job_id") if state.get("state") != CellState.DONE else None)
             if job:
                 jobs.append(str(job))
         return "afterok:" + ":".join(jobs) if jobs else None

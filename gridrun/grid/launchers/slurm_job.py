@@ -35,6 +35,7 @@ import submitit
 from submitit.core.utils import UncompletedJobError
 
 from gridrun import cellstate
+from gridrun.cellstate import CellState
 from gridrun.grid.launchers.process import GpuBindingError, bind_gpu, cell_env, log_tail, start_cell
 from gridrun.rundir import RunDir
 
@@ -182,7 +183,7 @@ class CellJob(submitit.helpers.Checkpointable):
             if not _wait_exit(child.pid, TERM_WAIT_S):
                 os.kill(child.pid, signal.SIGKILL)
         final = RunDir(self.run_dir).read_state().get("state")
-        if final in ("done", "failed"):
+        if final in (CellState.DONE, CellState.FAILED):
             self._finished_state = final
             return None
         return submitit.helpers.DelayedSubmission(CellJob(self.run_dir, self.time_min, self.signal_delay_s))
@@ -195,7 +196,7 @@ class CellJob(submitit.helpers.Checkpointable):
         if state.get("job_id") not in (None, job_id):
             print(f"gridrun: cell now belongs to job {state.get('job_id')}, not {job_id}: exiting", flush=True)
             return False
-        if state.get("state") == "done":
+        if state.get("state") == CellState.DONE:
             print("gridrun: cell is done: nothing to run", flush=True)
             return False
         if restart > int(state.get("slurm_restarts") or 0):
@@ -210,7 +211,7 @@ class CellJob(submitit.helpers.Checkpointable):
     def _record_requeue(self, run_dir: RunDir, restart: int, why: str) -> None:
         """Open the next attempt of a job that SLURM requeued (its restart `restart` + 1)."""
         state = run_dir.read_state()
-        if int(state.get("slurm_restarts") or 0) > restart or state.get("state") == "done":
+        if int(state.get("slurm_restarts") or 0) > restart or state.get("state") == CellState.DONE:
             return  # recorded already, or nothing left to run
         # The attempt SLURM ended goes to the history as preempted, whatever it last recorded.
         ended = {**state, "state": "preempted", "error": why, "finished_at": time.time()}
@@ -237,7 +238,7 @@ class CellJob(submitit.helpers.Checkpointable):
                 # SIGTERM of a requeue (scontrol requeue, preemption), not of scancel.
                 self._record_requeue(run_dir, restart, "requeued by the scheduler (SIGTERM); resumes from its checkpoint")
             return code
-        if state.get("state") in ("done", "preempted"):
+        if state.get("state") in (CellState.DONE, CellState.PREEMPTED):
             return code
         if state.get("state") == "running":
             how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"

@@ -51,6 +51,8 @@ from typing import Any
 
 import torch
 
+from gridrun.metric_keys import parse_role_key
+
 # vLLM logs to stdout unless told otherwise; gridrun keeps stdout for results (--json).
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
@@ -98,10 +100,11 @@ def agreement_failures(metrics: Mapping[str, Any], limit: float) -> dict[str, fl
     """Roles whose `role/<r>/rollout_logp_absdiff` exceeds `limit` (NaN counts as a failure)."""
     failures = {}
     for key, value in metrics.items():
-        if key.startswith("role/") and key.endswith("/rollout_logp_absdiff"):
+        parsed = parse_role_key(key)
+        if parsed is not None and parsed[1] == "rollout_logp_absdiff":
             value = float(value)
             if math.isnan(value) or value > limit:
-                failures[key[len("role/") : -len("/rollout_logp_absdiff")]] = value
+                failures[parsed[0]] = value
     return failures
 
 
