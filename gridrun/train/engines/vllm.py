@@ -100,7 +100,7 @@ CPU_MIN_BATCHED_TOKENS = 8192
 # world); bf16 on GPU is typically 1e-2 to 3e-2 on long responses. In fp32 a rollout one
 # update stale is caught; in half precision only gross errors are (wrong or base model).
 AGREEMENT_LIMIT = {"float32": 1e-3, "bfloat16": 0.1, "float16": 0.1}
-# The live-adapter proof's probe: any tokenizer cuts it into some 25-40 tokens.
+# The live-adapter proof's probe (55 tokens with the toy world's tokenizer; fewer with a larger BPE vocabulary).
 PROBE_TEXT = "Question: what is 37 + 48? Answer: 37 + 48 = 85, so the answer is \\boxed{85}."
 # The perturbed copy must move the probe this many AGREEMENT_LIMITs (mean |diff| per token)
 # away from the base model and from the current adapter, so that served-vs-trainer within one
