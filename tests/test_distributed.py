@@ -76,6 +76,18 @@ def _rank_main(rank: int, cell: str, port: int, shards: list[list[TrainSeq]], ou
     dist.close()
 
 
+def two_shards(trainer: Trainer) -> list[list[TrainSeq]]:
+    """2 problems x n=2 episodes rolled out (one adapter, "shared"), problem 0's sequences
+    for rank 0 and problem 1's for rank 1; advantages -1 and +1 within each problem."""
+    episodes = trainer.rollout(trainer.task.train_problems()[:2], 2, 0.7)
+    shards: list[list[TrainSeq]] = [[], []]
+    for i, episode in enumerate(episodes):
+        for turn in episode.turns:
+            shards[i // 2].append(TrainSeq(turn.role, "shared", turn.prompt_ids, turn.completion_ids,
+                                           turn.logprobs, 1.0 if i % 2 else -1.0, False))
+    return shards
+
+
 @pytest.mark.usefixtures("toy_world")
 def test_two_gloo_ranks_take_the_same_update_as_one_process(tmp_path: Path) -> None:
     # Orch-Workers under SP: three roles feed one adapter, 2 problems x n=2 episodes. Rank 0
@@ -86,12 +98,7 @@ def test_two_gloo_ranks_take_the_same_update_as_one_process(tmp_path: Path) -> N
     cell = make_cell(tmp_path, workflow={"name": "orch_workers"}, policy={"name": "shared"},
                      train={"ppo_mini_batch": 1}, grpo={"minibatch_order": "shuffled"})
     trainer = _trainer(cell)
-    episodes = trainer.rollout(trainer.task.train_problems()[:2], 2, 0.7)
-    shards: list[list[TrainSeq]] = [[], []]
-    for i, episode in enumerate(episodes):
-        for turn in episode.turns:
-            shards[i // 2].append(TrainSeq(turn.role, "shared", turn.prompt_ids, turn.completion_ids,
-                                           turn.logprobs, 1.0 if i % 2 else -1.0, False))
+    shards = two_shards(trainer)
     before = _adapters(trainer)
     single = _update(trainer, [s for shard in shards for s in shard])
     expected = _adapters(trainer)
@@ -100,6 +107,12 @@ def test_two_gloo_ranks_take_the_same_update_as_one_process(tmp_path: Path) -> N
     mp.start_processes(_rank_main, args=(str(cell), free_local_port(), shards, out), nprocs=2, start_method="spawn")
     ranks = [pickle.loads(Path(f"{out}.{r}").read_bytes()) for r in range(2)]
 
+    assert_ranks_took_the_update(before, expected, single, ranks)
+
+
+def assert_ranks_took_the_update(before: dict[str, torch.Tensor], expected: dict[str, torch.Tensor],
+                                 single: dict[str, float], ranks: list[dict[str, Any]]) -> None:
+    """Both ranks' adapters and update metrics are one process's (`expected`, `single`)."""
     # Summation order differs (two ranks' partial gradients), so equal up to float noise; Adam
     # normalises each entry, so compare at 1% of one step (lr 1e-3): a wrong shard or loss
     # weight moves entries by a whole step.

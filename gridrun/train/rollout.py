@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -51,6 +51,10 @@ class Completion:
     finish_reason: str
 
 
+class AdapterNotServed(RuntimeError):
+    """The rollout engine does not serve a role the adapter the trainer holds (one line)."""
+
+
 class RolloutEngine(ABC):
     """Generates completions for a batch of tokenized prompts, each on its own adapter."""
 
@@ -58,7 +62,15 @@ class RolloutEngine(ABC):
     def generate(self, requests: Sequence[GenRequest], sampling: SamplingParams) -> list[Completion]: ...
 
     def refresh(self) -> None:
-        """Called after every optimizer update; engines holding their own weights reload here."""
+        """Engines holding their own copy of the adapters reload them from the trainer's model here."""
+
+    def refresh_proven(self, step: int, role_adapter: Mapping[str, str | None]) -> dict[str, float]:
+        """Called after every optimizer update (and when a run starts or resumes): refresh(),
+        then show that each role's requests are served its adapter's current weights, raising
+        AdapterNotServed (one line) when not. Returns the proof's metrics. An engine that
+        serves the trainer's own model has nothing to prove."""
+        self.refresh()
+        return {}
 
     def sleep(self) -> None:
         """Called before the update: engines sharing the GPU with training free memory here."""

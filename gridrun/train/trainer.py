@@ -51,7 +51,7 @@ from gridrun.train.episode import Episode
 from gridrun.train.metrics_log import MetricsLog
 from gridrun.train.model import load_base
 from gridrun.train.policy import adapter_parameters, attach_adapters, routing_for
-from gridrun.train.rollout import ChatEncoder, SamplingParams, StageBatcher, StageCost
+from gridrun.train.rollout import AdapterNotServed, ChatEncoder, SamplingParams, StageBatcher, StageCost
 from gridrun.train.sampler import ProblemSampler
 from gridrun.train.scoring import BackgroundScorer
 from gridrun.train.seeds import Stream, derive
@@ -131,6 +131,8 @@ class Trainer:
         main = self.dist.is_main
         self.metrics = MetricsLog(self.run_dir, self.config, enabled=main)
         try:
+            # The adapters as they start (initial, or the checkpoint's), proven served before any rollout.
+            self.refresh_engine(start)
             if start == 0:
                 self.validate(0)
                 if main:
@@ -219,7 +221,7 @@ class Trainer:
         )
         self.record_skipped(int(update_metrics["train/skipped_nonfinite"]))
         self.engine.check_agreement(update_metrics)
-        self.engine.refresh()
+        proof = self.refresh_engine(step)
         done = time.time()
         row: dict[str, Any] = {
             "step": step,
@@ -238,6 +240,7 @@ class Trainer:
             "time/update_s": done - rolled,
             "time/step_s": done - started,
             **update_metrics,
+            **proof,
         }
         row.update(self.record_costs(step, seqs, rolled - started, done - rolled, awake, asleep))
         log.info("step %d/%d reward %.3f acc %.3f (%.1fs)", step, self.total_steps, row["reward/mean"], row["reward/acc"], row["time/step_s"])
@@ -260,6 +263,20 @@ class Trainer:
         for k, cost in enumerate(self.last_stages):
             row[f"time/stage{k}_s"], row[f"time/stage{k}_tokens"] = cost.seconds, float(cost.tokens)
         return row
+
+    def refresh_engine(self, step: int) -> dict[str, float]:
+        """The engine serves the adapters as they are now, proven on every rank (its metrics,
+        this rank's); any rank's failed proof stops every rank with its one line."""
+        failure, proof = None, {}
+        try:
+            proof = self.engine.refresh_proven(step, self.routing.role_adapter)
+        except AdapterNotServed as err:
+            failure = str(err)
+        failures = [f"rank {rank}: {line}" if self.dist.world > 1 else line
+                    for rank, line in enumerate(self.dist.gather([failure])[0]) if line]
+        if failures:
+            raise AdapterNotServed(" | ".join(failures))
+        return proof
 
     def adapter_lrs(self, step: int) -> dict[str, float]:
         """Each trainable adapter's LR this step: the schedule's, times its role's
@@ -378,7 +395,6 @@ class Trainer:
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         self.dist.decorrelate_rng(self.config.cell.seed, step)
-        self.engine.refresh()
         if self.dist.is_main:
             kept = self.run_dir.truncate_metrics(step)
             for row in kept:
@@ -430,7 +446,7 @@ def run_under_lock(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int
         except NotARunDir as gone:  # the cell's folder was deleted under the run: write nothing more
             log.error("%s", gone)
             return 1
-        except (SandboxUnavailable, AdapterSourceError) as refused:  # a fix for the user, not a bug: one line
+        except (SandboxUnavailable, AdapterSourceError, AdapterNotServed) as refused:  # one line says it all
             record(cellstate.failed(str(refused)))
             log.error("%s", refused)
             return 1

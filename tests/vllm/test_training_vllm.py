@@ -1,7 +1,8 @@
 """Training runs with engine=vllm: every workflow x policy completes two steps with the same
-metric keys as engine=hf, and the trainer's log-probs agree with the rollouts' after each
-update (the engine served the refreshed adapters). A run whose engine skips refresh() is
-caught by the agreement guard."""
+metric keys as engine=hf (plus the live-adapter proof's `adapter_check/` keys), the proof
+passes at every refresh (honest runs never trip it; sabotaged ones are in
+test_adapter_check.py), and the trainer's log-probs agree with the rollouts' after each
+update."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from tests.conftest import make_cell
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("toy_world")]
 
-WORKFLOWS = ("eval_opt", "voting", "orch_workers")
+WORKFLOWS = ("single", "eval_opt", "voting", "orch_workers")
+CHECK = "adapter_check/"
 
 
 def run(tmp_path: Path, name: str, workflow: str, policy: str, engine: str) -> list[dict]:
@@ -29,7 +31,8 @@ def run(tmp_path: Path, name: str, workflow: str, policy: str, engine: str) -> l
 
 
 def keys(rows: list[dict], split: str) -> set[str]:
-    return set().union(*(r.keys() for r in rows if r["split"] == split))
+    return set().union(*(r.keys() for r in rows if r["split"] == split)) - {k for r in rows for k in r if k.startswith(CHECK)}
+
 
 
 @pytest.mark.parametrize("policy", ["shared", "isolated"])
@@ -46,6 +49,11 @@ def test_two_steps_with_vllm_log_what_hf_logs(tmp_path: Path, workflow: str, pol
     # Step 2 rolls out with the adapters refreshed after step 1's update.
     for row in (r for r in vllm_rows if r["split"] == "train"):
         assert not agreement_failures(row, AGREEMENT_LIMIT["float32"]), row
+        # Every role's proof, in the canary's keys, within the noise limit (the run would have stopped otherwise).
+        roles = {k.split("/")[1] for k in row if k.startswith("role/")}
+        assert {k for k in row if k.startswith(CHECK)} == {"adapter_check/seconds"} | {
+            f"{CHECK}{r}/{v}" for r in roles for v in ("served", "trainer", "zero", "gap", "perturbed_gap")}
+        assert all(row[f"{CHECK}{r}/gap"] <= AGREEMENT_LIMIT["float32"] for r in roles), row
 
 
 def test_greedy_validation_equals_hf(tmp_path: Path) -> None:
@@ -60,18 +68,3 @@ def test_greedy_validation_equals_hf(tmp_path: Path) -> None:
                            for r in RunDir(cell).read_metrics())
         rows[engine]["samples"] = RunDir(cell).samples(0).read_text()
     assert rows["vllm"] == rows["hf"]
-
-
-def test_a_stale_engine_is_caught_by_the_agreement_guard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gridrun.train.engines.vllm import AGREEMENT_LIMIT, VLLMEngine, agreement_failures
-
-    monkeypatch.setattr(VLLMEngine, "refresh", lambda self: None)
-    cell = make_cell(tmp_path, workflow={"name": "voting"}, policy={"name": "isolated"}, engine={"name": "vllm"},
-                     optim={"lr": 5e-3}, train={"total_steps": 2, "val_every": 10, "save_every": 10, "val_problems": 1})
-    # Step 1 rolls out with the initial adapters (no staleness yet); step 2 rolls out with
-    # step 0's adapters, and the trainer's guard stops the run instead of training on it.
-    assert run_cell(cell) == 1
-    state = RunDir(cell).read_state()
-    assert state["state"] == "failed" and "RolloutMismatch" in state["error"]
-    (first,) = (r for r in RunDir(cell).read_metrics() if r["split"] == "train")
-    assert not agreement_failures(first, AGREEMENT_LIMIT["float32"])

