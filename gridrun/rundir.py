@@ -520,6 +520,18 @@ class RunDir:
         atomic_write_text(self.metrics_jsonl, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
         return kept
 
+    def set_metrics_aside(self) -> Path | None:
+        """Move metrics.jsonl to the first free `metrics.jsonl.replaced-<n>` (a restart from
+        step 0 whose earlier rows no checkpoint matches); None when it holds no rows."""
+        if not self.read_metrics():
+            self.metrics_jsonl.unlink(missing_ok=True)
+            return None
+        n = 1
+        while (aside := self.metrics_jsonl.with_name(f"{self.metrics_jsonl.name}.replaced-{n}")).exists():
+            n += 1
+        os.replace(self.metrics_jsonl, aside)
+        return aside
+
     # --- checkpoints -------------------------------------------------------------------
     def complete_checkpoints(self) -> list[tuple[int, Path]]:
         """(step, path) of checkpoints with their COMPLETE marker, oldest first."""

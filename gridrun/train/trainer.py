@@ -340,7 +340,8 @@ class Trainer:
             "coherence": self.coherence.state_dict() if self.coherence else None,
             "python_rng": random.getstate(),
             "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            # This rank's own GPU only: another layout (one GPU per task) or the CPU resumes it.
+            "cuda_rng": torch.cuda.get_rng_state(self.dist.device) if self.dist.device.type == "cuda" else None,
         }
         peak = self.peak_step()
         checkpoint.save(
@@ -351,9 +352,12 @@ class Trainer:
     def resume(self) -> int:
         latest = self.run_dir.latest_checkpoint()
         if latest is None:
-            # Rows of an attempt that died before its first checkpoint are replayed.
+            # Rows of an attempt that died before its first checkpoint are replayed; rows no
+            # checkpoint matches any more (all moved aside) are kept beside, never lost.
             if self.dist.is_main:
-                self.run_dir.truncate_metrics(-1)
+                kept_aside = self.run_dir.set_metrics_aside()
+                if kept_aside is not None:
+                    log.warning("no checkpoint left: restarting from step 0, earlier metrics kept in %s", kept_aside)
             return 0
         step, path = latest
         state = checkpoint.load(path, self.model, self.routing.trainable, self.optimizers)
@@ -364,8 +368,7 @@ class Trainer:
             self.coherence.load_state_dict(state["coherence"], self.dist.device)
         random.setstate(state["python_rng"])
         torch.set_rng_state(state["torch_rng"])
-        if state.get("cuda_rng") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        restore_cuda_rng(state.get("cuda_rng"), self.dist.device)
         self.dist.decorrelate_rng(self.config.cell.seed, step)
         self.engine.refresh()
         if self.dist.is_main:
@@ -376,6 +379,15 @@ class Trainer:
             self.run_dir.record(cellstate.progressed(**self.peak_fields()))
         log.info("resumed from %s", path)
         return step
+
+
+def restore_cuda_rng(saved: Any, device: torch.device) -> None:
+    """Set `device`'s CUDA RNG from a checkpoint's: one state (this rank's GPU), or the list
+    of checkpoints written before one GPU per task (one per visible GPU; rank 0's was the
+    first). Resuming on the CPU has no CUDA RNG to set."""
+    if saved is None or device.type != "cuda":
+        return
+    torch.cuda.set_rng_state(saved[0] if isinstance(saved, (list, tuple)) else saved, device)
 
 
 def _raise_cancelled(signum: int, frame: Any) -> None:
