@@ -24,7 +24,7 @@ import signal
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -390,6 +390,26 @@ def restore_cuda_rng(saved: Any, device: torch.device) -> None:
     torch.cuda.set_rng_state(saved[0] if isinstance(saved, (list, tuple)) else saved, device)
 
 
+@contextlib.contextmanager
+def usr2_stops(dist: Dist) -> Iterator[None]:
+    """SIGUSR2 (SLURM's warning, sent to every process of the job step) asks this trainer,
+    and only it, to stop after its current step.
+
+    It is blocked in this thread, so every thread started and every process spawned from
+    here on (vLLM's engine core, which handles only SIGTERM/SIGINT; sandboxed programs)
+    inherits it blocked, across fork and exec: for them it stays pending and never acts (a
+    handler, unlike a blocked mask, would be reset to the default, fatal action by exec).
+    `Dist.should_stop` takes it at the next step boundary; the handler catches one that a
+    thread started earlier receives."""
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: setattr(dist, "stop_requested", True))
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR2})
+        signal.signal(signal.SIGUSR2, previous)
+
+
 def _raise_cancelled(signum: int, frame: Any) -> None:
     raise Cancelled(signal.Signals(signum).name)
 
@@ -418,9 +438,9 @@ def run_under_lock(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int
         record: Callable[[cellstate.Transition], object] = run_dir.record if dist.is_main else (lambda change: None)
         record(cellstate.started(os.getpid(), socket.gethostname(), config.steps_to_train))
         previous = {s: signal.signal(s, _raise_cancelled) for s in (signal.SIGTERM, signal.SIGINT)}
-        previous[signal.SIGUSR2] = signal.signal(signal.SIGUSR2, lambda signum, frame: setattr(dist, "stop_requested", True))
         try:
-            Trainer(config, run_dir, resolve_model(config.model), dist).fit()
+            with usr2_stops(dist):
+                Trainer(config, run_dir, resolve_model(config.model), dist).fit()
         except Cancelled as stop:
             record(cellstate.cancelled(f"stopped by {stop}"))
             return 143
