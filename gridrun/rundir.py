@@ -313,6 +313,26 @@ class RunDir:
                 records.append(record)
         return sorted(records, key=lambda r: int(r.get("rank") or 0))
 
+    def rank_error(self, rank: int) -> Path:
+        """The error of a rank > 0 whose trainer failed (rank 0 writes state.json; the job
+        then ends every rank: rank 0 records this instead of its own stop)."""
+        return self.ranks_dir / f"rank{rank}.error"
+
+    def write_rank_error(self, rank: int, error: str) -> None:
+        self.ranks_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.rank_error(rank), error)
+
+    def ranks_failure(self, since: float) -> str | None:
+        """`rank <r> failed: <error>` of the first rank > 0 that failed after `since` (the
+        attempt's start), None if none did."""
+        for path in sorted(self.ranks_dir.glob("rank*.error")):
+            try:
+                if path.stat().st_mtime >= since:
+                    return f"{path.stem.replace('rank', 'rank ')} failed: {path.read_text(errors='replace').strip()}"
+            except OSError:
+                continue
+        return None
+
     # --- validation --------------------------------------------------------------------
     def require(self) -> RunDir:
         """Fail with the fix when this is not a planned cell's directory."""

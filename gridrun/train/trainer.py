@@ -434,14 +434,28 @@ def run_under_lock(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int
             dist.close()
             raise
     with lock:
-        # Rank 0 alone writes state.json; the other ranks' errors reach it through the collectives.
+        # Rank 0 alone writes state.json; another rank writes its failure to ranks/rank<r>.error,
+        # which rank 0, stopped by the job's end (srun --kill-on-bad-exit), records instead.
         record: Callable[[cellstate.Transition], object] = run_dir.record if dist.is_main else (lambda change: None)
+        started = time.time()
         record(cellstate.started(os.getpid(), socket.gethostname(), config.steps_to_train))
+
+        def fail(error: str) -> int:
+            if dist.is_main:
+                run_dir.record(cellstate.failed(error))
+            else:
+                run_dir.write_rank_error(dist.rank, error)
+            return 1
         previous = {s: signal.signal(s, _raise_cancelled) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             with usr2_stops(dist):
                 Trainer(config, run_dir, resolve_model(config.model), dist).fit()
         except Cancelled as stop:
+            other = run_dir.ranks_failure(started) if dist.is_main else None
+            if other is not None:
+                record(cellstate.failed(other))
+                log.error("%s", other)
+                return 1
             record(cellstate.cancelled(f"stopped by {stop}"))
             return 143
         except Preempted as stop:
@@ -449,16 +463,14 @@ def run_under_lock(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int
             log.info("%s", stop)
             return 75
         except (SandboxUnavailable, AdapterSourceError) as refused:  # a fix for the user, not a bug: one line
-            record(cellstate.failed(str(refused)))
             log.error("%s", refused)
-            return 1
+            return fail(str(refused))
         except Exception as err:  # noqa: BLE001 - any failure is recorded in state.json, then the exit code says it
             # A full or read-only disk is one line naming the file and the fix; a bug, its traceback's tail.
             disk = disk_error(err, RUN_DISK_FIXES) if isinstance(err, OSError) else None
             tail = [disk] if disk else traceback.format_exc().strip().splitlines()[-12:]
-            record(cellstate.failed("\n".join(tail)))
             log.error("run failed:%s%s", " " if disk else "\n", "\n".join(tail))
-            return 1
+            return fail("\n".join(tail))
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

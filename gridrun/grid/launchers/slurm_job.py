@@ -164,7 +164,13 @@ class CellJob(submitit.helpers.Checkpointable):
                     "(grid.launcher.max_num_timeout) spent; resume it with `gridrun resubmit --preempted`"
                 ))
             raise
-        return self._finish(run_dir, rank, restart, code, err_path) if rank == 0 else code
+        if rank == 0:
+            return self._finish(run_dir, rank, restart, code, err_path)
+        if code != 0:
+            # A failed task ends the job's step at once (srun --kill-on-bad-exit): rank 0
+            # records this rank's error (ranks/rank<r>.error) instead of waiting in a collective.
+            raise RuntimeError(f"rank {rank} of cell {run_dir.root.name} exited with code {code}; see {err_path}")
+        return code
 
     # submitit declares a DelayedSubmission return, and reads None as "do not requeue"
     # (submitit/core/job_environment.py: _checkpoint).
@@ -242,8 +248,10 @@ class CellJob(submitit.helpers.Checkpointable):
         if state.get("state") == "running":
             how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
             tail = log_tail(err_path)
-            run_dir.record(cellstate.failed(
+            # Killed in a collective when another rank failed: that rank's error is the cause.
+            other = run_dir.ranks_failure(float(state.get("started_at") or self._started))
+            run_dir.record(cellstate.failed(other or (
                 f"trainer {how} without recording a final state (out of memory?)" + (f"\n{tail}" if tail else "")
-            ))
+            )))
         error = str(run_dir.read_state().get("error") or "").strip().splitlines()
         raise RuntimeError(f"cell {run_dir.root.name} failed: {error[-1] if error else f'exit code {code}'}")
