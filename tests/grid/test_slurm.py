@@ -315,3 +315,24 @@ def test_a_rank_that_fails_ends_the_job_and_its_error_is_the_cells(tmp_path: Pat
         job._finish(run_dir, 0, 0, -9, run_dir.stderr_log)
     state = run_dir.read_state()
     assert state["state"] == "failed" and state["error"].startswith("rank 1 failed: Traceback")
+
+
+
+def test_pending_shows_slurms_reason_and_a_failure_names_the_file_with_its_error(
+    gridrun: Gridrun, results: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake(tmp_path / "bin", "sacct", """cat <<'EOF'
+42_0|PENDING|0:0|Unknown|QOSMaxGRESPerUser
+42_1|FAILED|1:0|2020-01-01T00:00:00|None
+42_2|FAILED|1:0|2020-01-01T00:00:00|None
+EOF
+""")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    seen = SlurmLauncher.reconcile({"a": active("42_1", "queued"), "b": active("42_2", "running")})
+    # Before its trainer started, the error is in the job's own stderr, not in the cell's logs.
+    assert seen["a"][1].endswith("see jobs/42_1/42_1_0_log.err in the sweep dir")
+    assert seen["b"][1].endswith("see logs/stderr.log in the cell dir")
+    assert gridrun("plan", "conf=smoke", "workflow=voting", "policy=shared", "kind=train").code == 0
+    cell = results / "smoke" / "cells" / "voting-sp-toy-arith-s0" / "state.json"
+    cell.write_text(json.dumps({**json.loads(cell.read_text()), **active("42_0", "queued"), "attempt": 1}))
+    assert "42_0 PENDING (QOSMaxGRESPerUser)" in gridrun("status", "conf=smoke").out

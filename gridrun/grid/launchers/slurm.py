@@ -471,7 +471,11 @@ class SlurmLauncher(Launcher):
                 continue
             word = info["state"]
             if word in SCHEDULER_ACTIVE:
-                out[cell_id] = (str(state.get("state")), word)
+                # A job held by a QOS limit or a dependency looks like a short wait without
+                # SLURM's reason (PENDING (QOSMaxGRESPerUser)).
+                reason = info.get("reason") or ""
+                shown = f"{word} ({reason})" if word == "PENDING" and reason not in ("", "None") else word
+                out[cell_id] = (str(state.get("state")), shown)
                 continue
             end = info.get("end") or 0.0
             if word in ("COMPLETED", "FAILED") and now - end < SETTLE_S:
@@ -479,7 +483,7 @@ class SlurmLauncher(Launcher):
             new_state, why = SCHEDULER_FINAL.get(word, ("failed", f"job {{job}} ended as {word}"))
             out[cell_id] = (
                 new_state,
-                why.format(job=job, cell=cell_id, exit=info.get("exit", "?"), logs="logs/stderr.log in the cell dir"),
+                why.format(job=job, cell=cell_id, exit=info.get("exit", "?"), logs=error_log(job, state)),
             )
         return out
 
@@ -501,6 +505,15 @@ class SlurmLauncher(Launcher):
             else:
                 lines.append(f"{cell_id}: scancel {jobs.get(cell_id, '-')} (its trainer records cancelled)")
         return lines
+
+
+def error_log(job: str | None, state: Mapping[str, Any]) -> str:
+    """The file that holds a failed job's error: the cell's logs/stderr.log once its trainer
+    started, before that (setup, the environment, the job's own code) the job's stderr,
+    which submitit writes under the sweep's jobs/ folder."""
+    if state.get("state") == "running":
+        return "logs/stderr.log in the cell dir"
+    return f"jobs/{job}/{job}_0_log.err in the sweep dir"
 
 
 # --- asking the scheduler -------------------------------------------------------------------
@@ -527,15 +540,16 @@ def scheduler_states(job_ids: list[str]) -> dict[str, dict[str, Any]]:
         return {}
     bases = sorted({job.split("_")[0] for job in job_ids})
     result = _run(
-        ["sacct", "-X", "-P", "-n", "-j", ",".join(bases), "-o", "JobID,State,ExitCode,End"],
+        ["sacct", "-X", "-P", "-n", "-j", ",".join(bases), "-o", "JobID,State,ExitCode,End,Reason"],
         "reading job states",
         check=False,
     )
     seen: dict[str, dict[str, Any]] = {}
     if result.returncode == 0:
-        for job, row in by_job(("JobID", "State", "ExitCode", "End"), result.stdout).items():
+        for job, row in by_job(("JobID", "State", "ExitCode", "End", "Reason"), result.stdout).items():
             state = row.get("State") or "UNKNOWN"
-            seen[job] = {"state": state.split()[0], "exit": row.get("ExitCode", ""), "end": _epoch(row.get("End", ""))}
+            seen[job] = {"state": state.split()[0], "exit": row.get("ExitCode", ""), "end": _epoch(row.get("End", "")),
+                         "reason": row.get("Reason", "")}
     missing = [job for job in job_ids if job not in seen]
     if missing:
         # Accounting off, or slurmdbd has not caught up with fresh submissions: the queue knows.
@@ -544,13 +558,13 @@ def scheduler_states(job_ids: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def _squeue(job_ids: list[str]) -> dict[str, dict[str, Any]]:
-    args = ["squeue", "-h", "-r", "-o", "%i|%T"]
+    args = ["squeue", "-h", "-r", "-o", "%i|%T|%r"]
     result = _run([*args, "-j", ",".join(sorted(set(job_ids)))], "reading the queue", check=False)
     if result.returncode != 0:
         # squeue refuses the whole list when one id is unknown: read the whole queue instead.
         result = _run(args, "reading the queue")
     seen = {
-        job: {"state": row.get("State") or "UNKNOWN", "exit": "", "end": None}
-        for job, row in by_job(("JobID", "State"), result.stdout).items()
+        job: {"state": row.get("State") or "UNKNOWN", "exit": "", "end": None, "reason": row.get("Reason", "")}
+        for job, row in by_job(("JobID", "State", "Reason"), result.stdout).items()
     }
     return {job: seen[job] for job in job_ids if job in seen}
