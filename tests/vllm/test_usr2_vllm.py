@@ -1,5 +1,5 @@
 """SLURM's warning mid-rollout with vLLM's engine core in its own process, as on a GPU
-(VLLM_ENABLE_V1_MULTIPROCESSING=1): the engine core, which handles only SIGTERM/SIGINT,
+(VLLM_ENABLE_V1_MULTIPROCESSING=1, spawned): the engine core, which handles only SIGTERM/SIGINT,
 inherits SIGUSR2 blocked and lives on; the trainer checkpoints after its step and stops
 as preempted; the resumed run logs every step once (issue 30, item 4)."""
 
@@ -36,7 +36,10 @@ def _children(pid: int) -> list[int]:
 def test_usr2_mid_rollout_spares_the_engine_and_requeues_cleanly(tmp_path: Path) -> None:
     cell = make_cell(tmp_path, engine={"name": "vllm"},
                      train={"total_steps": 6, "val_every": 6, "save_every": 6})
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "GRIDRUN_LOG": "INFO"}
+    # Spawned, as on a GPU (vLLM spawns once CUDA is initialised): a forked engine core would
+    # inherit the trainer's handler, a spawned one the default, fatal action.
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+           "GRIDRUN_LOG": "INFO"}
     with open(tmp_path / "stderr.log", "wb") as err:
         # Its own process group: killpg below is SLURM's step-wide signal.
         proc = subprocess.Popen([sys.executable, "-m", "gridrun.cli", "run", str(cell)], env=env,
