@@ -442,7 +442,9 @@ def run_under_lock(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int
 
         def fail(error: str) -> int:
             if dist.is_main:
-                run_dir.record(cellstate.failed(error))
+                # A collective that broke because another rank died (gloo: connection closed)
+                # is not the cause: that rank's own error is.
+                run_dir.record(cellstate.failed(run_dir.ranks_failure(started) or error))
             else:
                 run_dir.write_rank_error(dist.rank, error)
             return 1

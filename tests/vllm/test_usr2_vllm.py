@@ -33,6 +33,11 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _descendants(pid: int) -> list[int]:
+    found = _children(pid)
+    return found + [grandchild for child in found for grandchild in _descendants(child)]
+
+
 def test_usr2_mid_rollout_spares_the_engine_and_requeues_cleanly(tmp_path: Path) -> None:
     cell = make_cell(tmp_path, engine={"name": "vllm"},
                      train={"total_steps": 6, "val_every": 6, "save_every": 6})
@@ -41,18 +46,22 @@ def test_usr2_mid_rollout_spares_the_engine_and_requeues_cleanly(tmp_path: Path)
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
            "GRIDRUN_LOG": "INFO"}
     with open(tmp_path / "stderr.log", "wb") as err:
-        # Its own process group: killpg below is SLURM's step-wide signal.
         proc = subprocess.Popen([sys.executable, "-m", "gridrun.cli", "run", str(cell)], env=env,
                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     try:
         engine = wait_until(lambda: _children(proc.pid), "vLLM's engine core process", 600)
         wait_until(lambda: RunDir(cell).read_state().get("step", 0) >= 1 or proc.poll() is not None,
                    "step 1", 600, poll=0.1)
-        os.killpg(proc.pid, signal.SIGUSR2)
+        # Every process of the step, as SLURM's cgroup-wide signal reaches them (vLLM may
+        # move its engine core out of the trainer's process group).
+        for pid in [proc.pid, *_descendants(proc.pid)]:
+            os.kill(pid, signal.SIGUSR2)
         code = proc.wait(timeout=600)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            for pid in [*_descendants(proc.pid), proc.pid]:
+                os.kill(pid, signal.SIGKILL)
+            proc.wait()
     log = (tmp_path / "stderr.log").read_text(errors="replace")
     state = RunDir(cell).read_state()
     assert code == 75 and state["state"] == "preempted", (code, state.get("error"), log[-3000:])
