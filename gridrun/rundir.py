@@ -326,6 +326,26 @@ class RunDir:
                 records.append(record)
         return sorted(records, key=lambda r: int(r.get("rank") or 0))
 
+    def rank_error(self, rank: int) -> Path:
+        """The error of a rank > 0 whose trainer failed (rank 0 writes state.json; the job
+        then ends every rank: rank 0 records this instead of its own stop)."""
+        return self.ranks_dir / f"rank{rank}.error"
+
+    def write_rank_error(self, rank: int, error: str) -> None:
+        self.ranks_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.rank_error(rank), error)
+
+    def ranks_failure(self, since: float) -> str | None:
+        """`rank <r> failed: <error>` of the first rank > 0 that failed after `since` (the
+        attempt's start), None if none did."""
+        for path in sorted(self.ranks_dir.glob("rank*.error")):
+            try:
+                if path.stat().st_mtime >= since:
+                    return f"{path.stem.replace('rank', 'rank ')} failed: {path.read_text(errors='replace').strip()}"
+            except OSError:
+                continue
+        return None
+
     # --- validation --------------------------------------------------------------------
     def require(self) -> RunDir:
         """Fail with the fix when this is not a planned cell's directory."""
@@ -585,6 +605,18 @@ class RunDir:
         kept = [row for row in self.read_metrics() if row.get("step", 0) <= last_step]
         atomic_write_text(self.metrics_jsonl, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
         return kept
+
+    def set_metrics_aside(self) -> Path | None:
+        """Move metrics.jsonl to the first free `metrics.jsonl.replaced-<n>` (a restart from
+        step 0 whose earlier rows no checkpoint matches); None when it holds no rows."""
+        if not self.read_metrics():
+            self.metrics_jsonl.unlink(missing_ok=True)
+            return None
+        n = 1
+        while (aside := self.metrics_jsonl.with_name(f"{self.metrics_jsonl.name}.replaced-{n}")).exists():
+            n += 1
+        os.replace(self.metrics_jsonl, aside)
+        return aside
 
     # --- checkpoints -------------------------------------------------------------------
     def complete_checkpoints(self) -> list[tuple[int, Path]]:

@@ -113,17 +113,19 @@ def _os_error(err: BaseException) -> OSError | None:
 def load(
     checkpoint: Path, model: Any, adapters: tuple[str, ...], optimizers: dict[str, torch.optim.Optimizer]
 ) -> dict[str, Any]:
-    """Restore adapters and optimizers in place; returns the trainer state."""
+    """Restore adapters and optimizers in place; returns the trainer state (its tensors on the
+    CPU: a checkpoint written on a GPU resumes on another GPU layout or on the CPU, and each
+    optimizer moves its state onto its parameters' device as it loads it)."""
     try:
         for name in adapters:
             weights = load_file(adapter_dir(checkpoint, name) / "adapter_model.safetensors")
             result = set_peft_model_state_dict(model, weights, adapter_name=name)
             if getattr(result, "unexpected_keys", None):
                 raise ValueError(f"unexpected keys in adapter '{name}': {result.unexpected_keys[:3]}")
-        states = torch.load(checkpoint / "optimizers.pt", weights_only=False)
+        states = torch.load(checkpoint / "optimizers.pt", map_location="cpu", weights_only=False)
         for name, opt in optimizers.items():
             opt.load_state_dict(states[name])
-        return torch.load(checkpoint / "trainer.pt", weights_only=False)
+        return torch.load(checkpoint / "trainer.pt", map_location="cpu", weights_only=False)
     except Exception as err:  # every failure mode of a damaged checkpoint ends here
         raise CorruptCheckpoint(
             f"checkpoint {checkpoint} cannot be loaded ({err.__class__.__name__}: {err}); "

@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import signal
 import socket
 import time
 from collections.abc import Iterable, Sequence
@@ -180,6 +181,11 @@ class Dist:
 
     def should_stop(self) -> bool:
         """Whether any rank was asked to stop (call at a step boundary, on every rank)."""
+        # The trainer blocks SIGUSR2 (`trainer.usr2_stops`): one that every thread blocked
+        # waits pending until taken here.
+        if not self.stop_requested and signal.SIGUSR2 in signal.sigpending():
+            signal.sigtimedwait([signal.SIGUSR2], 0)
+            self.stop_requested = True
         if self.world == 1:
             return self.stop_requested
         return self.all_reduce_sum([1.0 if self.stop_requested else 0.0])[0] > 0

@@ -24,7 +24,7 @@ import signal
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -368,7 +368,8 @@ class Trainer:
             "coherence": self.coherence.state_dict() if self.coherence else None,
             "python_rng": random.getstate(),
             "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            # This rank's own GPU only: another layout (one GPU per task) or the CPU resumes it.
+            "cuda_rng": torch.cuda.get_rng_state(self.dist.device) if self.dist.device.type == "cuda" else None,
         }
         peak = self.peak_step()
         checkpoint.save(
@@ -379,9 +380,12 @@ class Trainer:
     def resume(self) -> int:
         latest = self.run_dir.latest_checkpoint()
         if latest is None:
-            # Rows of an attempt that died before its first checkpoint are replayed.
+            # Rows of an attempt that died before its first checkpoint are replayed; rows no
+            # checkpoint matches any more (all moved aside) are kept beside, never lost.
             if self.dist.is_main:
-                self.run_dir.truncate_metrics(-1)
+                kept_aside = self.run_dir.set_metrics_aside()
+                if kept_aside is not None:
+                    log.warning("no checkpoint left: restarting from step 0, earlier metrics kept in %s", kept_aside)
             return 0
         step, path = latest
         state = checkpoint.load(path, self.model, self.routing.trainable, self.optimizers)
@@ -392,8 +396,7 @@ class Trainer:
             self.coherence.load_state_dict(state["coherence"], self.dist.device)
         random.setstate(state["python_rng"])
         torch.set_rng_state(state["torch_rng"])
-        if state.get("cuda_rng") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        restore_cuda_rng(state.get("cuda_rng"), self.dist.device)
         self.dist.decorrelate_rng(self.config.cell.seed, step)
         if self.dist.is_main:
             kept = self.run_dir.truncate_metrics(step)
@@ -403,6 +406,35 @@ class Trainer:
             self.run_dir.record(cellstate.progressed(**self.peak_fields()))
         log.info("resumed from %s", path)
         return step
+
+
+def restore_cuda_rng(saved: Any, device: torch.device) -> None:
+    """Set `device`'s CUDA RNG from a checkpoint's: one state (this rank's GPU), or the list
+    of checkpoints written before one GPU per task (one per visible GPU; rank 0's was the
+    first). Resuming on the CPU has no CUDA RNG to set."""
+    if saved is None or device.type != "cuda":
+        return
+    torch.cuda.set_rng_state(saved[0] if isinstance(saved, (list, tuple)) else saved, device)
+
+
+@contextlib.contextmanager
+def usr2_stops(dist: Dist) -> Iterator[None]:
+    """SIGUSR2 (SLURM's warning, sent to every process of the job step) asks this trainer,
+    and only it, to stop after its current step.
+
+    It is blocked in this thread, so every thread started and every process spawned from
+    here on (vLLM's engine core, which handles only SIGTERM/SIGINT; sandboxed programs)
+    inherits it blocked, across fork and exec: for them it stays pending and never acts (a
+    handler, unlike a blocked mask, would be reset to the default, fatal action by exec).
+    `Dist.should_stop` takes it at the next step boundary; the handler catches one that a
+    thread started earlier receives."""
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: setattr(dist, "stop_requested", True))
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR2})
+        signal.signal(signal.SIGUSR2, previous)
 
 
 def _raise_cancelled(signum: int, frame: Any) -> None:
@@ -429,14 +461,30 @@ def run_under_lock(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int
             dist.close()
             raise
     with lock:
-        # Rank 0 alone writes state.json; the other ranks' errors reach it through the collectives.
+        # Rank 0 alone writes state.json; another rank writes its failure to ranks/rank<r>.error,
+        # which rank 0, stopped by the job's end (srun --kill-on-bad-exit), records instead.
         record: Callable[[cellstate.Transition], object] = run_dir.record if dist.is_main else (lambda change: None)
+        started = time.time()
         record(cellstate.started(os.getpid(), socket.gethostname(), config.steps_to_train))
+
+        def fail(error: str) -> int:
+            if dist.is_main:
+                # A collective that broke because another rank died (gloo: connection closed)
+                # is not the cause: that rank's own error is.
+                run_dir.record(cellstate.failed(run_dir.ranks_failure(started) or error))
+            else:
+                run_dir.write_rank_error(dist.rank, error)
+            return 1
         previous = {s: signal.signal(s, _raise_cancelled) for s in (signal.SIGTERM, signal.SIGINT)}
-        previous[signal.SIGUSR2] = signal.signal(signal.SIGUSR2, lambda signum, frame: setattr(dist, "stop_requested", True))
         try:
-            Trainer(config, run_dir, resolve_model(config.model), dist).fit()
+            with usr2_stops(dist):
+                Trainer(config, run_dir, resolve_model(config.model), dist).fit()
         except Cancelled as stop:
+            other = run_dir.ranks_failure(started) if dist.is_main else None
+            if other is not None:
+                record(cellstate.failed(other))
+                log.error("%s", other)
+                return 1
             record(cellstate.cancelled(f"stopped by {stop}"))
             return 143
         except Preempted as stop:
@@ -446,17 +494,15 @@ def run_under_lock(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int
         except NotARunDir as gone:  # the cell's folder was deleted under the run: write nothing more
             log.error("%s", gone)
             return 1
-        except (SandboxUnavailable, AdapterSourceError, AdapterNotServed) as refused:  # one line says it all
-            record(cellstate.failed(str(refused)))
+        except (SandboxUnavailable, AdapterSourceError, AdapterNotServed) as refused:  # a fix for the user, not a bug: one line
             log.error("%s", refused)
-            return 1
+            return fail(str(refused))
         except Exception as err:  # noqa: BLE001 - any failure is recorded in state.json, then the exit code says it
             # A full or read-only disk is one line naming the file and the fix; a bug, its traceback's tail.
             disk = disk_error(err, RUN_DISK_FIXES) if isinstance(err, OSError) else None
             tail = [disk] if disk else traceback.format_exc().strip().splitlines()[-12:]
-            record(cellstate.failed("\n".join(tail)))
             log.error("run failed:%s%s", " " if disk else "\n", "\n".join(tail))
-            return 1
+            return fail("\n".join(tail))
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

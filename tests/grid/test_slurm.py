@@ -22,6 +22,7 @@ from gridrun.grid.launchers.slurm import (
     executor_parameters,
     job_spec,
     sbatch_script,
+    warning_lead_s,
 )
 from tests.grid.conftest import Gridrun
 from tests.states import put_state
@@ -55,7 +56,11 @@ def test_sbatch_script_of_a_17b_cell_matches_the_golden_file(tmp_path: Path) -> 
     sweep = json.loads((results / "full_matrix" / "sweep.json").read_text())
     (cell,) = sweep["cells"]
     spec = job_spec(cell, sweep["cluster"], env={"SLURM_CONF": "/etc/slurm/slurm.conf"})
-    script = sbatch_script(executor_parameters(spec, SlurmSettings(**sweep["launcher"]), "gridrun-full_matrix"),
+    settings = SlurmSettings(**sweep["launcher"])
+    lead = warning_lead_s([cell], spec, settings)
+    # The plan's step estimate, not the fixed 300 s (shorter than a real 1.7B math step).
+    assert lead > 300
+    script = sbatch_script(executor_parameters(spec, settings, "gridrun-full_matrix", lead_s=lead),
                            results / "full_matrix" / "jobs" / "%j", python="/venv/bin/python")
     # Paths of this checkout and this test run are placeholders in the recorded file.
     script = script.replace(str(results), "<RESULTS>").replace(str(REPO_ROOT), "<REPO>")
@@ -64,10 +69,11 @@ def test_sbatch_script_of_a_17b_cell_matches_the_golden_file(tmp_path: Path) -> 
         golden.write_text(script)
     assert script == golden.read_text(), f"sbatch script changed; if on purpose: GRIDRUN_REGEN_GOLDEN=1 pytest {__file__}"
     # One whole 2-GPU H100 node, one rank per GPU (each task bound to its own), the warning
-    # signal before the limit; no job-wide --gres, which would show each task both GPUs.
-    assert "--gres" not in script
+    # signal before the limit; no job-wide --gres, which would show each task both GPUs;
+    # any rank's failure ends the job's step at once.
+    assert "--gres" not in script and "srun --unbuffered" in script and " --kill-on-bad-exit=1 " in script
     for line in ("--gpus-per-task=h100:1", "--ntasks-per-node=2", "--cpus-per-task=8", "--partition=h100",
-                 "--signal=USR2@300", "--time=2880"):
+                 f"--signal=USR2@{lead}", "--time=2880"):
         assert f"#SBATCH {line}\n" in script
 
 
@@ -277,3 +283,56 @@ def test_resubmissions_stop_at_max_attempts_but_requeues_do_not_count(
     admitted = SlurmLauncher({"name": "slurm", "max_attempts": 2}).admit(sweep, ids)
     assert admitted == [ids[2]]
     assert f"not resubmitting {ids[0]}: it has had 2 submissions (grid.launcher.max_attempts=2)" in caplog.text
+
+
+# ---------------------------------------------------------------- issue 30: signals and failures
+def test_the_warning_lead_covers_the_slowest_cells_step_and_a_checkpoint() -> None:
+    from gridrun.grid.launchers.slurm import CHECKPOINT_S, warning_lead_s
+
+    spec = job_spec(CELL, PAPER, env={})
+    settings = SlurmSettings(signal_delay_s=300)
+    # 2 h over 10 steps: 720 s a step (more than the fixed 300 s would have left).
+    cells = [{**CELL, "est_hours": 2.0, "total_steps": 10}, {**CELL, "est_hours": 0.1, "total_steps": 10}]
+    assert warning_lead_s(cells, spec, settings) == 2 * 720 + CHECKPOINT_S
+    assert warning_lead_s([{**CELL, "est_hours": 0.01, "total_steps": 100}], spec, settings) == 300  # the floor
+    with pytest.raises(GridError, match="more than half of the .* min limit: raise the cluster profile's time_limit_h"):
+        warning_lead_s([{**CELL, "est_hours": 200.0, "total_steps": 10}], spec, settings)
+
+
+def test_a_rank_that_fails_ends_the_job_and_its_error_is_the_cells(tmp_path: Path) -> None:
+    from gridrun.grid.launchers.slurm_job import CellJob
+    from gridrun.rundir import RunDir
+
+    params = job_spec(CELL, PAPER, env={}).parameters()
+    assert "--kill-on-bad-exit=1" in params["srun_args"]
+    run_dir = RunDir(tmp_path)
+    run_dir.config_yaml.write_text("{}\n")
+    put_state(run_dir, state="running", attempt=1, job_id="7_2", launcher="slurm", step=3, started_at=time.time() - 5)
+    run_dir.write_rank_error(1, "Traceback (most recent call last):\nValueError: rank 1 broke")
+    job = CellJob(str(tmp_path), time_min=30, signal_delay_s=60)
+    # Rank 0's trainer, killed inside a collective once srun ended the step, recorded nothing.
+    with pytest.raises(RuntimeError, match="rank 1 broke"):
+        job._finish(run_dir, 0, 0, -9, run_dir.stderr_log)
+    state = run_dir.read_state()
+    assert state["state"] == "failed" and state["error"].startswith("rank 1 failed: Traceback")
+
+
+
+def test_pending_shows_slurms_reason_and_a_failure_names_the_file_with_its_error(
+    gridrun: Gridrun, results: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake(tmp_path / "bin", "sacct", """cat <<'EOF'
+42_0|PENDING|0:0|Unknown|QOSMaxGRESPerUser
+42_1|FAILED|1:0|2020-01-01T00:00:00|None
+42_2|FAILED|1:0|2020-01-01T00:00:00|None
+EOF
+""")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    seen = SlurmLauncher.reconcile({"a": active("42_1", "queued"), "b": active("42_2", "running")})
+    # Before its trainer started, the error is in the job's own stderr, not in the cell's logs.
+    assert seen["a"][1].endswith("see jobs/42_1/42_1_0_log.err in the sweep dir")
+    assert seen["b"][1].endswith("see logs/stderr.log in the cell dir")
+    assert gridrun("plan", "conf=smoke", "workflow=voting", "policy=shared", "kind=train").code == 0
+    cell = results / "smoke" / "cells" / "voting-sp-toy-arith-s0" / "state.json"
+    cell.write_text(json.dumps({**json.loads(cell.read_text()), **active("42_0", "queued"), "attempt": 1}))
+    assert "42_0 PENDING (QOSMaxGRESPerUser)" in gridrun("status", "conf=smoke").out

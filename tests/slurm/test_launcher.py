@@ -232,6 +232,25 @@ def test_a_two_task_job_trains_data_parallel_over_gloo(gridrun: Gridrun) -> None
     assert rows[1]["role/generator/seqs"] == 3 * rows[1]["role/aggregator/seqs"] == 24
 
 
+def test_a_failure_on_rank_1_fails_the_job_at_once_with_its_error(gridrun: Gridrun) -> None:
+    # Rank 1 alone cannot write its per-rank record (a directory stands in its way): its
+    # trainer fails at the end of step 1 while rank 0 waits in the next collective. srun
+    # --kill-on-bad-exit ends the job; the cell records rank 1's error, within seconds, not
+    # after the collective's 30 min timeout.
+    _, run_dir = gridrun.one_cell("rankfail", "train.total_steps=3", "grid.cluster.tasks_per_cell=2",
+                                  "grid.cluster.cpus_per_cell=2")
+    run_dir.rank_record(1).mkdir(parents=True)
+    started = time.time()
+    wait_until(lambda: state(run_dir)["state"] in ("done", "failed", "cancelled"), "the 2-rank cell to stop", 300)
+    final = state(run_dir)
+    assert final["state"] == "failed" and final["error"].startswith("rank 1 failed:"), final.get("error")
+    assert "rank1.json" in final["error"]
+    assert time.time() - started < 300
+    row = gridrun.rows("rankfail")[next(iter(gridrun.rows("rankfail")))]
+    assert row["state"] == "failed" and row["error"].startswith("rank 1 failed:"), row
+    print("sacct:", sacct_state(final["job_id"]), "after", round(time.time() - started), "s")
+
+
 # ---------------------------------------------------------------- the smoke sweep, finished
 def test_smoke_sweep_finishes_and_status_and_collect_read_it(gridrun: Gridrun, smoke: dict[str, Any]) -> None:
     wait_until(lambda: all(r["state"] in ("done", "failed") for r in gridrun.rows("smoke").values()),

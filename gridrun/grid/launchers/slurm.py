@@ -16,8 +16,9 @@ Jobs. Every job runs `CellJob` (gridrun/grid/launchers/slurm_job.py) with the su
 python (with the job's directory off sys.path: `process.interpreter`): one task per GPU
 (`--gpus-per-task=[type:]1`, so each task sees exactly its own GPU), each starting
 `python -P -m gridrun.cli run <run_dir>` as a data-parallel rank.
-SLURM's warning signal (USR2, `signal_delay_s` before the time limit, or sent by hand) makes
-the trainer checkpoint after its current step; the job then requeues itself (submitit's
+SLURM's warning signal (USR2, sent by hand or before the time limit by the plan's estimate of
+one step plus a checkpoint, `signal_delay_s` at least: `warning_lead_s`) makes the trainer
+checkpoint after its current step (the trainer alone: see gridrun/train/trainer.py `usr2_stops`); the job then requeues itself (submitit's
 Checkpointable) and resumes from that checkpoint as the cell's next attempt. Requeues
 after the time limit are capped by `max_num_timeout`; the cell then stops as `preempted`.
 
@@ -174,6 +175,9 @@ class JobSpec:
             "cpus_per_task": self.cpus_per_task,
             "mem": self.mem,
             "setup": list(self.setup),
+            # Any rank's failure ends every rank at once: the others would wait out the
+            # collective's timeout (30 min) and record its error instead of the real one.
+            "srun_args": ["--kill-on-bad-exit=1"],
         }
         for key in ("gpus_per_task", "constraint", "account", "qos"):
             if getattr(self, key):
@@ -273,15 +277,38 @@ def job_spec(cell: Mapping[str, Any], cluster: Mapping[str, Any], env: Mapping[s
     )
 
 
+# Seconds a checkpoint takes to write and fsync (adapters and AdamW state: ~5 GB for a 4B
+# cell's three adapters) on shared storage, on top of the step the warning interrupts.
+CHECKPOINT_S = 120
+
+
+def warning_lead_s(cells: Iterable[Mapping[str, Any]], spec: JobSpec, settings: SlurmSettings) -> int:
+    """Seconds before the time limit SLURM's warning (USR2) comes for an array of these cells
+    (their sweep.json entries): the slowest cell's estimated step twice over (the step under
+    way may be a validation step, which costs more than the mean the plan's est_hours gives),
+    plus a checkpoint; `signal_delay_s` is the floor. An estimated lead past half the time
+    limit leaves no time to train: refused, naming the setting to change."""
+    step_s = max((float(c.get("est_hours") or 0) * 3600 / max(1, int(c.get("total_steps") or 1)) for c in cells), default=0.0)
+    derived = math.ceil(2 * step_s + CHECKPOINT_S)
+    lead = max(int(settings.signal_delay_s), derived)
+    if derived == lead and lead * 2 > spec.time_min * 60:
+        raise GridError(
+            f"SLURM's warning must come {lead} s before the time limit (one estimated {step_s:.0f} s step plus a "
+            f"checkpoint), more than half of the {spec.time_min} min limit: raise the cluster profile's time_limit_h"
+        )
+    return lead
+
+
 def executor_parameters(
-    spec: JobSpec, settings: SlurmSettings, job_name: str, dependency: str | None = None
+    spec: JobSpec, settings: SlurmSettings, job_name: str, dependency: str | None = None, lead_s: int | None = None
 ) -> dict[str, Any]:
     """Everything handed to `SlurmExecutor.update_parameters` for one array of this spec
-    (`dependency`: sbatch's --dependency, e.g. afterok:12_3)."""
+    (`dependency`: sbatch's --dependency, e.g. afterok:12_3; `lead_s`: `warning_lead_s` of
+    its cells, else `signal_delay_s`)."""
     params = {
         **spec.parameters(),
         "job_name": job_name,
-        "signal_delay_s": settings.signal_delay_s,
+        "signal_delay_s": settings.signal_delay_s if lead_s is None else lead_s,
         "array_parallelism": settings.max_parallel or SlurmSettings.max_parallel,
     }
     if dependency:
@@ -421,13 +448,15 @@ class SlurmLauncher(Launcher):
         executor = submitit.SlurmExecutor(
             folder=sweep.jobs_dir / "%j", max_num_timeout=self.max_num_timeout, python=interpreter_line()
         )
-        executor.update_parameters(**executor_parameters(spec, self.typed, f"gridrun-{sweep.name}", dependency))
+        entries = {cell["id"]: cell for cell in sweep.read()["cells"]}
+        lead = warning_lead_s([entries[c] for c in cells], spec, self.typed)
+        executor.update_parameters(**executor_parameters(spec, self.typed, f"gridrun-{sweep.name}", dependency, lead))
         submitted: dict[str, str] = {}
         for chunk in chunks(cells, max_array_size()):
             jobs = []
             with executor.batch():
                 for cell_id in chunk:
-                    job = CellJob(str(sweep.cell(cell_id).root.resolve()), spec.time_min, self.signal_delay_s)
+                    job = CellJob(str(sweep.cell(cell_id).root.resolve()), spec.time_min, lead)
                     jobs.append(executor.submit(job))
             submitted.update({cell_id: job.job_id for cell_id, job in zip(chunk, jobs)})
         return submitted
@@ -457,7 +486,11 @@ class SlurmLauncher(Launcher):
                 continue
             word = info["state"]
             if word in SCHEDULER_ACTIVE:
-                out[cell_id] = (str(state.get("state")), word)
+                # A job held by a QOS limit or a dependency looks like a short wait without
+                # SLURM's reason (PENDING (QOSMaxGRESPerUser)).
+                reason = info.get("reason") or ""
+                shown = f"{word} ({reason})" if word == "PENDING" and reason not in ("", "None") else word
+                out[cell_id] = (str(state.get("state")), shown)
                 continue
             end = info.get("end") or 0.0
             if word in ("COMPLETED", "FAILED") and now - end < SETTLE_S:
@@ -465,7 +498,7 @@ class SlurmLauncher(Launcher):
             new_state, why = SCHEDULER_FINAL.get(word, ("failed", f"job {{job}} ended as {word}"))
             out[cell_id] = (
                 new_state,
-                why.format(job=job, cell=cell_id, exit=info.get("exit", "?"), logs="logs/stderr.log in the cell dir"),
+                why.format(job=job, cell=cell_id, exit=info.get("exit", "?"), logs=error_log(job, state)),
             )
         return out
 
@@ -487,6 +520,15 @@ class SlurmLauncher(Launcher):
             else:
                 lines.append(f"{cell_id}: scancel {jobs.get(cell_id, '-')} (its trainer records cancelled)")
         return lines
+
+
+def error_log(job: str | None, state: Mapping[str, Any]) -> str:
+    """The file that holds a failed job's error: the cell's logs/stderr.log once its trainer
+    started, before that (setup, the environment, the job's own code) the job's stderr,
+    which submitit writes under the sweep's jobs/ folder."""
+    if state.get("state") == "running":
+        return "logs/stderr.log in the cell dir"
+    return f"jobs/{job}/{job}_0_log.err in the sweep dir"
 
 
 # --- asking the scheduler -------------------------------------------------------------------
@@ -513,15 +555,16 @@ def scheduler_states(job_ids: list[str]) -> dict[str, dict[str, Any]]:
         return {}
     bases = sorted({job.split("_")[0] for job in job_ids})
     result = _run(
-        ["sacct", "-X", "-P", "-n", "-j", ",".join(bases), "-o", "JobID,State,ExitCode,End"],
+        ["sacct", "-X", "-P", "-n", "-j", ",".join(bases), "-o", "JobID,State,ExitCode,End,Reason"],
         "reading job states",
         check=False,
     )
     seen: dict[str, dict[str, Any]] = {}
     if result.returncode == 0:
-        for job, row in by_job(("JobID", "State", "ExitCode", "End"), result.stdout).items():
+        for job, row in by_job(("JobID", "State", "ExitCode", "End", "Reason"), result.stdout).items():
             state = row.get("State") or "UNKNOWN"
-            seen[job] = {"state": state.split()[0], "exit": row.get("ExitCode", ""), "end": _epoch(row.get("End", ""))}
+            seen[job] = {"state": state.split()[0], "exit": row.get("ExitCode", ""), "end": _epoch(row.get("End", "")),
+                         "reason": row.get("Reason", "")}
     missing = [job for job in job_ids if job not in seen]
     if missing:
         # Accounting off, or slurmdbd has not caught up with fresh submissions: the queue knows.
@@ -530,13 +573,13 @@ def scheduler_states(job_ids: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def _squeue(job_ids: list[str]) -> dict[str, dict[str, Any]]:
-    args = ["squeue", "-h", "-r", "-o", "%i|%T"]
+    args = ["squeue", "-h", "-r", "-o", "%i|%T|%r"]
     result = _run([*args, "-j", ",".join(sorted(set(job_ids)))], "reading the queue", check=False)
     if result.returncode != 0:
         # squeue refuses the whole list when one id is unknown: read the whole queue instead.
         result = _run(args, "reading the queue")
     seen = {
-        job: {"state": row.get("State") or "UNKNOWN", "exit": "", "end": None}
-        for job, row in by_job(("JobID", "State"), result.stdout).items()
+        job: {"state": row.get("State") or "UNKNOWN", "exit": "", "end": None, "reason": row.get("Reason", "")}
+        for job, row in by_job(("JobID", "State", "Reason"), result.stdout).items()
     }
     return {job: seen[job] for job in job_ids if job in seen}

@@ -43,6 +43,8 @@ from gridrun.rundir import RunDir
 REQUEUE_MARGIN_S = 20.0
 # Seconds the trainer gets to stop after SIGTERM before it is killed.
 TERM_WAIT_S = 10.0
+# Seconds between rank 0's looks for another rank's failure (well inside SLURM's KillWait).
+RANK_POLL_S = 2.0
 
 
 def _ignore_usr2() -> None:
@@ -91,6 +93,15 @@ def timed_out(started: float, time_min: int) -> bool:
     timeout once the job ran min(80%, limit - 10 min) of its limit, else a preemption."""
     limit = time_min * 60
     return time.time() - started >= min(limit * 0.8, limit - 600)
+
+
+def requeue_refused(err: subprocess.CalledProcessError) -> str:
+    """The state's words for a job that SLURM would not requeue after its warning."""
+    return (
+        f"stopped on SLURM's warning with a checkpoint, but SLURM refused to requeue the job "
+        f"({' '.join(map(str, err.cmd))}: exit {err.returncode}; requeue is off on this cluster or for this job, "
+        "JobRequeue=0 or --no-requeue): resume it with `gridrun resubmit --preempted`"
+    )
 
 
 class CellJob(submitit.helpers.Checkpointable):
@@ -148,12 +159,18 @@ class CellJob(submitit.helpers.Checkpointable):
             preexec_fn=_ignore_usr2,
         )
         try:
-            code = self._child.wait()
+            code = self._wait_child(run_dir, rank)
         except SystemExit:
             # submitit's USR2 handler requeued the job (rank 0) and is exiting this run.
             if rank == 0:
                 self._record_requeue(run_dir, restart, self._why_requeued())
             raise
+        except subprocess.CalledProcessError as refused:
+            # submitit's `scontrol requeue` after the trainer checkpointed: a site (or a job)
+            # without requeue refuses it. The cell stops, resumable, instead of failing here.
+            if rank == 0:
+                run_dir.record(cellstate.preempted(requeue_refused(refused)))
+            return 0
         except UncompletedJobError:
             if self._finished_state is not None:
                 # The warning came as the trainer ended: the cell is done (or failed).
@@ -165,7 +182,29 @@ class CellJob(submitit.helpers.Checkpointable):
                     "(grid.launcher.max_num_timeout) spent; resume it with `gridrun resubmit --preempted`"
                 ))
             raise
-        return self._finish(run_dir, rank, restart, code, err_path) if rank == 0 else code
+        if rank == 0:
+            return self._finish(run_dir, rank, restart, code, err_path)
+        if code != 0:
+            # A failed task ends the job's step at once (srun --kill-on-bad-exit): rank 0
+            # records this rank's error (ranks/rank<r>.error) instead of waiting in a collective.
+            raise RuntimeError(f"rank {rank} of cell {run_dir.root.name} exited with code {code}; see {err_path}")
+        return code
+
+    def _wait_child(self, run_dir: RunDir, rank: int) -> int:
+        """The trainer's exit code. Rank 0 stops its trainer as soon as another rank records
+        a failure (ranks/rank<r>.error), before srun --kill-on-bad-exit kills this task too,
+        so that the cell's state says why (`_finish`), not a collective's timeout."""
+        child = self._child
+        assert child is not None
+        while True:
+            try:
+                return child.wait(timeout=RANK_POLL_S)
+            except subprocess.TimeoutExpired:
+                if rank == 0 and run_dir.ranks_failure(self._started) is not None:
+                    child.terminate()
+                    if not _wait_exit(child.pid, TERM_WAIT_S):
+                        child.kill()
+                    return child.wait()
 
     # submitit declares a DelayedSubmission return, and reads None as "do not requeue"
     # (submitit/core/job_environment.py: _checkpoint).
@@ -243,8 +282,10 @@ class CellJob(submitit.helpers.Checkpointable):
         if state.get("state") == "running":
             how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
             tail = log_tail(err_path)
-            run_dir.record(cellstate.failed(
+            # Killed in a collective when another rank failed: that rank's error is the cause.
+            other = run_dir.ranks_failure(float(state.get("started_at") or self._started))
+            run_dir.record(cellstate.failed(other or (
                 f"trainer {how} without recording a final state (out of memory?)" + (f"\n{tail}" if tail else "")
-            ))
+            )))
         error = str(run_dir.read_state().get("error") or "").strip().splitlines()
         raise RuntimeError(f"cell {run_dir.root.name} failed: {error[-1] if error else f'exit code {code}'}")

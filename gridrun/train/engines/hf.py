@@ -49,8 +49,9 @@ MERGE_COPY_LIMIT_BYTES = 1 << 30
 
 
 def stop_token_ids(tokenizer: Any) -> list[int]:
-    """End-of-turn tokens: Qwen's <|im_end|> and the tokenizer's eos."""
-    ids = {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id}
+    """End-of-turn tokens: both of Qwen3's eos (<|im_end|>, <|endoftext|>; its tokenizer
+    names only the first, its generation_config both) and the tokenizer's eos."""
+    ids = {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")} | {tokenizer.eos_token_id}
     return sorted(i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id)
 
 

@@ -11,7 +11,7 @@
 #SBATCH --open-mode=append
 #SBATCH --output=<RESULTS>/full_matrix/jobs/%j/%j_0_log.out
 #SBATCH --partition=h100
-#SBATCH --signal=USR2@300
+#SBATCH --signal=USR2@1445
 #SBATCH --time=2880
 #SBATCH --wckey=submitit
 
@@ -22,4 +22,4 @@ source <REPO>/gridrun/slurm/setup_node.sh
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output <RESULTS>/full_matrix/jobs/%j/%j_%t_log.out --error <RESULTS>/full_matrix/jobs/%j/%j_%t_log.err /venv/bin/python -P -u -m submitit.core._submit <RESULTS>/full_matrix/jobs/%j
+srun --unbuffered --output <RESULTS>/full_matrix/jobs/%j/%j_%t_log.out --error <RESULTS>/full_matrix/jobs/%j/%j_%t_log.err --kill-on-bad-exit=1 /venv/bin/python -P -u -m submitit.core._submit <RESULTS>/full_matrix/jobs/%j
