@@ -14,10 +14,20 @@ under its own name through transformers' public attention and mask registries. L
 accelerators (transformers' choice there is deliberate: CUDA's fused kernels take no mask
 with grouping, and the trainer keeps `sdpa` on them), dropout in training (the models here
 have none), and attention variants with a position bias.
+
+Packed rows (`PackedLayout`, passed as the `gridrun_packed` keyword of the backbone's forward,
+which transformers hands to the attention function): one row of several sequences with no
+padding, each distinct prompt once and each of its completions after it. A prompt attends
+causally to itself, a completion to its prompt and causally to itself, never across
+sequences: each piece is its own sdpa call on its own slice, so attention costs the sum of
+the sequences' squares (a varlen kernel in plain torch), no mask of the whole row is built,
+and a prompt's keys and values serve every completion of it (the shared prompt, with or
+without gradient checkpointing: nothing is cached).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,6 +35,64 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 GROUPED_SDPA = "gridrun_grouped_sdpa"
+# The keyword the backbone's forward passes a `PackedLayout` under.
+PACKED_KWARG = "gridrun_packed"
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Where each piece of a packed row lies: per distinct prompt, (start, length) of the
+    prompt and of each of its completions' pieces, in row order."""
+
+    groups: tuple[tuple[tuple[int, int], tuple[tuple[int, int], ...]], ...]
+
+    def __post_init__(self) -> None:
+        at = 0
+        for (start, length), completions in self.groups:
+            for piece_start, piece_length in ((start, length), *completions):
+                if piece_start != at or piece_length < 0:
+                    raise ValueError(f"packed pieces must tile the row in order: a piece starts at {piece_start}, "
+                                     f"expected {at}")
+                at += piece_length
+            if length < 1:
+                raise ValueError("a packed prompt needs at least one token")
+
+    @property
+    def tokens(self) -> int:
+        """Length of the packed row."""
+        return sum(length + sum(n for _, n in completions) for (_, length), completions in self.groups)
+
+
+def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+          causal: bool, scaling: float | None) -> torch.Tensor:
+    if mask is not None and query.device.type != "cpu" and key.shape[1] != query.shape[1]:
+        # CUDA's fused kernels take a mask or the grouping, not both: copy the few keys instead.
+        key, value = (t.repeat_interleave(query.shape[1] // key.shape[1], dim=1) for t in (key, value))
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=scaling, is_causal=causal, enable_gqa=key.shape[1] != query.shape[1]
+    )
+
+
+def packed_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PackedLayout,
+                scaling: float | None) -> torch.Tensor:
+    """Attention of a packed row (batch 1) piece by piece -> (1, heads, len, dim)."""
+    if query.shape[0] != 1 or query.shape[2] != layout.tokens:
+        raise ValueError(f"a packed layout of {layout.tokens} tokens got queries of shape "
+                         f"{tuple(query.shape)}: pack one row, without a cache")
+    parts = []
+    for (start, length), completions in layout.groups:
+        prompt = slice(start, start + length)
+        parts.append(_sdpa(query[:, :, prompt], key[:, :, prompt], value[:, :, prompt], None, True, scaling))
+        for piece_start, piece_length in completions:
+            if not piece_length:
+                continue
+            piece = slice(piece_start, piece_start + piece_length)
+            # Its prompt's keys first, then its own, causally: the mask keeps the lower right.
+            keys = torch.cat([key[:, :, prompt], key[:, :, piece]], dim=2)
+            values = torch.cat([value[:, :, prompt], value[:, :, piece]], dim=2)
+            mask = torch.ones(piece_length, length + piece_length, dtype=torch.bool, device=query.device)
+            parts.append(_sdpa(query[:, :, piece], keys, values, mask.tril(diagonal=length), False, scaling))
+    return torch.cat(parts, dim=2)
 
 
 def grouped_sdpa_forward(
@@ -39,7 +107,13 @@ def grouped_sdpa_forward(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """query (batch, heads, q_len, dim), key and value (batch, kv_heads, kv_len, dim), mask
-    broadcastable to (batch, heads, q_len, kv_len) -> (batch, q_len, heads, dim), as sdpa's."""
+    broadcastable to (batch, heads, q_len, kv_len) -> (batch, q_len, heads, dim), as sdpa's.
+    With a `PackedLayout` under `gridrun_packed`, the row is attended piece by piece."""
+    layout = kwargs.get(PACKED_KWARG)
+    if layout is not None:
+        if attention_mask is not None:
+            raise ValueError("a packed row takes no attention mask: its layout says what attends to what")
+        return packed_sdpa(query, key, value, layout, scaling).transpose(1, 2).contiguous(), None
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     # The causal flag stands in for a mask only on a prefill without one (as transformers').
     causal = bool(query.shape[2] > 1 and attention_mask is None and causal)
