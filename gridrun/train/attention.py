@@ -65,8 +65,9 @@ class PackedLayout:
 
 def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
           causal: bool, scaling: float | None) -> torch.Tensor:
-    if mask is not None and query.device.type != "cpu" and key.shape[1] != query.shape[1]:
-        # CUDA's fused kernels take a mask or the grouping, not both: copy the few keys instead.
+    if query.device.type != "cpu" and key.shape[1] != query.shape[1]:
+        # CUDA's fused kernels do not all take the grouping (with a mask, none does), and
+        # without one torch falls back to its quadratic-memory kernel: copy the keys, as transformers.
         key, value = (t.repeat_interleave(query.shape[1] // key.shape[1], dim=1) for t in (key, value))
     return torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, scale=scaling, is_causal=causal, enable_gqa=key.shape[1] != query.shape[1]
