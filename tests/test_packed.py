@@ -131,7 +131,12 @@ def test_packed_micro_batches_count_real_tokens_and_each_prompt_once() -> None:
     assert len(list(micro_batches(seqs, 200, packed=True))) < len(list(micro_batches(seqs, 200)))
 
 
-def test_packed_log_probs_match_full_rows_and_the_layout_refuses_gaps() -> None:
+@pytest.mark.parametrize("group_mask_entries", [0, 1 << 20], ids=["piece_by_piece", "group_at_once"])
+def test_packed_log_probs_match_full_rows_and_the_layout_refuses_gaps(group_mask_entries: int,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from gridrun.train import attention
+
+    monkeypatch.setattr(attention, "GROUP_MASK_ENTRIES", group_mask_entries)
     model = _model(("policy",))
     rows = _rows({"generator": "policy"}, seed=3)
     prompts, completions = [s.prompt_ids for s in rows], [s.completion_ids for s in rows]
@@ -147,3 +152,23 @@ def test_packed_log_probs_match_full_rows_and_the_layout_refuses_gaps() -> None:
         PackedLayout((((0, 3), ((4, 2),)),))
     with pytest.raises(ValueError, match="at least one token"):
         logprobs.packed_rows([[]], [[1, 2]])
+
+
+def test_the_update_benchmark_runs_on_the_toy_world() -> None:
+    # bench/update.py without TRL: the packed path computes no padding and fewer tokens than
+    # the padded one (each distinct prompt once), on the same rows and optimizer steps.
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench" / "update.py"
+    done = subprocess.run([sys.executable, str(bench), "--model", "toy", "--no-trl", "--repeats", "1", "--problems", "1",
+                           "--n", "2", "--response-tokens", "24", "--token-budget", "256", "--json"],
+                          capture_output=True, text=True, timeout=600, check=True)
+    result = json.loads(done.stdout.splitlines()[-1])
+    packed, padded = result["packed"], result["padded"]
+    assert packed["pad_fraction"] == 0 and padded["pad_fraction"] > 0
+    assert packed["tokens_computed"] < padded["tokens_computed"]
+    assert packed["opt_steps"] == padded["opt_steps"] == 4
+    assert set(packed["phases"]) == {"old_logprobs", "forward", "backward", "optimizer", "bookkeeping"}

@@ -57,6 +57,13 @@ class PackedLayout:
             if length < 1:
                 raise ValueError("a packed prompt needs at least one token")
 
+    def masks(self, device: torch.device) -> list[list[torch.Tensor]]:
+        """`_piece_masks` on `device`, built once per layout (every layer reuses them)."""
+        cache: dict[torch.device, list[list[torch.Tensor]]] = self.__dict__.setdefault("_masks", {})
+        if device not in cache:
+            cache[device] = [[m.to(device) for m in group] for group in _piece_masks(self)]
+        return cache[device]
+
     @property
     def tokens(self) -> int:
         """Length of the packed row."""
@@ -74,6 +81,29 @@ def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: tor
     )
 
 
+# A prompt's completions go through one sdpa call (their queries together, a block mask over
+# prompt + completions) while that mask has at most this many entries; longer ones go one by
+# one (a call per piece costs ~tens of microseconds, a mask quadratic memory and compute).
+GROUP_MASK_ENTRIES = 1 << 20
+
+
+def _piece_masks(layout: PackedLayout) -> list[list[torch.Tensor]]:
+    """Per group, the masks of its completion calls: one block mask of all its completions
+    (small groups) or one per completion (each: its prompt, then itself causally)."""
+    masks = []
+    for (_, length), completions in layout.groups:
+        lengths = [n for _, n in completions if n]
+        total = sum(lengths)
+        if total * (length + total) <= GROUP_MASK_ENTRIES:
+            owner = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths, dtype=torch.long))
+            index = torch.arange(total)
+            own = (owner[:, None] == owner[None, :]) & (index[None, :] <= index[:, None])
+            masks.append([torch.cat([torch.ones(total, length, dtype=torch.bool), own], dim=1)] if total else [])
+        else:
+            masks.append([torch.ones(n, length + n, dtype=torch.bool).tril(diagonal=length) for n in lengths])
+    return masks
+
+
 def packed_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PackedLayout,
                 scaling: float | None) -> torch.Tensor:
     """Attention of a packed row (batch 1) piece by piece -> (1, heads, len, dim)."""
@@ -81,18 +111,17 @@ def packed_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lay
         raise ValueError(f"a packed layout of {layout.tokens} tokens got queries of shape "
                          f"{tuple(query.shape)}: pack one row, without a cache")
     parts = []
-    for (start, length), completions in layout.groups:
+    for ((start, length), completions), masks in zip(layout.groups, layout.masks(query.device)):
         prompt = slice(start, start + length)
         parts.append(_sdpa(query[:, :, prompt], key[:, :, prompt], value[:, :, prompt], None, True, scaling))
-        for piece_start, piece_length in completions:
-            if not piece_length:
-                continue
+        pieces = [(a, n) for a, n in completions if n]
+        # One call for all of the group's completions (they lie end to end) or one each.
+        spans = [(pieces[0][0], sum(n for _, n in pieces))] if len(masks) == 1 and pieces else pieces
+        for (piece_start, piece_length), mask in zip(spans, masks):
             piece = slice(piece_start, piece_start + piece_length)
-            # Its prompt's keys first, then its own, causally: the mask keeps the lower right.
             keys = torch.cat([key[:, :, prompt], key[:, :, piece]], dim=2)
             values = torch.cat([value[:, :, prompt], value[:, :, piece]], dim=2)
-            mask = torch.ones(piece_length, length + piece_length, dtype=torch.bool, device=query.device)
-            parts.append(_sdpa(query[:, :, piece], keys, values, mask.tril(diagonal=length), False, scaling))
+            parts.append(_sdpa(query[:, :, piece], keys, values, mask, False, scaling))
     return torch.cat(parts, dim=2)
 
 
