@@ -275,18 +275,19 @@ class TRLSide:
         cuts = [[rows[first : first + micro_rows] for first in range(cut, min(cut + minibatch, len(rows)), micro_rows)]
                 for cut in range(0, len(rows), minibatch)]
         old: list[list[torch.Tensor]] = []
+        computed = 0
         with torch.no_grad():
             for micro in cuts:
                 old.append([])
                 for part in micro:
                     batch = self.inputs(part)
+                    computed += len(part) * (batch["prompt_ids"].shape[1] + batch["completion_ids"].shape[1])
                     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
                     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
                     old[-1].append(self.trainer._get_per_token_logps_and_entropies(
                         self.model, ids, mask, batch["completion_ids"].shape[1], micro_rows)[0])
         sync()
         seconds["old_logprobs"] = time.perf_counter() - started
-        computed = 0
         for micro, olds in zip(cuts, old):
             # TRL's loop sets this per optimizer step; its loss divides by it.
             self.trainer.current_gradient_accumulation_steps = len(micro)
