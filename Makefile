@@ -83,9 +83,13 @@ wheelhouse: ## .wheelhouse/: wheels of the pure-Python dependencies a GPU image 
 
 # On a GPU machine without the venv, the image's python3 (with torch, transformers, peft) runs the check.
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
-gpu-check: ## on a GPU machine: one step of every workflow x policy, random-init Qwen3 1.7B and 4B (bench/gpu.py)
+# The update alone first (about 4 minutes: packed and padded, tokens/s and MFU, bench/update.py), then one step of each cell.
+GPU_UPDATE = --device cuda --dtype bfloat16 --response-tokens 5120 --token-budget 40960 --problems 1 --n 4 --repeats 1 --no-trl --json
+gpu-check: ## on a GPU machine: the update packed vs padded (tokens/s, MFU), then one step of every workflow x policy, random-init Qwen3 1.7B and 4B (bench/update.py, bench/gpu.py)
 	@if [ -d .wheelhouse ] && ls .wheelhouse/*.whl >/dev/null 2>&1; then \
 		$(GPU_PY) -m pip install -q --no-index --no-deps --upgrade --target .wheelhouse/site .wheelhouse/*.whl; fi
+	PYTHONPATH=$(CURDIR)/.wheelhouse/site:$(CURDIR) $(GPU_PY) bench/update.py --model Qwen/Qwen3-1.7B $(GPU_UPDATE)
+	PYTHONPATH=$(CURDIR)/.wheelhouse/site:$(CURDIR) $(GPU_PY) bench/update.py --model Qwen/Qwen3-4B $(GPU_UPDATE)
 	PYTHONPATH=$(CURDIR)/.wheelhouse/site:$(CURDIR) $(GPU_PY) bench/gpu.py --rollout-tokens 32
 
 lint: ## ruff over the code, tests and benchmarks; mypy over gridrun/ (strict on the seam and the grid: pyproject.toml)

@@ -129,10 +129,15 @@ def run_case(args: argparse.Namespace) -> dict:
     packer = update_module.micro_batches
     largest = {"tokens": 0, "count": 0}
 
-    def recording_micro_batches(seqs, token_budget):
-        for chunk in packer(seqs, token_budget):
-            width = max(len(s.prompt_ids) + len(s.completion_ids) for s in chunk)
-            largest["tokens"] = max(largest["tokens"], width * len(chunk))
+    def recording_micro_batches(seqs, token_budget, packed=False):
+        for chunk in packer(seqs, token_budget, packed):
+            if packed:
+                from gridrun.train.logprobs import packed_rows
+
+                tokens = len(packed_rows([s.prompt_ids for s in chunk], [s.completion_ids for s in chunk])[0])
+            else:
+                tokens = len(chunk) * max(len(s.prompt_ids) + len(s.completion_ids) for s in chunk)
+            largest["tokens"] = max(largest["tokens"], tokens)
             largest["count"] += 1
             yield chunk
 

@@ -14,10 +14,20 @@ under its own name through transformers' public attention and mask registries. L
 accelerators (transformers' choice there is deliberate: CUDA's fused kernels take no mask
 with grouping, and the trainer keeps `sdpa` on them), dropout in training (the models here
 have none), and attention variants with a position bias.
+
+Packed rows (`PackedLayout`, passed as the `gridrun_packed` keyword of the backbone's forward,
+which transformers hands to the attention function): one row of several sequences with no
+padding, each distinct prompt once and each of its completions after it. A prompt attends
+causally to itself, a completion to its prompt and causally to itself, never across
+sequences: each piece is its own sdpa call on its own slice, so attention costs the sum of
+the sequences' squares (a varlen kernel in plain torch), no mask of the whole row is built,
+and a prompt's keys and values serve every completion of it (the shared prompt, with or
+without gradient checkpointing: nothing is cached).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,6 +35,94 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 GROUPED_SDPA = "gridrun_grouped_sdpa"
+# The keyword the backbone's forward passes a `PackedLayout` under.
+PACKED_KWARG = "gridrun_packed"
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Where each piece of a packed row lies: per distinct prompt, (start, length) of the
+    prompt and of each of its completions' pieces, in row order."""
+
+    groups: tuple[tuple[tuple[int, int], tuple[tuple[int, int], ...]], ...]
+
+    def __post_init__(self) -> None:
+        at = 0
+        for (start, length), completions in self.groups:
+            for piece_start, piece_length in ((start, length), *completions):
+                if piece_start != at or piece_length < 0:
+                    raise ValueError(f"packed pieces must tile the row in order: a piece starts at {piece_start}, "
+                                     f"expected {at}")
+                at += piece_length
+            if length < 1:
+                raise ValueError("a packed prompt needs at least one token")
+
+    def masks(self, device: torch.device) -> list[list[torch.Tensor]]:
+        """`_piece_masks` on `device`, built once per layout (every layer reuses them)."""
+        cache: dict[torch.device, list[list[torch.Tensor]]] = self.__dict__.setdefault("_masks", {})
+        if device not in cache:
+            cache[device] = [[m.to(device) for m in group] for group in _piece_masks(self)]
+        return cache[device]
+
+    @property
+    def tokens(self) -> int:
+        """Length of the packed row."""
+        return sum(length + sum(n for _, n in completions) for (_, length), completions in self.groups)
+
+
+def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+          causal: bool, scaling: float | None) -> torch.Tensor:
+    if query.device.type != "cpu" and key.shape[1] != query.shape[1]:
+        # CUDA's fused kernels do not all take the grouping (with a mask, none does), and
+        # without one torch falls back to its quadratic-memory kernel: copy the keys, as transformers.
+        key, value = (t.repeat_interleave(query.shape[1] // key.shape[1], dim=1) for t in (key, value))
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=scaling, is_causal=causal, enable_gqa=key.shape[1] != query.shape[1]
+    )
+
+
+# A prompt's completions go through one sdpa call (their queries together, a block mask over
+# prompt + completions) while that mask has at most this many entries; longer ones go one by
+# one (a call per piece costs ~tens of microseconds, a mask quadratic memory and compute).
+GROUP_MASK_ENTRIES = 1 << 20
+
+
+def _piece_masks(layout: PackedLayout) -> list[list[torch.Tensor]]:
+    """Per group, the masks of its completion calls: one block mask of all its completions
+    (small groups) or one per completion (each: its prompt, then itself causally)."""
+    masks = []
+    for (_, length), completions in layout.groups:
+        lengths = [n for _, n in completions if n]
+        total = sum(lengths)
+        if total * (length + total) <= GROUP_MASK_ENTRIES:
+            owner = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths, dtype=torch.long))
+            index = torch.arange(total)
+            own = (owner[:, None] == owner[None, :]) & (index[None, :] <= index[:, None])
+            masks.append([torch.cat([torch.ones(total, length, dtype=torch.bool), own], dim=1)] if total else [])
+        else:
+            masks.append([torch.ones(n, length + n, dtype=torch.bool).tril(diagonal=length) for n in lengths])
+    return masks
+
+
+def packed_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PackedLayout,
+                scaling: float | None) -> torch.Tensor:
+    """Attention of a packed row (batch 1) piece by piece -> (1, heads, len, dim)."""
+    if query.shape[0] != 1 or query.shape[2] != layout.tokens:
+        raise ValueError(f"a packed layout of {layout.tokens} tokens got queries of shape "
+                         f"{tuple(query.shape)}: pack one row, without a cache")
+    parts = []
+    for ((start, length), completions), masks in zip(layout.groups, layout.masks(query.device)):
+        prompt = slice(start, start + length)
+        parts.append(_sdpa(query[:, :, prompt], key[:, :, prompt], value[:, :, prompt], None, True, scaling))
+        pieces = [(a, n) for a, n in completions if n]
+        # One call for all of the group's completions (they lie end to end) or one each.
+        spans = [(pieces[0][0], sum(n for _, n in pieces))] if len(masks) == 1 and pieces else pieces
+        for (piece_start, piece_length), mask in zip(spans, masks):
+            piece = slice(piece_start, piece_start + piece_length)
+            keys = torch.cat([key[:, :, prompt], key[:, :, piece]], dim=2)
+            values = torch.cat([value[:, :, prompt], value[:, :, piece]], dim=2)
+            parts.append(_sdpa(query[:, :, piece], keys, values, mask, False, scaling))
+    return torch.cat(parts, dim=2)
 
 
 def grouped_sdpa_forward(
@@ -39,7 +137,13 @@ def grouped_sdpa_forward(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """query (batch, heads, q_len, dim), key and value (batch, kv_heads, kv_len, dim), mask
-    broadcastable to (batch, heads, q_len, kv_len) -> (batch, q_len, heads, dim), as sdpa's."""
+    broadcastable to (batch, heads, q_len, kv_len) -> (batch, q_len, heads, dim), as sdpa's.
+    With a `PackedLayout` under `gridrun_packed`, the row is attended piece by piece."""
+    layout = kwargs.get(PACKED_KWARG)
+    if layout is not None:
+        if attention_mask is not None:
+            raise ValueError("a packed row takes no attention mask: its layout says what attends to what")
+        return packed_sdpa(query, key, value, layout, scaling).transpose(1, 2).contiguous(), None
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     # The causal flag stands in for a mask only on a prefill without one (as transformers').
     causal = bool(query.shape[2] > 1 and attention_mask is None and causal)

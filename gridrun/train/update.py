@@ -77,7 +77,8 @@ class UpdateSettings:
     grpo: GRPOSpec
     # Sequences per mini-batch: train.ppo_mini_batch problems x grpo.n samples.
     minibatch_size: int
-    # Padded tokens (rows x width) per micro-batch.
+    # Tokens the model computes per micro-batch: packed, the real ones (each distinct prompt
+    # once); padded, rows x width.
     micro_token_budget: int
     # The rollout's sampling temperature: log-probs are of softmax(logits / temperature).
     temperature: float
@@ -164,11 +165,14 @@ def completion_logprobs(
     model: Any, micro: _Micro, temperature: float, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (batch, T) of a micro-batch's completion tokens under softmax(logits / T),
-    and optionally the per-token entropy (batch, T) (gridrun/train/logprobs.py). Rows that
-    repeat a prompt (a problem's n samples) share its forward; every pass of a run takes
-    the same path, whether or not its rows repeat one."""
+    and optionally the per-token entropy (batch, T) (gridrun/train/logprobs.py): packed
+    without padding where the model's attention takes it, padded otherwise. Rows that
+    repeat a prompt (a problem's n samples) share its forward, except padded under gradient
+    checkpointing; every pass of a run takes the same path, whether or not its rows repeat one."""
     prompts = [s.prompt_ids for s in micro.seqs]
     completions = [s.completion_ids for s in micro.seqs]
+    if logprobs.can_pack(model):
+        return logprobs.packed_logprobs(model, prompts, completions, temperature, with_entropy)
     if logprobs.can_share_prompts(model):
         return logprobs.shared_prompt_logprobs(model, prompts, completions, micro.pad_id, temperature, with_entropy)
     # Left-padded so every completion ends at the right edge, as the targets.
@@ -176,13 +180,19 @@ def completion_logprobs(
     return logprobs.completion_logprobs(model, input_ids, attention, micro.targets, temperature, with_entropy)
 
 
-def micro_batches(seqs: list[TrainSeq], token_budget: int) -> Iterator[list[TrainSeq]]:
-    """Role-pure micro-batches whose padded size (rows x width) fits the token budget,
-    in role order (the per-role gradient is read off at role boundaries)."""
+def micro_batches(seqs: list[TrainSeq], token_budget: int, packed: bool = False) -> Iterator[list[TrainSeq]]:
+    """Role-pure micro-batches in role order (the per-role gradient is read off at role
+    boundaries) whose computed tokens fit the token budget. Padded: rows x width, rows by
+    length. Packed (`logprobs.packed_logprobs`): the real tokens, each distinct prompt once,
+    rows by prompt so that a prompt's samples share a micro-batch. A row over the budget
+    alone is a micro-batch of its own."""
     by_role: dict[str, list[TrainSeq]] = defaultdict(list)
     for s in seqs:
         by_role[s.role].append(s)
     for role in sorted(by_role):
+        if packed:
+            yield from _packed_cuts(by_role[role], token_budget)
+            continue
         ordered = sorted(by_role[role], key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
         chunk: list[TrainSeq] = []
         for s in ordered:
@@ -193,6 +203,28 @@ def micro_batches(seqs: list[TrainSeq], token_budget: int) -> Iterator[list[Trai
             chunk.append(s)
         if chunk:
             yield chunk
+
+
+def _packed_cuts(seqs: list[TrainSeq], token_budget: int) -> Iterator[list[TrainSeq]]:
+    """Consecutive cuts of `seqs`, grouped by prompt (in order of first appearance), whose
+    packed rows (each distinct prompt once, each completion but its last token) fit the budget."""
+    first: dict[tuple[int, ...], int] = {}
+    ordered = sorted(seqs, key=lambda s: first.setdefault(tuple(s.prompt_ids), len(first)))
+    chunk: list[TrainSeq] = []
+    prompts: set[tuple[int, ...]] = set()
+    used = 0
+    for s in ordered:
+        prompt = tuple(s.prompt_ids)
+        cost = len(s.completion_ids) - 1 + (0 if prompt in prompts else len(prompt))
+        if chunk and used + cost > token_budget:
+            yield chunk
+            chunk, prompts, used = [], set(), 0
+            cost = len(s.completion_ids) - 1 + len(prompt)
+        chunk.append(s)
+        prompts.add(prompt)
+        used += cost
+    if chunk:
+        yield chunk
 
 
 @torch.no_grad()
@@ -212,7 +244,7 @@ def fill_reference_logprobs(
             for s in batch:
                 s.old_logp = s.rollout_logp
             continue
-        for chunk in micro_batches(batch, budget):
+        for chunk in micro_batches(batch, budget, logprobs.can_pack(model)):
             if chunk[0].adapter != active:
                 active = chunk[0].adapter
                 activate(model, active)
@@ -224,7 +256,7 @@ def fill_reference_logprobs(
                 s.old_entropy = float((entropy[row] * micro.mask[row].to(entropy.device)).sum())
     if ref_seqs:
         with model.disable_adapter():
-            for chunk in micro_batches(ref_seqs, budget):
+            for chunk in micro_batches(ref_seqs, budget, logprobs.can_pack(model)):
                 logp, _ = completion_logprobs(model, _pack(chunk, pad_id), temperature)
                 for row, s in enumerate(chunk):
                     s.ref_logp = logp[row, logp.shape[1] - len(s.completion_ids) :].tolist()
@@ -523,7 +555,8 @@ def _minibatch(
     for role in sorted({s.role for s in batch}):
         close_role()
         current_role, role_start = role, _grads(params)
-        for chunk in micro_batches([s for s in mine if s.role == role], settings.micro_token_budget):
+        rows = [s for s in mine if s.role == role]
+        for chunk in micro_batches(rows, settings.micro_token_budget, logprobs.can_pack(model)):
             loss += _accumulate(model, chunk, settings, stats, device, n_tokens, n_seqs, scale)
     close_role()
     return loss
