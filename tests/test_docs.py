@@ -105,7 +105,9 @@ def check_commands(code: str, k: Known) -> Iterator[str]:
 
 
 def check_names(code: str, k: Known) -> Iterator[str]:
-    for group, value in re.findall(r"(?<![\w.+/-])([A-Za-z_]+)=([\w.,-]+)", code):
+    for group, value in re.findall(r"(?<![\w.+/-])([A-Za-z_]+)=([\w.,/-]+)", code):
+        if group == "conf" and ("/" in value or value.endswith((".yaml", ".yml"))):
+            continue  # conf=<path to a sweep file>: a file of the user's
         if group in k.groups:
             for option in value.split(","):
                 if option and option not in k.groups[group]:
