@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gridrun import cellstate
-from gridrun.cellstate import CellState
+from gridrun.cellstate import CellState, StateRecord
 from gridrun.grid import PACKAGE_DIR
 from gridrun.grid.errors import GridError
 from gridrun.grid.gridconfig import CellOverride, ClusterSpec, cluster_spec
@@ -375,8 +375,8 @@ class SlurmLauncher(Launcher):
             self._test_only(spec, cluster)
         admitted = []
         for cell_id in ids:
-            state = sweep.cell(cell_id).read_state()
-            used = int(state.get("attempt") or 0) - int(state.get("requeues") or 0)
+            record = sweep.cell(cell_id).read_state()
+            used = record.attempt - record.requeues
             if used >= self.max_attempts:
                 log.warning(
                     "not resubmitting %s: it has had %d submissions (grid.launcher.max_attempts=%d); find out why with "
@@ -425,8 +425,8 @@ class SlurmLauncher(Launcher):
         """afterok on the jobs of the needs not done yet (None: nothing to wait for)."""
         jobs = []
         for need in needs:
-            state = sweep.cell(need).read_state()
-            job = submitted.get(need) or (state.get("job_id") if state.get("state") != CellState.DONE else None)
+            record = sweep.cell(need).read_state()
+            job = submitted.get(need) or (record.job_id if record.state != CellState.DONE else None)
             if job:
                 jobs.append(str(job))
         return "afterok:" + ":".join(jobs) if jobs else None
@@ -435,7 +435,7 @@ class SlurmLauncher(Launcher):
     def _cancel_stale_job(sweep: SweepDir, cell_id: str) -> None:
         """A resubmitted cell's previous job, if it never started (a blocked cell's job waits
         forever on a dependency that failed): cancelled, so the queue holds one job per cell."""
-        history = sweep.cell(cell_id).read_state().get("attempts") or []
+        history = sweep.cell(cell_id).read_state().attempts
         if history and history[-1].get("job_id") and not history[-1].get("started_at"):
             _run(["scancel", str(history[-1]["job_id"])], "cancelling a stale job", check=False)
 
@@ -462,10 +462,10 @@ class SlurmLauncher(Launcher):
         return submitted
 
     @classmethod
-    def reconcile(cls, states: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
+    def reconcile(cls, states: Mapping[str, StateRecord]) -> dict[str, tuple[str, str]]:
         if not states:
             return {}
-        jobs = {cell_id: str(state.get("job_id")) for cell_id, state in states.items() if state.get("job_id")}
+        jobs = {cell_id: record.job_id for cell_id, record in states.items() if record.job_id}
         try:
             seen = scheduler_states(list(jobs.values()))
         except GridError as err:
@@ -473,11 +473,11 @@ class SlurmLauncher(Launcher):
             return {}
         now = time.time()
         out: dict[str, tuple[str, str]] = {}
-        for cell_id, state in states.items():
+        for cell_id, record in states.items():
             job = jobs.get(cell_id)
             info = seen.get(job) if job else None
             if info is None:
-                queued_at = float(state.get("queued_at") or 0)
+                queued_at = record.queued_at or 0.0
                 if now - queued_at < SUBMIT_LAG_S:
                     continue  # just submitted (or being submitted): the scheduler may not list it yet
                 what = f"job {job}" if job else "no job id was recorded"
@@ -490,7 +490,7 @@ class SlurmLauncher(Launcher):
                 # SLURM's reason (PENDING (QOSMaxGRESPerUser)).
                 reason = info.get("reason") or ""
                 shown = f"{word} ({reason})" if word == "PENDING" and reason not in ("", "None") else word
-                out[cell_id] = (str(state.get("state")), shown)
+                out[cell_id] = (record.state.value, shown)
                 continue
             end = info.get("end") or 0.0
             if word in ("COMPLETED", "FAILED") and now - end < SETTLE_S:
@@ -498,18 +498,18 @@ class SlurmLauncher(Launcher):
             new_state, why = SCHEDULER_FINAL.get(word, ("failed", f"job {{job}} ended as {word}"))
             out[cell_id] = (
                 new_state,
-                why.format(job=job, cell=cell_id, exit=info.get("exit", "?"), logs=error_log(job, state)),
+                why.format(job=job, cell=cell_id, exit=info.get("exit", "?"), logs=error_log(job, record)),
             )
         return out
 
     def cancel(self, sweep: SweepDir, ids: list[str]) -> list[str]:
         states = {cell_id: sweep.cell(cell_id).read_state() for cell_id in ids}
-        jobs = {cell_id: str(state["job_id"]) for cell_id, state in states.items() if state.get("job_id")}
+        jobs = {cell_id: record.job_id for cell_id, record in states.items() if record.job_id}
         if jobs:
             _run(["scancel", *sorted(set(jobs.values()))], "cancelling jobs")
         lines = []
-        for cell_id, state in states.items():
-            if state.get("state") == "queued":
+        for cell_id, record in states.items():
+            if record.state == CellState.QUEUED:
                 # Never started: nothing will record it, so record it here.
                 try:
                     sweep.cell(cell_id).record(cellstate.cancelled("cancelled before it started (gridrun cancel)"))
@@ -522,11 +522,11 @@ class SlurmLauncher(Launcher):
         return lines
 
 
-def error_log(job: str | None, state: Mapping[str, Any]) -> str:
+def error_log(job: str | None, record: StateRecord) -> str:
     """The file that holds a failed job's error: the cell's logs/stderr.log once its trainer
     started, before that (setup, the environment, the job's own code) the job's stderr,
     which submitit writes under the sweep's jobs/ folder."""
-    if state.get("state") == "running":
+    if record.state == CellState.RUNNING:
         return "logs/stderr.log in the cell dir"
     return f"jobs/{job}/{job}_0_log.err in the sweep dir"
 
