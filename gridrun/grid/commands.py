@@ -232,7 +232,7 @@ def _resubmit(args: argparse.Namespace) -> int:
     if not ids:
         console.print("nothing to resubmit")
         return 0
-    settings = dict(data.get("launcher") or {})
+    settings = dict(data.launcher)
     if args.max_parallel:
         settings["max_parallel"] = args.max_parallel
     launcher = make_launcher(settings)
@@ -251,7 +251,7 @@ def _cancel(args: argparse.Namespace) -> int:
 
     results = results_root(args.results_dir)
     sweep = SweepDir(results, _require_conf(_conf_only(args.conf, "cancel"), "cancel", results))
-    planned = sweep.read().get("launcher") or {}
+    planned = sweep.read().launcher
     rows = sweep_rows(sweep)
     ids = _selected(rows, args) if args.cells else [row["cell"] for row in rows]
     states = {row["cell"]: row["state"] for row in rows}

@@ -20,14 +20,14 @@ Stdlib only: `gridrun status` imports this.
 from __future__ import annotations
 
 import socket
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from gridrun.cellstate import BLOCKING_STATES, CellState, StateRecord
 from gridrun.grid.launchers.base import LAUNCHERS, launcher_class
 
 if TYPE_CHECKING:
-    from gridrun.grid.sweepdir import SweepDir
+    from gridrun.grid.sweepdir import PlanEntry, SweepDir
     from gridrun.rundir import RunDir
 
 HOST = socket.gethostname()
@@ -113,13 +113,13 @@ def _held(observed: dict[str, StateRecord], needs: Mapping[str, list[str]]) -> d
     return observed
 
 
-def needs_of(cells: list[dict[str, Any]]) -> dict[str, list[str]]:
+def needs_of(cells: Iterable[PlanEntry]) -> dict[str, list[str]]:
     """id -> the ids it needs done first, for the cells (sweep.json entries) that need any."""
-    return {cell["id"]: list(cell["needs"]) for cell in cells if cell.get("needs")}
+    return {cell.id: list(cell.needs) for cell in cells if cell.needs}
 
 
 def sweep_needs(sweep: SweepDir) -> dict[str, list[str]]:
-    return needs_of(sweep.read()["cells"])
+    return needs_of(sweep.read().cells)
 
 
 def observe_cells(sweep: SweepDir, ids: list[str]) -> dict[str, StateRecord]:

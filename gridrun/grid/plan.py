@@ -435,7 +435,7 @@ def freeze(plan: Plan, sweep: SweepDir, replace: bool = False) -> Freeze:
     if result.sweep_damaged:
         sweep.set_aside_damaged()
     data: dict[str, Any] = (
-        sweep.read() if sweep.exists() else {"name": sweep.name, "created_at": now, "cells": [], "plans": []}
+        sweep.read().to_json() if sweep.exists() else {"name": sweep.name, "created_at": now, "cells": [], "plans": []}
     )
     index = {cell["id"]: i for i, cell in enumerate(data["cells"])}
     for pc in plan.cells:

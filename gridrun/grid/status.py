@@ -42,14 +42,14 @@ STATE_STYLES = {
 
 def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
     """One row per cell of the sweep, in plan order."""
-    cells = sweep.read()["cells"]
+    cells = sweep.read().cells
     # state.json only (cell.json's damage is `show`'s to report and `plan`'s to repair): the fast path.
-    states = observe({cell["id"]: live_state(sweep.cell(cell["id"])) for cell in cells}, needs_of(cells))
+    states = observe({cell.id: live_state(sweep.cell(cell.id)) for cell in cells}, needs_of(cells))
     base_acc = {cell_id: s.peak_val_acc for cell_id, s in states.items() if s.state == CellState.DONE}
     now = time.time()
     rows = []
     for cell in cells:
-        state = states[cell["id"]]
+        state = states[cell.id]
         started, finished = state.started_at, state.finished_at
         if started is None:
             elapsed = None
@@ -60,11 +60,11 @@ def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
         rows.append(
             {
                 "sweep": sweep.name,
-                "cell": cell["id"],
-                "kind": cell["kind"],
+                "cell": cell.id,
+                "kind": cell.kind,
                 "state": state.state.value,
                 "step": state.step,
-                "total_steps": _count(state.total_steps if "total_steps" in state.raw else cell.get("total_steps")),
+                "total_steps": _count(state.total_steps if "total_steps" in state.raw else cell.total_steps),
                 "attempt": state.attempt,
                 "job_id": state.job_id,
                 # The scheduler's word for an active cell's job (PENDING, RUNNING), if it has one.
@@ -81,7 +81,7 @@ def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
                 # The cell a queued or blocked cell waits for (a transfer cell's sa_rl cell).
                 "waiting": state.waiting,
                 # Peak minus the done base control's accuracy, in points (None without both).
-                "delta_pp": _delta_pp(state.peak_val_acc, base_acc.get(base_control(cell["kind"], cell["coords"]) or "")),
+                "delta_pp": _delta_pp(state.peak_val_acc, base_acc.get(base_control(cell.kind, dict(cell.coords)) or "")),
             }
         )
     return rows

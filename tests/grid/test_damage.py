@@ -236,3 +236,23 @@ def test_a_binary_config_yaml_is_one_line(gridrun: Gridrun, smoke: SweepDir) -> 
     assert gridrun("plan", "conf=smoke", "grid.launcher.name=record").code == 0
     assert run_dir.config_yaml.read_bytes() == planned
     assert run_dir.inspect().to_json()["state"] == "planned"
+
+
+def test_a_minimal_sweep_json_reads_as_a_typed_plan(tmp_path: Path) -> None:
+    # The least a readable plan holds (an older gridrun wrote no launcher, cluster or
+    # estimates): typed, with empty settings and None for what it lacks, and written back as read.
+    plan = {"name": "old", "cells": [
+        {"id": "sa_rl-toy-arith-s0", "kind": "sa_rl", "coords": {"workflow": "single", "task": "arith", "scale": "toy"}},
+        {"id": "transfer-voting-toy-arith-s0", "kind": "transfer", "needs": ["sa_rl-toy-arith-s0"],
+         "coords": {"workflow": "voting", "task": "arith", "scale": "toy"}, "est_hours": 0.5, "total_steps": 0},
+    ], "written_by": "a key no reader types"}
+    sweep = SweepDir(tmp_path, "old")
+    sweep.root.mkdir()
+    sweep.sweep_json.write_text(json.dumps(plan))
+    read = sweep.read()
+    assert (read.name, read.launcher, read.cluster, read.early_warning, read.plans) == ("old", {}, {}, None, ())
+    first, second = read.cells
+    assert (first.kind, first.needs, first.est_hours, first.total_steps, first.resources) == ("sa_rl", (), None, None, {})
+    assert (second.needs, second.est_hours, second.total_steps) == (("sa_rl-toy-arith-s0",), 0.5, 0)
+    assert read.entries()["sa_rl-toy-arith-s0"] is first and sweep.cell_ids() == [first.id, second.id]
+    assert read.to_json() == plan

@@ -25,6 +25,7 @@ from gridrun.grid.launchers.slurm import (
     sbatch_script,
     warning_lead_s,
 )
+from gridrun.grid.sweepdir import PlanEntry
 from tests.grid.conftest import Gridrun
 from tests.states import put_state
 
@@ -58,7 +59,7 @@ def test_sbatch_script_of_a_17b_cell_matches_the_golden_file(tmp_path: Path) -> 
     (cell,) = sweep["cells"]
     spec = job_spec(cell, sweep["cluster"], env={"SLURM_CONF": "/etc/slurm/slurm.conf"})
     settings = SlurmSettings(**sweep["launcher"])
-    lead = warning_lead_s([cell], spec, settings)
+    lead = warning_lead_s([PlanEntry.from_json(cell)], spec, settings)
     # The plan's step estimate, not the fixed 300 s (shorter than a real 1.7B math step).
     assert lead > 300
     script = sbatch_script(executor_parameters(spec, settings, "gridrun-full_matrix", lead_s=lead),
@@ -293,11 +294,15 @@ def test_the_warning_lead_covers_the_slowest_cells_step_and_a_checkpoint() -> No
     spec = job_spec(CELL, PAPER, env={})
     settings = SlurmSettings(signal_delay_s=300)
     # 2 h over 10 steps: 720 s a step (more than the fixed 300 s would have left).
-    cells = [{**CELL, "est_hours": 2.0, "total_steps": 10}, {**CELL, "est_hours": 0.1, "total_steps": 10}]
-    assert warning_lead_s(cells, spec, settings) == 2 * 720 + CHECKPOINT_S
-    assert warning_lead_s([{**CELL, "est_hours": 0.01, "total_steps": 100}], spec, settings) == 300  # the floor
+    def entry(est_hours: float, total_steps: int) -> PlanEntry:
+        coords = {"workflow": "voting", "task": "math", "scale": "4b"}
+        return PlanEntry.from_json({**CELL, "kind": "train", "coords": coords, "est_hours": est_hours,
+                                    "total_steps": total_steps})
+
+    assert warning_lead_s([entry(2.0, 10), entry(0.1, 10)], spec, settings) == 2 * 720 + CHECKPOINT_S
+    assert warning_lead_s([entry(0.01, 100)], spec, settings) == 300  # the floor
     with pytest.raises(GridError, match="more than half of the .* min limit: raise the cluster profile's time_limit_h"):
-        warning_lead_s([{**CELL, "est_hours": 200.0, "total_steps": 10}], spec, settings)
+        warning_lead_s([entry(200.0, 10)], spec, settings)
 
 
 def test_a_rank_that_fails_ends_the_job_and_its_error_is_the_cells(tmp_path: Path) -> None:

@@ -142,6 +142,6 @@ def test_local_parallelism_fits_the_cores(monkeypatch: pytest.MonkeyPatch, gridr
     assert LocalLauncher({"name": "local", "max_parallel": 3}).parallelism([1]) == 3
     # The conf's default is to fit the machine; --max-parallel sets it.
     assert gridrun("plan", "conf=smoke").code == 0
-    assert SweepDir(results, "smoke").read()["launcher"]["max_parallel"] is None
+    assert SweepDir(results, "smoke").read().launcher["max_parallel"] is None
 
 

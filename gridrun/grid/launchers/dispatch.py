@@ -25,6 +25,7 @@ from gridrun import cellstate
 from gridrun.cellstate import ACTIVE_STATES, UNREADABLE_STATES, CellState, StateRecord
 from gridrun.grid.launchers.base import Launcher
 from gridrun.grid.observe import needs_of, observe_cells
+from gridrun.runconfig import CellKind
 
 if TYPE_CHECKING:
     from gridrun.grid.sweepdir import SweepDir
@@ -46,9 +47,9 @@ def queue(sweep: SweepDir, ids: list[str], launcher: Launcher) -> list[str]:
     running, damaged or missing, those whose needs will not be done (named in a warning), and those the launcher
     does not admit; returns the ids submitted, each after the cells it needs, base controls
     first (cheap, and the reference every other cell is compared with)."""
-    cells = sweep.read()["cells"]
+    cells = sweep.read().cells
     needs = needs_of(cells)
-    base = {cell["id"] for cell in cells if cell["kind"] == "base"}
+    base = {cell.id for cell in cells if cell.kind == CellKind.BASE}
     every = sweep.cell_ids() if needs else ids
     states = observe_cells(sweep, every)
     released = [

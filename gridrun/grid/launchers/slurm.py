@@ -69,7 +69,7 @@ from gridrun.grid.launchers.process import interpreter_line
 from gridrun.grid.observe import sweep_needs
 
 if TYPE_CHECKING:
-    from gridrun.grid.sweepdir import SweepDir
+    from gridrun.grid.sweepdir import PlanEntry, SweepDir
 
 log = logging.getLogger("gridrun")
 
@@ -282,13 +282,13 @@ def job_spec(cell: Mapping[str, Any], cluster: Mapping[str, Any], env: Mapping[s
 CHECKPOINT_S = 120
 
 
-def warning_lead_s(cells: Iterable[Mapping[str, Any]], spec: JobSpec, settings: SlurmSettings) -> int:
+def warning_lead_s(cells: Iterable[PlanEntry], spec: JobSpec, settings: SlurmSettings) -> int:
     """Seconds before the time limit SLURM's warning (USR2) comes for an array of these cells
     (their sweep.json entries): the slowest cell's estimated step twice over (the step under
     way may be a validation step, which costs more than the mean the plan's est_hours gives),
     plus a checkpoint; `signal_delay_s` is the floor. An estimated lead past half the time
     limit leaves no time to train: refused, naming the setting to change."""
-    step_s = max((float(c.get("est_hours") or 0) * 3600 / max(1, int(c.get("total_steps") or 1)) for c in cells), default=0.0)
+    step_s = max((float(c.est_hours or 0) * 3600 / max(1, c.total_steps or 1) for c in cells), default=0.0)
     derived = math.ceil(2 * step_s + CHECKPOINT_S)
     lead = max(int(settings.signal_delay_s), derived)
     if derived == lead and lead * 2 > spec.time_min * 60:
@@ -353,14 +353,14 @@ class SlurmLauncher(Launcher):
 
     def _specs(self, sweep: SweepDir, ids: list[str]) -> dict[str, JobSpec]:
         data = sweep.read()
-        cluster = data.get("cluster") or {}
+        cluster = data.cluster
         if not cluster_spec(cluster).partitions:
             raise GridError(
                 f"launcher=slurm needs a SLURM cluster profile, and cluster={cluster.get('name')} has no partitions: "
                 "set cluster=testcluster, cluster=paper or your own conf/cluster/<name>.yaml"
             )
-        cells = {cell["id"]: cell for cell in data["cells"]}
-        return {cell_id: job_spec(cells[cell_id], cluster) for cell_id in ids}
+        cells = data.entries()
+        return {cell_id: job_spec(cells[cell_id].to_json(), cluster) for cell_id in ids}
 
     # --- the Launcher interface ----------------------------------------------------------
     def admit(self, sweep: SweepDir, ids: list[str]) -> list[str]:
@@ -370,7 +370,7 @@ class SlurmLauncher(Launcher):
                 "`eval \"$(slurm/testcluster/up.sh)\"`, or use launcher=local"
             )
         specs = self._specs(sweep, ids)
-        cluster = cluster_spec(sweep.read()["cluster"])
+        cluster = cluster_spec(sweep.read().cluster)
         for spec in {spec.key(): spec for spec in specs.values()}.values():
             self._test_only(spec, cluster)
         admitted = []
@@ -448,7 +448,7 @@ class SlurmLauncher(Launcher):
         executor = submitit.SlurmExecutor(
             folder=sweep.jobs_dir / "%j", max_num_timeout=self.max_num_timeout, python=interpreter_line()
         )
-        entries = {cell["id"]: cell for cell in sweep.read()["cells"]}
+        entries = sweep.read().entries()
         lead = warning_lead_s([entries[c] for c in cells], spec, self.typed)
         executor.update_parameters(**executor_parameters(spec, self.typed, f"gridrun-{sweep.name}", dependency, lead))
         submitted: dict[str, str] = {}
