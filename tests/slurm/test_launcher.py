@@ -160,7 +160,8 @@ def test_gridrun_cancel_stops_a_pending_job_and_records_it(gridrun: Gridrun) -> 
     # An extra #SBATCH line from the profile holds the job back for an hour: it stays PENDING.
     cell_id, run_dir = gridrun.one_cell("pending", 'grid.cluster.sbatch_extra=["--begin=now+3600"]')
     row = gridrun.rows("pending")[cell_id]
-    assert (row["state"], row["scheduler"]) == ("queued", "PENDING")
+    # status shows SLURM's reason beside PENDING: held by --begin, the reason is BeginTime.
+    assert (row["state"], row["scheduler"]) == ("queued", "PENDING (BeginTime)")
     result = gridrun("cancel", "conf=pending")
     assert result.returncode == 0 and f"cancelled job {row['job_id']} before it started" in result.stdout
     assert state(run_dir)["state"] == "cancelled"
