@@ -99,6 +99,27 @@ GROUP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 OMITTED_AT_DEFAULT: tuple[tuple[str, str, Any], ...] = (
     ("policy", "groups", {}), ("grpo", "estimator", "grpo"), ("reward", "credit", "broadcast"),
 )
+# The run schema's version, recorded in each cell.json (`schema`; a cell without one is 1):
+# MIGRATIONS read an older cell's config.yaml as this version would have written it.
+SCHEMA_VERSION = 2
+# Keys added to the run schema, each with the value every cell planned before it ran with:
+# (version that added it, node, key, value). An older config.yaml that lacks one reads it as
+# that value, so a started cell keeps its fingerprint's meaning and resumes after an upgrade.
+# A new key whose default is not what older cells did needs its old behaviour as `value`.
+MIGRATIONS: tuple[tuple[int, str, str, Any], ...] = (
+    (2, "optim", "role_lr_ramp", 0), (2, "grpo", "policy_loss", "vanilla"),
+    *((2, node, key, default) for node, key, default in OMITTED_AT_DEFAULT),
+)
+
+
+def migrate(tree: dict[str, Any], version: int) -> dict[str, Any]:
+    """config.yaml's `tree` of a cell planned under schema `version`, with every key added
+    since filled in with the value that cell ran with (a new mapping; `tree` is not edited)."""
+    migrated = {node: dict(value) if isinstance(value, dict) else value for node, value in tree.items()}
+    for added, node, key, value in MIGRATIONS:
+        if added > version and isinstance(migrated.get(node, {}), dict):
+            migrated.setdefault(node, {}).setdefault(key, value)
+    return migrated
 
 
 @dataclass

@@ -57,6 +57,7 @@ RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "coords": (dict,),
     "resources": (dict,),
     "config_sha256": (str,),  # config.yaml's bytes as planned (absent in cells planned before it)
+    "schema": (int,),  # the run schema's version it was planned under (gridrun/runconfig.py; absent: 1)
 }
 
 

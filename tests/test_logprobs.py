@@ -108,7 +108,9 @@ def test_shared_prompts_give_the_full_rows_logprobs_and_gradients(toy_model) -> 
     assert torch.count_nonzero(shared[0][~on]) == 0 and torch.count_nonzero(shared[1][~on]) == 0
     for full_grad, shared_grad in zip(full[2], shared[2]):
         assert full_grad.abs().max() > 0
-        torch.testing.assert_close(shared_grad, full_grad, rtol=1e-4, atol=1e-5)
+        # float32 sums of the same terms in another order: one element of 48,384 differed by
+        # 1.3e-5 on a fresh install (transformers 5.19), so 2e-5; a lost path differs by far more.
+        torch.testing.assert_close(shared_grad, full_grad, rtol=1e-4, atol=2e-5)
 
 
 def test_gradient_checkpointing_keeps_the_full_rows(toy_world) -> None:

@@ -462,3 +462,31 @@ def test_grader_timeouts_are_counted_in_the_train_rows(tmp_path: Path, monkeypat
     train = [r for r in RunDir(cell).read_metrics() if r["split"] == "train"]
     assert len(train) == 1
     assert train[0]["reward/grader_timeouts"] > 0 and train[0]["reward/acc"] == 0.0
+
+
+def test_a_run_whose_cell_was_queued_again_meanwhile_stops_without_touching_the_new_attempt(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    # A job read lost (no job id recorded) is queued again by `gridrun resubmit --failed`
+    # while its trainer still runs: that trainer's next record is refused by the state
+    # machine; it stops with one line and leaves the new attempt as queued (issue 30).
+    from gridrun import cellstate
+    from gridrun.train import trainer as trainer_module
+
+    cell = make_cell(tmp_path, train={"total_steps": 3, "val_every": 1})
+    real = trainer_module.turn_advantages
+    calls = []
+
+    def resubmitted_during_step_1(episodes, *args):
+        calls.append(1)
+        if len(calls) == 1:
+            state = RunDir(cell).read_state()
+            RunDir(cell).record(cellstate.queued({**state, "state": "failed", "lost": True}, "slurm"))
+        return real(episodes, *args)
+
+    monkeypatch.setattr(trainer_module, "turn_advantages", resubmitted_during_step_1)
+    code = run_cell(cell)
+    state = RunDir(cell).read_state()
+    assert code == 1, state
+    assert (state["state"], state["attempt"], state["error"]) == ("queued", 1, None)
+    assert "queued again" in caplog.text and "Traceback" not in caplog.text

@@ -49,7 +49,16 @@ from gridrun.grid.gridconfig import GpuSpec, GridRoot, GridSpec, as_dict, grid_r
 from gridrun.grid.observe import live_state, observe
 from gridrun.grid.spec import SweepSpec
 from gridrun.grid.sweepdir import SweepDamaged, SweepDir, sibling_cell
-from gridrun.runconfig import CellKind, ConfigError, RunConfig, config_from_dict, dump_config, load_config
+from gridrun.runconfig import (
+    SCHEMA_VERSION,
+    CellKind,
+    ConfigError,
+    RunConfig,
+    config_from_dict,
+    dump_config,
+    load_config,
+    migrate,
+)
 from gridrun.rundir import DamagedFile, RunDir, atomic_write_json, atomic_write_text, config_digest
 
 # Run nodes holding the chosen option's own settings (gridrun/registry.py).
@@ -376,6 +385,12 @@ def check(plan: Plan, sweep: SweepDir, replace: bool) -> Freeze:
             if _needs_repair(run_dir):
                 result.repaired.append(pc.id)
             continue
+        elif _migrated_fingerprint(run_dir) == pc.fingerprint:
+            # Planned by an older gridrun, unchanged once read by today's schema: written
+            # again in full (config.yaml, cell.json's schema and fingerprint), its run kept.
+            result.unchanged.append(pc.id)
+            result.repaired.append(pc.id)
+            continue
         else:
             result.changed[pc.id] = _differences(run_dir, pc.config)
         if replace and not _busy(states[pc.id], run_dir):
@@ -460,7 +475,7 @@ def _write_record(
     atomic_write_json(
         run_dir.cell_json,
         {**pc.entry(), "sweep": sweep.name, "planned_at": now, "settings": plan.spec.settings,
-         "config_sha256": config_digest(text.encode("utf-8")), **provenance},
+         "config_sha256": config_digest(text.encode("utf-8")), "schema": SCHEMA_VERSION, **provenance},
     )
 
 
@@ -482,6 +497,33 @@ def _recorded_fingerprint(run_dir: RunDir) -> str | None:
     return _config_fingerprint(run_dir)
 
 
+def _schema_of(run_dir: RunDir) -> int:
+    """The run schema's version a cell was planned under (1: before cell.json recorded it)."""
+    try:
+        record = run_dir.read_record()
+    except DamagedFile:
+        return SCHEMA_VERSION
+    return int((record or {}).get("schema", 1))
+
+
+def _migrated_config(run_dir: RunDir) -> RunConfig | None:
+    """The config.yaml of a cell planned under an older schema, read as today's schema reads
+    it (runconfig.MIGRATIONS); None for a current cell or one whose config does not load."""
+    version = _schema_of(run_dir)
+    if version >= SCHEMA_VERSION:
+        return None
+    try:
+        tree = yaml.safe_load(run_dir.config_yaml.read_bytes().decode("utf-8"))
+        return config_from_dict(migrate(tree, version)) if isinstance(tree, dict) else None
+    except (yaml.YAMLError, UnicodeDecodeError, ConfigError):
+        return None
+
+
+def _migrated_fingerprint(run_dir: RunDir) -> str | None:
+    config = _migrated_config(run_dir)
+    return None if config is None else fingerprint(config)
+
+
 def _needs_repair(run_dir: RunDir) -> bool:
     """Whether an unchanged cell's cell.json or config.yaml is missing or damaged."""
     try:
@@ -500,7 +542,8 @@ def _differences(run_dir: RunDir, new: RunConfig) -> list[str]:
         return ["config.yaml is damaged (not YAML text)"]
     if not isinstance(old, dict):
         return ["config.yaml is damaged (not a mapping)"]
-    old_flat, new_flat = _leaves(old), _leaves(new.to_dict())
+    migrated = _migrated_config(run_dir)  # an older cell: its keys added since, as it ran them
+    old_flat, new_flat = _leaves(old if migrated is None else migrated.to_dict()), _leaves(new.to_dict())
     keys = list(new_flat) + [key for key in old_flat if key not in new_flat]
     return [
         f"{key}: {old_flat.get(key, '<absent>')!r} -> {new_flat.get(key, '<absent>')!r}"

@@ -494,6 +494,8 @@ def run_under_lock(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int
         except NotARunDir as gone:  # the cell's folder was deleted under the run: write nothing more
             log.error("%s", gone)
             return 1
+        except cellstate.IllegalTransition as moved:
+            return _superseded(moved)
         except (SandboxUnavailable, AdapterSourceError, AdapterNotServed) as refused:  # a fix for the user, not a bug: one line
             log.error("%s", refused)
             return fail(str(refused))
@@ -507,5 +509,17 @@ def run_under_lock(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             dist.close()
-        record(cellstate.done())
+        try:
+            record(cellstate.done())
+        except cellstate.IllegalTransition as moved:
+            return _superseded(moved)
         return 0
+
+
+def _superseded(moved: cellstate.IllegalTransition) -> int:
+    """The cell was queued again while this run ran (`gridrun resubmit` of a job read lost):
+    the new attempt owns state.json, so this run stops writing it; its checkpoints stay for
+    the new attempt to resume from."""
+    log.error("the cell was queued again while this run ran (%s): stopping without recording; its newest "
+              "checkpoint is there for the new attempt", moved)
+    return 1

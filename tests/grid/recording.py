@@ -12,7 +12,7 @@ from typing import Any
 
 from gridrun import cellstate
 from gridrun.cellstate import StateRecord
-from gridrun.grid.launchers.base import Launcher
+from gridrun.grid.launchers.base import Accepted, Launcher
 from gridrun.grid.launchers.local import LocalSettings
 from gridrun.grid.sweepdir import SweepDir
 
@@ -30,7 +30,7 @@ class RecordingLauncher(Launcher):
     name = "record"
     settings_type = RecordingSettings
 
-    def submit(self, sweep: SweepDir, ids: list[str]) -> dict[str, str]:
+    def submit(self, sweep: SweepDir, ids: list[str], accepted: Accepted | None = None) -> dict[str, str]:
         # A slow scheduler widens the window in which a second submitter could slip in.
         time.sleep(float(self.settings.get("delay_s", 0.0)))
         with open(sweep.root / "submissions.jsonl", "a") as log:

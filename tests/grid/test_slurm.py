@@ -342,3 +342,45 @@ EOF
     cell = results / "smoke" / "cells" / "voting-sp-toy-arith-s0" / "state.json"
     cell.write_text(json.dumps({**json.loads(cell.read_text()), **active("42_0", "queued").to_json(), "attempt": 1}))
     assert "42_0 PENDING (QOSMaxGRESPerUser)" in gridrun("status", "conf=smoke").out
+
+
+def test_an_array_rejected_midway_keeps_the_accepted_ids_and_resubmits_only_the_rest(
+    gridrun: Gridrun, results: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Real submitit against a stand-in sbatch: the first array is accepted, the second hits
+    # a per-user job limit (what `sbatch --test-only` on one job does not see).
+    from gridrun.grid.launchers import slurm
+    from gridrun.grid.sweepdir import SweepDir
+
+    count = tmp_path / "count"
+    limit = "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit)"
+    fake(tmp_path / "bin", "sbatch", f"""case "$*" in *--test-only*) exit 0;; esac
+n=$(($(cat {count} 2>/dev/null || echo 0) + 1)); echo $n > {count}
+if [ $n -eq 2 ] && [ ! -e {tmp_path / "lifted"} ]; then echo "{limit}" >&2; exit 1; fi
+echo "Submitted batch job $((100 * n))"
+""")
+    fake(tmp_path / "bin", "scontrol", "echo 'MaxArraySize            = 4'\n")
+    fake(tmp_path / "bin", "scancel", "exit 0\n")
+    fake(tmp_path / "bin", "sacct", "exit 0\n")
+    fake(tmp_path / "bin", "squeue", "exit 0\n")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    slurm.max_array_size.cache_clear()
+    monkeypatch.setattr(slurm, "max_array_size", lambda: 4)
+    result = gridrun("sweep", "conf=smoke", "cluster=testcluster", "launcher=slurm", "kind=base,sa_rl")
+    sweep = SweepDir(results, "smoke")
+    states = {cell_id: sweep.cell(cell_id).read_state() for cell_id in sweep.cell_ids()}
+    accepted = {c: s["job_id"] for c, s in states.items() if s["state"] == "queued"}
+    rejected = [c for c, s in states.items() if s["state"] != "queued"]
+    # 5 cells (4 base, 1 sa_rl): the base array (4, the first chunk) went out, the next did not.
+    assert sorted(accepted.values()) == ["100_0", "100_1", "100_2", "100_3"]
+    assert len(rejected) == 1 and states[rejected[0]]["state"] == "failed"
+    assert "job submit limit" in states[rejected[0]]["error"] and "gridrun resubmit conf=smoke --failed" in states[rejected[0]]["error"]
+    # One line naming SLURM's error and the cells it left out.
+    assert result.code == 2 and result.err.strip().count("\n") == 0, result.err
+    assert "job submit limit" in result.err and "gridrun resubmit" in result.err
+    # The limit lifted, `resubmit --failed` submits the rejected cell only: no duplicate job.
+    (tmp_path / "lifted").touch()
+    assert gridrun("resubmit", "conf=smoke", "--failed").code == 0
+    after = {cell_id: sweep.cell(cell_id).read_state() for cell_id in sweep.cell_ids()}
+    assert {c: s["job_id"] for c, s in after.items() if c in accepted} == accepted
+    assert after[rejected[0]]["state"] == "queued" and after[rejected[0]]["job_id"] == "300"  # the third sbatch

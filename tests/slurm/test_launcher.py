@@ -160,7 +160,8 @@ def test_gridrun_cancel_stops_a_pending_job_and_records_it(gridrun: Gridrun) -> 
     # An extra #SBATCH line from the profile holds the job back for an hour: it stays PENDING.
     cell_id, run_dir = gridrun.one_cell("pending", 'grid.cluster.sbatch_extra=["--begin=now+3600"]')
     row = gridrun.rows("pending")[cell_id]
-    assert (row["state"], row["scheduler"]) == ("queued", "PENDING")
+    # status shows SLURM's reason beside PENDING: held by --begin, the reason is BeginTime.
+    assert (row["state"], row["scheduler"]) == ("queued", "PENDING (BeginTime)")
     result = gridrun("cancel", "conf=pending")
     assert result.returncode == 0 and f"cancelled job {row['job_id']} before it started" in result.stdout
     assert state(run_dir)["state"] == "cancelled"
@@ -321,3 +322,40 @@ def test_a_transfer_cell_waits_for_its_sa_rl_job_a_failed_one_blocks_it_and_resu
     assert state(transfer)["started_at"] >= state(sa_rl)["finished_at"]
     assert [(r["split"], r["step"]) for r in transfer.read_metrics()] == [("val", 0)]
     assert f"runs on the adapter in {sa_rl.checkpoint(2).resolve()}" in transfer.stderr_log.read_text()
+
+
+def _max_submit_jobs(limit: int) -> None:
+    subprocess.run(["sacctmgr", "-i", "modify", "user", "root", "set", f"MaxSubmitJobs={limit}"], check=True,
+                   capture_output=True, timeout=30)
+
+
+def test_a_job_limit_refusing_the_second_array_keeps_the_first_arrays_ids(gridrun: Gridrun) -> None:
+    # MaxSubmitJobs=3: the first wave (2 base controls and the sa_rl cell, one array) is
+    # accepted; the transfer cell's array (afterok on the sa_rl job) is refused by SLURM.
+    args = (f"conf={gridrun.copy_of_smoke('limit')}", *ON_CLUSTER, "kind=base,sa_rl,transfer", "workflow=voting",
+            *SMALL, "train.total_steps=1")
+    assert gridrun("plan", *args).returncode == 0, "plan"
+    # The limit counts the user's jobs already queued: start from an empty queue.
+    wait_until(lambda: not subprocess.run(["squeue", "-h", "-r", "-u", "root"], capture_output=True, text=True,
+                                          timeout=30, check=False).stdout.strip(), "an empty queue", 300)
+    _max_submit_jobs(3)
+    try:
+        result = gridrun("sweep", *args)
+    finally:
+        _max_submit_jobs(-1)
+    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr
+    assert "1 of 4 cell(s) not submitted" in result.stderr and "job submit limit" in result.stderr
+    states = {cell_id: state(gridrun.cell("limit", cell_id)) for cell_id in gridrun.rows("limit")}
+    transfer = states.pop("transfer-voting-toy-arith-s0")
+    assert transfer["state"] == "failed" and "gridrun resubmit conf=limit --failed" in transfer["error"]
+    first = {cell_id: s["job_id"] for cell_id, s in states.items()}
+    assert all(job for job in first.values()), first  # each recorded as its array was accepted
+    # The limit lifted: only the refused cell goes out, after its sa_rl job; no duplicates.
+    result = gridrun("resubmit", "conf=limit", "--failed")
+    assert result.returncode == 0 and "resubmitted 1 cells" in result.stdout, result.stdout + result.stderr
+    job = state(gridrun.cell("limit", "transfer-voting-toy-arith-s0"))["job_id"]
+    assert scontrol_field(job, "Dependency").startswith(f"afterok:{first['sa_rl-toy-arith-s0']}")
+    assert {c: state(gridrun.cell("limit", c))["job_id"] for c in first} == first
+    wait_until(lambda: all(state(gridrun.cell("limit", c))["state"] in ("done", "failed") for c in [*first, "transfer-voting-toy-arith-s0"]),
+               "the four cells to finish", 300)
+    assert {state(gridrun.cell("limit", c))["state"] for c in [*first, "transfer-voting-toy-arith-s0"]} == {"done"}

@@ -4,7 +4,10 @@
     admit(sweep, ids) -> ids             under the lock, before anything is queued: checks the
                                          launcher's settings (raises GridError) and may hold
                                          cells back (an attempt cap)
-    submit(sweep, ids) -> {id: job_id}   under the sweep's lock; returns quickly
+    submit(sweep, ids, accepted) -> {id: job_id}  under the sweep's lock; returns quickly;
+                                         a scheduler calls `accepted` with each batch's ids as
+                                         the scheduler takes it, and raises PartlySubmitted
+                                         when it refuses one midway (a per-user job limit)
     wait(sweep, ids) -> exit code        after the lock is released; blocking launchers
                                          (local) run the cells here, schedulers return
     reconcile(states) -> {id: (state, why)}  cells whose state.json says queued/running but
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -33,6 +36,19 @@ from gridrun.grid.errors import GridError, checked, option_file
 if TYPE_CHECKING:
     from gridrun.cellstate import StateRecord
     from gridrun.grid.sweepdir import SweepDir
+
+# Called with each batch of {cell id: job id} as the scheduler accepts it (dispatch records them).
+Accepted = Callable[[Mapping[str, str]], None]
+
+
+class PartlySubmitted(GridError):
+    """The scheduler refused a batch after accepting others: `left` were not submitted
+    (the refused batch and every one after it), `reason` is the scheduler's own line."""
+
+    def __init__(self, left: list[str], reason: str) -> None:
+        super().__init__(reason)
+        self.left = left
+        self.reason = reason
 
 @dataclass
 class LauncherSettings:
@@ -75,7 +91,7 @@ class Launcher(ABC):
         return ids
 
     @abstractmethod
-    def submit(self, sweep: SweepDir, ids: list[str]) -> dict[str, str]:
+    def submit(self, sweep: SweepDir, ids: list[str], accepted: Accepted | None = None) -> dict[str, str]:
         """Hand queued cells to the scheduler; return each one's job id. Under the lock."""
 
     def wait(self, sweep: SweepDir, ids: list[str]) -> int:

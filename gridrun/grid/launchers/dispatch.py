@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 
 from gridrun import cellstate
 from gridrun.cellstate import ACTIVE_STATES, UNREADABLE_STATES, CellState, StateRecord
-from gridrun.grid.launchers.base import Launcher
+from gridrun.grid.errors import GridError
+from gridrun.grid.launchers.base import Launcher, PartlySubmitted
 from gridrun.grid.observe import needs_of, observe_cells
 from gridrun.runconfig import CellKind
 
@@ -64,8 +65,28 @@ def queue(sweep: SweepDir, ids: list[str], launcher: Launcher) -> list[str]:
     todo = launcher.admit(sweep, todo) if todo else todo
     for cell_id in todo:
         run_dirs[cell_id].record(cellstate.queued(states[cell_id], launcher.name))
-    for cell_id, job_id in (launcher.submit(sweep, todo) if todo else {}).items():
-        run_dirs[cell_id].record(cellstate.handed_over(job_id=job_id))
+    recorded: set[str] = set()
+
+    def accepted(jobs: Mapping[str, str]) -> None:
+        # As each batch is accepted: a submission cut short later keeps these cells' ids.
+        for cell_id, job_id in jobs.items():
+            run_dirs[cell_id].record(cellstate.handed_over(job_id=job_id))
+            recorded.add(cell_id)
+
+    try:
+        jobs = launcher.submit(sweep, todo, accepted) if todo else {}
+    except PartlySubmitted as cut:
+        # Never queued without a job (read lost later, then submitted twice): failed, which
+        # `gridrun resubmit --failed` queues again.
+        why = f"not submitted: the scheduler refused it ({cut.reason}); `gridrun resubmit conf={sweep.name} --failed`"
+        for cell_id in cut.left:
+            run_dirs[cell_id].record(cellstate.failed(why))
+        raise GridError(
+            f"{len(cut.left)} of {len(todo)} cell(s) not submitted, the scheduler refused them ({cut.reason}); "
+            f"the other {len(todo) - len(cut.left)} are queued: once the limit allows, "
+            f"`gridrun resubmit conf={sweep.name} --failed`"
+        ) from None
+    accepted({cell_id: job_id for cell_id, job_id in jobs.items() if cell_id not in recorded})
     return todo
 
 

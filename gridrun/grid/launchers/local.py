@@ -39,7 +39,7 @@ from gridrun import cellstate
 from gridrun.cellstate import BLOCKING_STATES, CellState, StateRecord
 from gridrun.grid.console import console
 from gridrun.grid.errors import GridError
-from gridrun.grid.launchers.base import Launcher, LauncherSettings
+from gridrun.grid.launchers.base import Accepted, Launcher, LauncherSettings
 from gridrun.grid.launchers.process import cell_env, last_own_line, log_tail, start_cell
 from gridrun.grid.observe import HOST, live_state, observe, sweep_needs
 from gridrun.rundir import DamagedFile, RunDir
@@ -150,7 +150,7 @@ class LocalLauncher(Launcher):
         self.job_id = f"{os.getpid()}@{HOST}"
 
     # --- the Launcher interface ------------------------------------------------------------
-    def submit(self, sweep: SweepDir, ids: list[str]) -> dict[str, str]:
+    def submit(self, sweep: SweepDir, ids: list[str], accepted: Accepted | None = None) -> dict[str, str]:
         # Nothing starts yet: this process owns the cells and starts them in wait().
         return {cell_id: self.job_id for cell_id in ids}
 

@@ -41,8 +41,10 @@ imports this module to reconcile, and submitit is imported only to submit.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
+import io
 import json
 import logging
 import math
@@ -64,7 +66,7 @@ from gridrun.cellstate import CellState, StateRecord
 from gridrun.grid import PACKAGE_DIR
 from gridrun.grid.errors import GridError
 from gridrun.grid.gridconfig import CellOverride, ClusterSpec, cluster_spec
-from gridrun.grid.launchers.base import Launcher, LauncherSettings, launcher_settings
+from gridrun.grid.launchers.base import Accepted, Launcher, LauncherSettings, PartlySubmitted, launcher_settings
 from gridrun.grid.launchers.process import interpreter_line
 from gridrun.grid.observe import sweep_needs
 
@@ -405,7 +407,11 @@ class SlurmLauncher(Launcher):
             fix += f" (partitions here: {', '.join(sorted(set(names)))})" if names else ""
         raise GridError(f"sbatch rejects the jobs of partition '{spec.partition}' ({reason_text}): {fix}")
 
-    def submit(self, sweep: SweepDir, ids: list[str]) -> dict[str, str]:
+    def submit(self, sweep: SweepDir, ids: list[str], accepted: Accepted | None = None) -> dict[str, str]:
+        """Each array's ids go to `accepted` as sbatch takes it; an array sbatch refuses
+        (a per-user job limit) stops the submission: PartlySubmitted names what was left."""
+        from submitit.core.utils import FailedJobError
+
         specs = self._specs(sweep, ids)
         needs = sweep_needs(sweep)
         submitted: dict[str, str] = {}
@@ -417,7 +423,19 @@ class SlurmLauncher(Launcher):
                 groups.setdefault((specs[cell_id].key(), dependency), []).append(cell_id)
                 self._cancel_stale_job(sweep, cell_id)
             for (_, dependency), cells in groups.items():
-                submitted.update(self._submit_array(sweep, cells, specs[cells[0]], dependency))
+                for chunk in chunks(cells, max_array_size()):
+                    try:
+                        # submitit prints a refusal's stderr too; the one line below carries it.
+                        with contextlib.redirect_stderr(io.StringIO()):
+                            batch = self._submit_array(sweep, chunk, specs[chunk[0]], dependency)
+                    except (FailedJobError, OSError) as err:  # sbatch refused the array, or could not run
+                        lines = [line for line in str(err).strip().splitlines() if line.strip()]
+                        raise PartlySubmitted(
+                            [c for c in ids if c not in submitted], lines[-1] if lines else type(err).__name__
+                        ) from err
+                    submitted.update(batch)
+                    if accepted is not None:
+                        accepted(batch)
         return submitted
 
     @staticmethod
@@ -440,7 +458,7 @@ class SlurmLauncher(Launcher):
             _run(["scancel", str(history[-1]["job_id"])], "cancelling a stale job", check=False)
 
     def _submit_array(self, sweep: SweepDir, cells: list[str], spec: JobSpec, dependency: str | None) -> dict[str, str]:
-        """One job array (in chunks of MaxArraySize) of cells sharing a spec and a dependency."""
+        """One job array (at most MaxArraySize cells) of cells sharing a spec and a dependency."""
         import submitit
 
         from gridrun.grid.launchers.slurm_job import CellJob
@@ -451,15 +469,11 @@ class SlurmLauncher(Launcher):
         entries = sweep.read().entries()
         lead = warning_lead_s([entries[c] for c in cells], spec, self.typed)
         executor.update_parameters(**executor_parameters(spec, self.typed, f"gridrun-{sweep.name}", dependency, lead))
-        submitted: dict[str, str] = {}
-        for chunk in chunks(cells, max_array_size()):
-            jobs = []
-            with executor.batch():
-                for cell_id in chunk:
-                    job = CellJob(str(sweep.cell(cell_id).root.resolve()), spec.time_min, lead)
-                    jobs.append(executor.submit(job))
-            submitted.update({cell_id: job.job_id for cell_id, job in zip(chunk, jobs)})
-        return submitted
+        jobs = []
+        with executor.batch():
+            for cell_id in cells:
+                jobs.append(executor.submit(CellJob(str(sweep.cell(cell_id).root.resolve()), spec.time_min, lead)))
+        return {cell_id: job.job_id for cell_id, job in zip(cells, jobs)}
 
     @classmethod
     def reconcile(cls, states: Mapping[str, StateRecord]) -> dict[str, tuple[str, str]]:
