@@ -480,13 +480,13 @@ def test_a_run_whose_cell_was_queued_again_meanwhile_stops_without_touching_the_
     def resubmitted_during_step_1(episodes, *args):
         calls.append(1)
         if len(calls) == 1:
-            state = RunDir(cell).read_state()
-            RunDir(cell).record(cellstate.queued({**state, "state": "failed", "lost": True}, "slurm"))
+            record = RunDir(cell).read_state()
+            RunDir(cell).record(cellstate.queued(record.with_(state=cellstate.CellState.FAILED, lost=True), "slurm"))
         return real(episodes, *args)
 
     monkeypatch.setattr(trainer_module, "turn_advantages", resubmitted_during_step_1)
     code = run_cell(cell)
-    state = RunDir(cell).read_state()
+    state = RunDir(cell).read_state().to_json()
     assert code == 1, state
     assert (state["state"], state["attempt"], state["error"]) == ("queued", 1, None)
     assert "queued again" in caplog.text and "Traceback" not in caplog.text

@@ -368,7 +368,7 @@ echo "Submitted batch job $((100 * n))"
     monkeypatch.setattr(slurm, "max_array_size", lambda: 4)
     result = gridrun("sweep", "conf=smoke", "cluster=testcluster", "launcher=slurm", "kind=base,sa_rl")
     sweep = SweepDir(results, "smoke")
-    states = {cell_id: sweep.cell(cell_id).read_state() for cell_id in sweep.cell_ids()}
+    states = {cell_id: sweep.cell(cell_id).read_state().to_json() for cell_id in sweep.cell_ids()}
     accepted = {c: s["job_id"] for c, s in states.items() if s["state"] == "queued"}
     rejected = [c for c, s in states.items() if s["state"] != "queued"]
     # 5 cells (4 base, 1 sa_rl): the base array (4, the first chunk) went out, the next did not.
@@ -381,6 +381,6 @@ echo "Submitted batch job $((100 * n))"
     # The limit lifted, `resubmit --failed` submits the rejected cell only: no duplicate job.
     (tmp_path / "lifted").touch()
     assert gridrun("resubmit", "conf=smoke", "--failed").code == 0
-    after = {cell_id: sweep.cell(cell_id).read_state() for cell_id in sweep.cell_ids()}
+    after = {cell_id: sweep.cell(cell_id).read_state().to_json() for cell_id in sweep.cell_ids()}
     assert {c: s["job_id"] for c, s in after.items() if c in accepted} == accepted
     assert after[rejected[0]]["state"] == "queued" and after[rejected[0]]["job_id"] == "300"  # the third sbatch
