@@ -235,11 +235,12 @@ def resolve(source: str, role: str, run_dir: Path | None = None) -> Path:
             f"adapter source {path} is neither a run dir, an export nor a peft adapter folder: plan the cell it "
             "names, or point policy.adapters at an adapter"
         )
-    state = source_dir.read_state()
-    if state.get("state") != CellState.DONE:
+    record = source_dir.read_state()
+    if record.state != CellState.DONE:
+        total = "?" if record.total_steps is None else record.total_steps
         raise AdapterSourceError(
-            f"adapter source {path.name} is {state.get('state')} at step {state.get('step', 0)}/"
-            f"{state.get('total_steps', '?')}, not done: finish it first (`gridrun resubmit --cells {path.name}`)"
+            f"adapter source {path.name} is {record.state} at step {record.step}/"
+            f"{total}, not done: finish it first (`gridrun resubmit --cells {path.name}`)"
         )
     if not source_dir.complete_checkpoints():
         raise AdapterSourceError(f"adapter source {path.name} is done but has no complete checkpoint: re-run it")

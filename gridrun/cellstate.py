@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
@@ -56,6 +56,112 @@ RECORDED = frozenset(CellState) - {CellState.DAMAGED, CellState.MISSING, CellSta
 UNREADABLE_STATES = (CellState.DAMAGED.value, CellState.MISSING.value)
 # Fields of an attempt kept in the `attempts` history when the cell is queued again.
 ATTEMPT_FIELDS = ("attempt", "state", "launcher", "job_id", "node", "step", "started_at", "finished_at", "error")
+
+
+_NUMBER = (int, float)
+# state.json's fields and the types a reader may rely on (None is always allowed); RunDir's
+# reader refuses a file whose field has another type (the cell reads damaged).
+STATE_FIELDS: dict[str, tuple[type, ...]] = {
+    "state": (str,),
+    "step": (int,),
+    "total_steps": (int,),
+    "attempt": (int,),
+    "pid": (int,),
+    "peak_step": (int,),
+    "requeues": (int,),
+    "slurm_restarts": (int,),
+    "skipped_nonfinite": (int,),
+    "job_id": (str,),
+    "node": (str,),
+    "launcher": (str,),
+    "scheduler": (str,),
+    "waiting": (str,),
+    "error": (str,),
+    "last_val_acc": _NUMBER,
+    "peak_val_acc": _NUMBER,
+    "queued_at": _NUMBER,
+    "started_at": _NUMBER,
+    "finished_at": _NUMBER,
+    "updated_at": _NUMBER,
+    "alerts": (list,),
+    "attempts": (list,),
+    "first_val": (dict,),
+    "lost": (bool,),
+}
+
+
+@dataclass(frozen=True)
+class StateRecord:
+    """A cell's state.json, typed: what `RunDir.read_state` returns and `RunDir.record` writes.
+
+    `raw` is the object as on disk (its keys and their order, unknown keys included), so the
+    one writer writes back exactly what it read plus the transition's fields, and a record
+    written by an older gridrun reads the same. Counts absent or null read 0; the derived
+    fields (`lost`, `scheduler`, `waiting`) are set by gridrun/grid/observe.py through `with_`."""
+
+    state: CellState
+    step: int = 0
+    total_steps: int | None = None
+    attempt: int = 0
+    pid: int | None = None
+    job_id: str | None = None
+    node: str | None = None
+    launcher: str | None = None
+    error: str | None = None
+    queued_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    updated_at: float | None = None
+    last_val_acc: float | None = None
+    peak_val_acc: float | None = None
+    peak_step: int | None = None
+    first_val: Mapping[str, Any] | None = None
+    alerts: tuple[Any, ...] = ()
+    # Earlier attempts, each with ATTEMPT_FIELDS (oldest first).
+    attempts: tuple[Mapping[str, Any], ...] = ()
+    requeues: int = 0
+    slurm_restarts: int = 0
+    skipped_nonfinite: int = 0
+    lost: bool = False
+    scheduler: str | None = None
+    waiting: str | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StateRecord:
+        """The record of a state.json object whose fields have STATE_FIELDS' types (or are
+        null); ValueError when its `state` is no CellState."""
+        typed = {f.name for f in fields(cls)} - {"raw"}
+        values: dict[str, Any] = {key: data[key] for key in typed if data.get(key) is not None}
+        values["state"] = CellState(str(data.get("state")))
+        for key in ("alerts", "attempts"):
+            if key in values:
+                values[key] = tuple(values[key])
+        for key in ("step", "attempt", "requeues", "slurm_restarts", "skipped_nonfinite"):
+            values[key] = int(values.get(key) or 0)
+        return cls(**values, raw=dict(data))
+
+    @classmethod
+    def derived(cls, state: CellState, error: str | None = None) -> StateRecord:
+        """A record no file holds: planned (no state.json), damaged or missing."""
+        data: dict[str, Any] = {"state": state.value, "step": 0, "attempt": 0}
+        if error is not None:
+            data["error"] = error
+        return cls.from_json(data)
+
+    def with_(self, **changes: Any) -> StateRecord:
+        """This record with `changes` (state.json field names), in the typed fields and in `raw`."""
+        data = {**self.raw, **{key: value.value if isinstance(value, CellState) else value
+                               for key, value in changes.items()}}
+        return StateRecord.from_json(data)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object (as written, or as derived), keys in their order."""
+        return dict(self.raw)
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
 
 
 class IllegalTransition(RuntimeError):
@@ -122,7 +228,7 @@ def planned(total_steps: int) -> Transition:
     )
 
 
-def queued(observed: Mapping[str, Any], launcher: str, job_id: str | None = None, **more: Any) -> Transition:
+def queued(observed: StateRecord, launcher: str, job_id: str | None = None, **more: Any) -> Transition:
     """The next attempt, handed to `launcher`: judged from the state as `observed` (so a
     job lost while it read running may be queued again); `more` sets bookkeeping such as a
     SLURM requeue's `requeues` and `slurm_restarts`."""
@@ -130,7 +236,7 @@ def queued(observed: Mapping[str, Any], launcher: str, job_id: str | None = None
     rule = "only a planned, failed, preempted, cancelled or blocked cell is queued (a done one is re-planned " \
            "with --replace; an active one is already queued)"
     return Transition("queued", sources, rule, CellState.QUEUED, {"launcher": launcher, "job_id": job_id, **more},
-                      observed=dict(observed))
+                      observed=observed.to_json())
 
 
 def handed_over(job_id: str | None = None, pid: int | None = None) -> Transition:

@@ -42,38 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from gridrun.accuracy import is_accuracy
-from gridrun.cellstate import RECORDED, Transition
+from gridrun.cellstate import RECORDED, STATE_FIELDS, CellState, StateRecord, Transition
 
 COMPLETE_MARKER = "COMPLETE"
 # A checkpoint's role -> adapter map (null: the base model), beside its adapters/ folder.
 ROLES_FILE = "roles.json"
 
 _NUMBER = (int, float)
-# state.json's fields and the types a reader may rely on (None is always allowed).
-STATE_FIELDS: dict[str, tuple[type, ...]] = {
-    "state": (str,),
-    "step": (int,),
-    "total_steps": (int,),
-    "attempt": (int,),
-    "pid": (int,),
-    "peak_step": (int,),
-    "requeues": (int,),
-    "job_id": (str,),
-    "node": (str,),
-    "launcher": (str,),
-    "scheduler": (str,),
-    "error": (str,),
-    "last_val_acc": _NUMBER,
-    "peak_val_acc": _NUMBER,
-    "queued_at": _NUMBER,
-    "started_at": _NUMBER,
-    "finished_at": _NUMBER,
-    "updated_at": _NUMBER,
-    "alerts": (list,),
-    "attempts": (list,),
-    "first_val": (dict,),
-    "lost": (bool,),
-}
 # cell.json's fields that readers use (resources: the local launcher's thread count).
 RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "id": (str,),
@@ -429,51 +404,51 @@ class RunDir:
                 "cell's: run the new cell (`gridrun sweep conf=<sweep>`)"
             )
 
-    def read_state(self) -> dict[str, Any]:
+    def read_state(self) -> StateRecord:
         """state.json, `planned` when absent, the `damaged` state naming the file and fix (a
         config.yaml that is not the one planned included), or `missing` when the folder or its
         config.yaml is gone (whatever state.json says)."""
-        state = self._read_state_file()
-        if state["state"] in ("missing", "damaged"):
-            return state
+        record = self._read_state_file()
+        if record.state in (CellState.MISSING, CellState.DAMAGED):
+            return record
         damage = self.config_damage()
-        return {**state, "state": "damaged", "error": damage} if damage else state
+        return record.with_(state=CellState.DAMAGED, error=damage) if damage else record
 
-    def _read_state_file(self) -> dict[str, Any]:
+    def _read_state_file(self) -> StateRecord:
         gone = self.missing()
         if gone:
-            return {"state": "missing", "step": 0, "attempt": 0, "error": gone}
+            return StateRecord.derived(CellState.MISSING, gone)
         recorded = sorted(state.value for state in RECORDED)
         try:
-            state = read_json_file(self.state_json, STATE_FIELDS, self._state_fix())
-            if state is not None and state.get("state") not in recorded:
+            data = read_json_file(self.state_json, STATE_FIELDS, self._state_fix())
+            if data is not None and data.get("state") not in recorded:
                 raise DamagedFile(
-                    f"{self.state_json} is damaged (state {state.get('state')!r} is none of "
+                    f"{self.state_json} is damaged (state {data.get('state')!r} is none of "
                     f"{', '.join(recorded)}): {self._state_fix()}"
                 )
         except DamagedFile as err:
-            return {"state": "damaged", "step": 0, "attempt": 0, "error": str(err)}
-        return state if state is not None else {"state": "planned", "step": 0, "attempt": 0}
+            return StateRecord.derived(CellState.DAMAGED, str(err))
+        return StateRecord.from_json(data) if data is not None else StateRecord.derived(CellState.PLANNED)
 
     def read_record(self) -> dict[str, Any] | None:
         """cell.json (the plan's record of the cell), None when absent; DamagedFile if damaged."""
         fix = "re-plan the sweep (`gridrun plan conf=<sweep>`) to write it again from config.yaml"
         return read_json_file(self.cell_json, RECORD_FIELDS, fix)
 
-    def inspect(self) -> dict[str, Any]:
+    def inspect(self) -> StateRecord:
         """The state as `gridrun show` shows it: state.json's, unless state.json or cell.json
         is damaged, then `damaged` with the first damaged file's message as the error.
         (`gridrun status` reads state.json alone: cell.json is `plan`'s to repair.)"""
-        state = self.read_state()
-        if state["state"] == "damaged":
-            return state
+        record = self.read_state()
+        if record.state == CellState.DAMAGED:
+            return record
         try:
             self.read_record()
         except DamagedFile as err:
-            return {**state, "state": "damaged", "error": str(err)}
-        return state
+            return record.with_(state=CellState.DAMAGED, error=str(err))
+        return record
 
-    def record(self, change: Transition) -> dict[str, Any]:
+    def record(self, change: Transition) -> StateRecord:
         """The one writer of state.json: apply a named transition (gridrun/cellstate.py) to
         the record read now and write it atomically; IllegalTransition, writing nothing, when
         the state read may not take it. Fields the transition does not name are kept.
@@ -484,15 +459,15 @@ class RunDir:
         nothing is written: a write would bring back a folder with no config.yaml."""
         self.check_present(f"cannot record {change.name}")
         current = self._read_state_file()  # a damaged config.yaml leaves state.json's history as is
-        if current["state"] == "missing":
-            raise NotARunDir(f"cannot record {change.name}: {current['error']}")
-        damaged = current["state"] == "damaged"
+        if current.state == CellState.MISSING:
+            raise NotARunDir(f"cannot record {change.name}: {current.error}")
+        damaged = current.state == CellState.DAMAGED
         if damaged:
             self.state_json.rename(self.root / f"{self.state_json.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-        state = change.apply(None if damaged else current)
-        state["updated_at"] = time.time()
-        atomic_write_json(self.state_json, state)
-        return state
+        data = change.apply(None if damaged else current.to_json())
+        data["updated_at"] = time.time()
+        atomic_write_json(self.state_json, data)
+        return StateRecord.from_json(data)
 
     # --- the run's lock ------------------------------------------------------------------
     @contextmanager

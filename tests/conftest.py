@@ -105,7 +105,7 @@ def start_run(cell: Path, until_step: int, stderr: Any = None) -> subprocess.Pop
     proc = subprocess.Popen([sys.executable, "-m", "gridrun.cli", "run", str(cell)], env=env,
                             stdout=subprocess.DEVNULL, stderr=stderr or subprocess.DEVNULL)
     deadline = time.time() + 120
-    while RunDir(cell).read_state().get("step", 0) < until_step and time.time() < deadline:
+    while RunDir(cell).read_state().to_json().get("step", 0) < until_step and time.time() < deadline:
         time.sleep(0.05)
     return proc
 

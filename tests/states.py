@@ -15,7 +15,7 @@ from gridrun.rundir import RunDir, atomic_write_json
 
 def put_state(run_dir: RunDir, **fields: Any) -> dict[str, Any]:
     """Merge `fields` into the cell's state.json (planned when absent) and return it."""
-    state = run_dir.read_state()
+    state = run_dir.read_state().to_json()
     state.update(fields, updated_at=time.time())
     atomic_write_json(run_dir.state_json, state)
     return state

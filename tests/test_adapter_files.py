@@ -62,7 +62,7 @@ def test_an_eval_cell_on_a_corrupt_adapter_fails_in_one_line_naming_it(cell: Pat
     ev = make_cell(cell.parent, "eval-corrupt", cell={"kind": "eval"}, workflow={"name": "single"},
                    policy={"name": "transfer", "adapters": {"generator": f"{cell.name}@last"}})
     assert run_cell(ev) == 1
-    error = RunDir(ev).read_state()["error"]
+    error = RunDir(ev).read_state().to_json()["error"]
     assert "\n" not in error and str(weights) in error
 
 

@@ -47,7 +47,7 @@ def test_a_gpu_checkpoint_with_per_gpu_rng_states_resumes_on_the_cpu(tmp_path: P
         torch.save(state, ckpt / "trainer.pt")
         torch.save(optimizers, ckpt / "optimizers.pt")
     _more_steps(cell, 1, 2)
-    assert run_cell(cell) == 0, RunDir(cell).read_state().get("error")
+    assert run_cell(cell) == 0, RunDir(cell).read_state().to_json().get("error")
     assert [r["step"] for r in RunDir(cell).read_metrics() if r["split"] == "train"] == [1, 2]
 
 

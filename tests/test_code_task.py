@@ -239,6 +239,6 @@ def test_a_code_cell_without_a_sandbox_fails_at_start_in_one_line(data_path: Pat
     cell = make_cell(tmp_path, "code-cell", task={"name": "code", "data_path": str(data_path)})
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert run_cell(cell) == 1
-    state = RunDir(cell).read_state()
+    state = RunDir(cell).read_state().to_json()
     assert state["state"] == "failed" and "\n" not in state["error"]
     assert "apt-get install bubblewrap" in state["error"] and "task.sandbox=none" in state["error"]

@@ -90,7 +90,7 @@ def test_a_per_role_credit_cell_with_per_role_advantages_trains_and_logs_each_ro
 
     cell = make_cell(tmp_path, workflow={"name": "voting"}, policy={"name": "isolated"},
                      reward={"credit": "per_role"}, grpo={"estimator": "per_role"})
-    assert run_cell(cell) == 0, RunDir(cell).read_state().get("error")
+    assert run_cell(cell) == 0, RunDir(cell).read_state().to_json().get("error")
     train = [r for r in RunDir(cell).read_metrics() if r["split"] == "train"]
     assert all({"role/generator/reward", "role/aggregator/reward"} <= set(row) for row in train)
     # The aggregator's reward is 0 or 1 per turn, so its mean is in [0, 1].

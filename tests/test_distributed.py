@@ -149,7 +149,7 @@ def test_sigusr2_stops_after_the_step_with_a_checkpoint_and_resume_finishes(tmp_
     proc = start_run(stopped, until_step=1, stderr=subprocess.PIPE)
     proc.send_signal(signal.SIGUSR2)
     assert proc.wait(120) == 75, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
-    state = RunDir(stopped).read_state()
+    state = RunDir(stopped).read_state().to_json()
     assert state["state"] == "preempted" and "SIGUSR2" in state["error"]
     step, _ = RunDir(stopped).latest_checkpoint() or (None, None)
     assert step == state["step"] and 1 <= step < 4

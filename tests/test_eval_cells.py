@@ -51,7 +51,7 @@ def eval_cell(root: Path, name: str, adapters: dict[str, str], **overrides: Any)
 
 
 def test_an_eval_cell_on_the_exported_peak_reproduces_the_peak_exactly(trained: Path) -> None:
-    state = RunDir(trained).read_state()
+    state = RunDir(trained).read_state().to_json()
     assert (state["peak_step"], state["peak_val_acc"]) == (1, 5 / 16)
     assert [s for s, _ in RunDir(trained).complete_checkpoints()] == [1, 4]
     out = export(RunDir(trained), "peak", trained.parent / "peak-export")
@@ -63,7 +63,7 @@ def test_an_eval_cell_on_the_exported_peak_reproduces_the_peak_exactly(trained: 
     assert list(rows) == [0] and rows[0]["val/acc"] == 5 / 16
     # Not only the number: every turn of the dumped episodes is the trainer's at step 1.
     assert texts(cell, 0) == texts(trained, 1)
-    assert RunDir(cell).latest_checkpoint() is None and RunDir(cell).read_state()["total_steps"] == 0
+    assert RunDir(cell).latest_checkpoint() is None and RunDir(cell).read_state().to_json()["total_steps"] == 0
 
 
 def test_a_cell_id_and_step_name_the_same_adapters(trained: Path) -> None:
@@ -99,7 +99,7 @@ def test_an_eval_cell_has_its_own_validation_settings(trained: Path) -> None:
 def test_an_eval_cell_whose_source_is_unfinished_fails_in_one_line(trained: Path) -> None:
     cell = eval_cell(trained.parent, "eval-missing", {"generator": "no-such-cell@peak"})
     assert run_cell(cell) == 1
-    error = RunDir(cell).read_state()["error"]
+    error = RunDir(cell).read_state().to_json()["error"]
     assert "\n" not in error and "is neither a run dir, an export nor a peft adapter folder" in error
 
 

@@ -89,7 +89,7 @@ def peaked_cell(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
         patch.setattr(trainer_module, "validation_metrics", metrics)
         patch.setattr(Trainer, "validate", validate)
         patch.setattr(Trainer, "train_step", train_step)
-        assert run_cell(cell) == 1 and RunDir(cell).read_state()["state"] == "failed"
+        assert run_cell(cell) == 1 and RunDir(cell).read_state().to_json()["state"] == "failed"
         assert run_cell(cell) == 0
     return cell, at_peak
 
@@ -103,7 +103,7 @@ def test_the_peak_checkpoint_survives_recency_retention_and_a_resume(peaked_cell
     # the resume restarted from 20 and kept 10 to the end, beside the newest two (28, 30).
     assert seen["crashed"] == [10, 16, 20]
     assert [s for s, _ in run_dir.complete_checkpoints()] == [10, 28, 30]
-    state = run_dir.read_state()
+    state = run_dir.read_state().to_json()
     assert (state["state"], state["peak_step"], state["peak_val_acc"]) == ("done", 10, 0.5)
     roles = json.loads((run_dir.checkpoint(10) / "roles.json").read_text())
     assert roles == {"generator": "shared"}
@@ -135,18 +135,18 @@ def test_the_peak_checkpoint_survives_a_kill_9_and_the_resume(tmp_path: Path) ->
     code = FIXED_ACC_RUN.format(acc=ACC)
     proc = subprocess.Popen([sys.executable, "-c", code, str(cell)], env={**os.environ, "GRIDRUN_LOG": "WARNING"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_until(lambda: run_dir.read_state().get("step", 0) >= 21, "step 21", 120, poll=0.02)
+    wait_until(lambda: run_dir.read_state().to_json().get("step", 0) >= 21, "step 21", 120, poll=0.02)
     assert proc.poll() is None
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     at_kill = [s for s, _ in run_dir.complete_checkpoints()]
     # Killed past step 21 and before the end: the peak (10) and the newest two are on disk.
-    assert run_dir.read_state()["state"] == "running" and at_kill[0] == 10 and 20 <= at_kill[-1] < 30, at_kill
+    assert run_dir.read_state().to_json()["state"] == "running" and at_kill[0] == 10 and 20 <= at_kill[-1] < 30, at_kill
     resumed = subprocess.run([sys.executable, "-c", code, str(cell)], env={**os.environ, "GRIDRUN_LOG": "WARNING"},
                              capture_output=True, text=True, check=False)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert [s for s, _ in run_dir.complete_checkpoints()] == [10, 28, 30]
-    assert (run_dir.read_state()["peak_step"], run_dir.read_state()["state"]) == (10, "done")
+    assert (run_dir.read_state().to_json()["peak_step"], run_dir.read_state().to_json()["state"]) == (10, "done")
 
 
 def test_export_at_the_peak_loads_with_peft_and_answers_as_the_trainer_did(

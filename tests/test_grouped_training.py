@@ -39,7 +39,7 @@ def test_a_grouping_routes_each_role_to_its_groups_adapter_and_only_its_tokens_m
 def test_a_grouped_cell_trains_and_exports_one_adapter_per_group(tmp_path: Path) -> None:
     cell = make_cell(tmp_path, "orch_workers-planners-toy-arith-s0", workflow={"name": "orch_workers"}, policy=PLANNERS,
                      train={"total_steps": 2, "val_every": 2, "save_every": 2})
-    assert run_cell(cell) == 0, RunDir(cell).read_state().get("error")
+    assert run_cell(cell) == 0, RunDir(cell).read_state().to_json().get("error")
     train = [r for r in RunDir(cell).read_metrics() if r["split"] == "train"]
     # The per-adapter diagnostics name the groups; the per-role ones every role.
     assert {"adapter/planners/opt_steps", "adapter/workers/opt_steps"} <= set(train[-1])

@@ -76,7 +76,7 @@ def test_a_plugin_workflow_and_task_plan_and_run_one_step_each(plugin: Path, tmp
     logs = {i: sweep.cell(i).stderr_log.read_text()[-2000:] for i in ids}
     assert code == 0, logs
     for cell_id in ids:
-        assert sweep.cell(cell_id).read_state()["state"] == "done", logs[cell_id]
+        assert sweep.cell(cell_id).read_state().to_json()["state"] == "done", logs[cell_id]
     rows = [json.loads(line) for line in sweep.cell("debate-sp-toy-arith-s0").metrics_jsonl.read_text().splitlines()]
     # One training step over both new roles, and the workflow's own validation metric.
     assert any("role/skeptic/tokens" in row for row in rows)

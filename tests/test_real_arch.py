@@ -74,7 +74,7 @@ def test_math_trains_one_step_with_validation(tmp_path: Path) -> None:
     from gridrun.cellrun import run_cell
 
     run_dir = _cell(tmp_path, "math", "voting", "isolated", "train.val_problems=1")
-    assert run_cell(run_dir.root) == 0, run_dir.read_state().get("error")
+    assert run_cell(run_dir.root) == 0, run_dir.read_state().to_json().get("error")
     print(f"voting-ip math: peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
     rows = run_dir.read_metrics()
     assert [r["split"] for r in rows] == ["val", "train", "val"]
@@ -100,7 +100,7 @@ def test_code_reward_runs_in_the_sandbox_inside_training(tmp_path: Path, monkeyp
 
     monkeypatch.setattr(HFEngine, "generate", writes_a_program)
     run_dir = _cell(tmp_path, "code", "eval_opt", "shared")
-    assert run_cell(run_dir.root) == 0, run_dir.read_state().get("error")
+    assert run_cell(run_dir.root) == 0, run_dir.read_state().to_json().get("error")
     print(f"eval_opt-sp code: peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
     val = [r for r in run_dir.read_metrics() if r["split"] == "val"]
     # 1 of the 3 validation problems is a + b: the program passes its tests there only.

@@ -300,11 +300,11 @@ def test_skipped_non_finite_steps_show_as_an_alert(tmp_path: Path, monkeypatch) 
 
     monkeypatch.setattr(trainer_module, "turn_advantages", first_step_nan)
     cell = make_cell(tmp_path, train={"total_steps": 2, "val_every": 1})
-    assert run_cell(cell) == 0, RunDir(cell).read_state().get("error")
+    assert run_cell(cell) == 0, RunDir(cell).read_state().to_json().get("error")
     train = [r for r in RunDir(cell).read_metrics() if r["split"] == "train"]
     assert [r["train/skipped_nonfinite"] for r in train] == [1, 0]
     assert [r["adapter/shared/opt_steps"] for r in train] == [0, 1]
-    state = RunDir(cell).read_state()
+    state = RunDir(cell).read_state().to_json()
     assert state["skipped_nonfinite"] == 1
     assert "non_finite: 1 optimizer step skipped" in state["alerts"]
 
@@ -320,7 +320,7 @@ def test_mechanism_alerts_go_to_the_train_rows_and_state(tmp_path: Path, monkeyp
     monkeypatch.setattr(trainer_module, "MechanismWatch", lambda w, p, groups=None: MechanismWatch(w, p, eager, groups))
     cell = make_cell(tmp_path, workflow={"name": "voting"}, policy={"name": "isolated"},
                      train={"total_steps": 2, "val_every": 1})
-    assert run_cell(cell) == 0, RunDir(cell).read_state().get("error")
+    assert run_cell(cell) == 0, RunDir(cell).read_state().to_json().get("error")
     rows = RunDir(cell).read_metrics()
     replay = MechanismWatch("voting", "isolated", eager)
     for row in rows:
@@ -328,7 +328,7 @@ def test_mechanism_alerts_go_to_the_train_rows_and_state(tmp_path: Path, monkeyp
         if row["split"] == "train":
             assert {k: row[k] for k in alert_flags(seen)} == alert_flags(seen) == {
                 "alert/gradient_amplification": 1, "alert/sp_role_capture": 0}
-    fired = [a for a in RunDir(cell).read_state()["alerts"] if a.startswith("gradient_amplification: generator ")]
+    fired = [a for a in RunDir(cell).read_state().to_json()["alerts"] if a.startswith("gradient_amplification: generator ")]
     assert fired == seen
 
 
@@ -344,7 +344,7 @@ WORKFLOW_ROLES = {
 def test_every_workflow_and_policy_trains_two_steps(tmp_path: Path, workflow: str, policy: str) -> None:
     rounds = {"rounds": 2} if workflow == "eval_opt" else {}
     cell = make_cell(tmp_path, workflow={"name": workflow, **rounds}, policy={"name": policy})
-    assert run_cell(cell) == 0, RunDir(cell).read_state().get("error")
+    assert run_cell(cell) == 0, RunDir(cell).read_state().to_json().get("error")
     rows = RunDir(cell).read_metrics()
     train = [r for r in rows if r["split"] == "train"]
     assert [r["step"] for r in train] == [1, 2]
@@ -353,7 +353,7 @@ def test_every_workflow_and_policy_trains_two_steps(tmp_path: Path, workflow: st
                        "clip_frac", "len_mean", "trunc_rate"):
             assert f"role/{role}/{metric}" in train[-1], (role, metric)
     assert {r["step"] for r in rows if r["split"] == "val"} == {0, 2}
-    state = RunDir(cell).read_state()
+    state = RunDir(cell).read_state().to_json()
     assert state["state"] == "done" and state["step"] == 2 and "peak_val_acc" in state
     # The rollout and the trainer agree on the sampled tokens' log-probs (same weights).
     assert all(train[0][f"role/{r}/rollout_logp_absdiff"] < 1e-3 for r in WORKFLOW_ROLES[workflow])
@@ -391,7 +391,7 @@ def test_kill_and_resume_equals_an_uninterrupted_run(tmp_path: Path) -> None:
     time.sleep(0.3)  # land somewhere inside step 3
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert RunDir(killed).read_state()["state"] == "running"  # died without a word
+    assert RunDir(killed).read_state().to_json()["state"] == "running"  # died without a word
     assert run_cell(killed) == 0
     final = RunDir(straight).checkpoint(4)
     a, b = _adapters(final), _adapters(RunDir(killed).checkpoint(4))
@@ -405,7 +405,7 @@ def test_a_corrupt_checkpoint_fails_with_the_fix(tmp_path: Path) -> None:
     (RunDir(cell).checkpoint(1) / "optimizers.pt").write_bytes(b"garbage")
     (cell / "config.yaml").write_text((cell / "config.yaml").read_text().replace("total_steps: 1", "total_steps: 2"))
     assert run_cell(cell) == 1
-    state = RunDir(cell).read_state()
+    state = RunDir(cell).read_state().to_json()
     assert state["state"] == "failed" and "move it aside" in state["error"]
     assert (RunDir(cell).checkpoint(1) / "adapters").is_dir(), "nothing that was there is lost"
 
@@ -458,7 +458,7 @@ def test_grader_timeouts_are_counted_in_the_train_rows(tmp_path: Path, monkeypat
 
     monkeypatch.setattr(math_grader, "_grade", too_slow)
     cell = make_cell(tmp_path, train={"total_steps": 1, "val_every": 1})
-    assert run_cell(cell) == 0, RunDir(cell).read_state().get("error")
+    assert run_cell(cell) == 0, RunDir(cell).read_state().to_json().get("error")
     train = [r for r in RunDir(cell).read_metrics() if r["split"] == "train"]
     assert len(train) == 1
     assert train[0]["reward/grader_timeouts"] > 0 and train[0]["reward/acc"] == 0.0
@@ -480,13 +480,13 @@ def test_a_run_whose_cell_was_queued_again_meanwhile_stops_without_touching_the_
     def resubmitted_during_step_1(episodes, *args):
         calls.append(1)
         if len(calls) == 1:
-            state = RunDir(cell).read_state()
-            RunDir(cell).record(cellstate.queued({**state, "state": "failed", "lost": True}, "slurm"))
+            record = RunDir(cell).read_state()
+            RunDir(cell).record(cellstate.queued(record.with_(state=cellstate.CellState.FAILED, lost=True), "slurm"))
         return real(episodes, *args)
 
     monkeypatch.setattr(trainer_module, "turn_advantages", resubmitted_during_step_1)
     code = run_cell(cell)
-    state = RunDir(cell).read_state()
+    state = RunDir(cell).read_state().to_json()
     assert code == 1, state
     assert (state["state"], state["attempt"], state["error"]) == ("queued", 1, None)
     assert "queued again" in caplog.text and "Traceback" not in caplog.text

@@ -74,7 +74,7 @@ def test_a_transfer_cell_evaluates_once_and_writes_no_checkpoint(toy_world: Path
     cell = make_cell(tmp_path, "transfer-eval_opt-toy-arith-s0", workflow={"name": "eval_opt"}, **TRANSFER_CELL)
     assert run_cell(cell) == 0
     run_dir = RunDir(cell)
-    state = run_dir.read_state()
+    state = run_dir.read_state().to_json()
     assert (state["state"], state["total_steps"], state["peak_step"]) == ("done", 0, 0)
     # One validation row at step 0 (n = 1 per problem, like a base cell), no training rows.
     rows = run_dir.read_metrics()

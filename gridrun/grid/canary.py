@@ -119,7 +119,7 @@ def _fresh(sweep: SweepDir) -> None:
     if not sweep.root.exists():
         return
     for cell_id in sweep.cell_ids():
-        state = sweep.cell(cell_id).read_state().get("state")
+        state = sweep.cell(cell_id).read_state().state
         if state in ACTIVE_STATES:
             raise GridError(
                 f"a canary is still {state} in {sweep.root}: wait for it, or `gridrun cancel conf={CANARY_SWEEP}`"
@@ -133,16 +133,15 @@ def _watch(sweep: SweepDir, cell_id: str, launcher: Any, timeout_min: float) -> 
     deadline = time.time() + timeout_min * 60
     last = None
     while True:
-        state = sweep.cell(cell_id).read_state()
-        if state.get("state") not in ACTIVE_STATES:
+        record = sweep.cell(cell_id).read_state()
+        if not record.active:
             return
-        seen = launcher.reconcile({cell_id: state}).get(cell_id)
+        seen = launcher.reconcile({cell_id: record}).get(cell_id)
         if seen and seen[0] not in ACTIVE_STATES:
             return
-        now = (state.get("state"), state.get("step"))
+        now = (record.state, record.step)
         if now != last:
-            print(f"  {state.get('state')}" + (f", step {state.get('step')}" if state.get("step") is not None else ""),
-                  flush=True)
+            print(f"  {record.state}, step {record.step}", flush=True)
             last = now
         if time.time() > deadline:
             launcher.cancel(sweep, [cell_id])
@@ -221,18 +220,18 @@ def projection(canary: PlannedCell, step_s: float, cells: list[PlannedCell]) -> 
 def report(run_dir: RunDir, cell: PlannedCell, project_name: str, project: list[PlannedCell], cpu: bool) -> Verdict:
     """The canary's lines and verdict: NO-GO when the cell did not finish, a rank did not
     say where it ran, or ranks shared a GPU (or one saw several)."""
-    state = run_dir.read_state()
+    record = run_dir.read_state()
     rows = run_dir.read_metrics()
     records = run_dir.read_rank_records()
-    lines = [f"canary {cell.id}: {state.get('state')}" + (f" (job {state['job_id']})" if state.get("job_id") else "")]
-    for record in records:
-        lines += rank_lines(record)
+    lines = [f"canary {cell.id}: {record.state}" + (f" (job {record.job_id})" if record.job_id else "")]
+    for rank in records:
+        lines += rank_lines(rank)
     roles = sorted(set(cell.config.workflow_entry().roles))
     lines += adapter_lines(rows, roles)
     problems = []
-    if state.get("state") != CellState.DONE:
-        error = str(state.get("error") or "").strip().splitlines()
-        problems.append(f"the cell ended {state.get('state')}: {error[-1] if error else 'no error recorded'}")
+    if record.state != CellState.DONE:
+        error = (record.error or "").strip().splitlines()
+        problems.append(f"the cell ended {record.state}: {error[-1] if error else 'no error recorded'}")
     world = max([int(r.get("world") or 1) for r in records] or [0])
     if len(records) != world or world == 0:
         problems.append(f"{len(records)} of {world or '?'} ranks recorded where they ran (ranks/ in {run_dir.root})")

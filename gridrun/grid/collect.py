@@ -128,10 +128,10 @@ def base_id(kind: str, coords: dict[str, Any]) -> str | None:
 
 def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
     """Every cell of the sweep, finished or not, with its statistics."""
-    plan = {cell["id"]: cell for cell in sweep.read()["cells"]}
+    plan = sweep.read().entries()
     rows = sweep_rows(sweep)
     read = _read_all(
-        [(str(sweep.cell(row["cell"]).root), plan[row["cell"]]["coords"].get("workflow"), plan[row["cell"]]["coords"].get("policy"))
+        [(str(sweep.cell(row["cell"]).root), plan[row["cell"]].coords.get("workflow"), plan[row["cell"]].coords.get("policy"))
          for row in rows],
         f"reading {len(rows)} cells of {sweep.name}",
     )
@@ -139,14 +139,14 @@ def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
     records, columns = [], {}
     for row, (metric_columns, summary, metrics_damage) in zip(rows, read):
         cell = plan[row["cell"]]
-        resources = cell.get("resources") or {}
+        resources = cell.resources
         wall_h = cell_hours(sweep.cell(row["cell"]).read_state(), now)
         columns[row["cell"]] = metric_columns
         # A damaged file (state.json, cell.json, metrics.jsonl) makes the cell `damaged`: its
         # numbers stay out of the tables, and `damage` says which file and how to fix it.
         damage = row["error"] if row["state"] == "damaged" else metrics_damage
         records.append({
-            "sweep": sweep.name, "cell": row["cell"], "kind": row["kind"], **cell["coords"],
+            "sweep": sweep.name, "cell": row["cell"], "kind": row["kind"], **cell.coords,
             "state": "damaged" if damage else row["state"], "damage": damage,
             "step": row["step"], "total_steps": row["total_steps"], "attempt": row["attempt"],
             "wall_h": wall_h, "gpu_h": wall_h * int(resources.get("gpus") or 0) * int(resources.get("nodes") or 1),

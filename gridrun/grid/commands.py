@@ -110,7 +110,7 @@ def _plan(args: argparse.Namespace) -> int:
     if launcher is None:
         console.print(f"run them with: gridrun sweep conf={conf}" + _results_flag(args))
         return 0
-    damaged = [pc.id for pc in plan.cells if sweep.cell(pc.id).read_state()["state"] in UNREADABLE_STATES]
+    damaged = [pc.id for pc in plan.cells if sweep.cell(pc.id).read_state().state in UNREADABLE_STATES]
     skipped = len(plan.cells) - len(submitted) - len(damaged)
     console.print(
         f"dispatching {len(submitted)} cells with launcher={launcher.name}"
@@ -232,7 +232,7 @@ def _resubmit(args: argparse.Namespace) -> int:
     if not ids:
         console.print("nothing to resubmit")
         return 0
-    settings = dict(data.get("launcher") or {})
+    settings = dict(data.launcher)
     if args.max_parallel:
         settings["max_parallel"] = args.max_parallel
     launcher = make_launcher(settings)
@@ -244,19 +244,20 @@ def _resubmit(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
+    from gridrun.cellstate import CellState
     from gridrun.grid.launchers.base import launcher_class
     from gridrun.grid.status import sweep_rows
     from gridrun.grid.sweepdir import SweepDir, results_root
 
     results = results_root(args.results_dir)
     sweep = SweepDir(results, _require_conf(_conf_only(args.conf, "cancel"), "cancel", results))
-    planned = sweep.read().get("launcher") or {}
+    planned = sweep.read().launcher
     rows = sweep_rows(sweep)
     ids = _selected(rows, args) if args.cells else [row["cell"] for row in rows]
     states = {row["cell"]: row["state"] for row in rows}
     # A blocked cell's job may still wait in the scheduler's queue for a need that failed.
     held = {cell_id for cell_id in ids if states[cell_id] == "blocked"
-            and sweep.cell(cell_id).read_state().get("state") == "queued"}
+            and sweep.cell(cell_id).read_state().state == CellState.QUEUED}
     active = [cell_id for cell_id in ids if states[cell_id] in ("queued", "running") or cell_id in held]
     console = make_console()
     for cell_id in args.cells or []:
@@ -264,7 +265,7 @@ def _cancel(args: argparse.Namespace) -> int:
             console.print(f"skip {cell_id}: {states[cell_id]}, not queued or running")
     by_launcher: dict[str, list[str]] = {}
     for cell_id in active:
-        by_launcher.setdefault(sweep.cell(cell_id).read_state().get("launcher") or "local", []).append(cell_id)
+        by_launcher.setdefault(sweep.cell(cell_id).read_state().launcher or "local", []).append(cell_id)
     with sweep.lock():
         for name, cells in by_launcher.items():
             settings = planned if planned.get("name") == name else {"name": name}

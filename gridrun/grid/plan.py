@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from gridrun import cellstate, registry
-from gridrun.cellstate import ACTIVE_STATES
+from gridrun.cellstate import StateRecord
 from gridrun.engine_params import HFParams, VLLMParams
 from gridrun.grid import checkout
 from gridrun.grid.cells import TOY_SCALE, Cell, expand
@@ -398,10 +398,10 @@ def check(plan: Plan, sweep: SweepDir, replace: bool) -> Freeze:
     return result
 
 
-def _busy(state: dict[str, Any], run_dir: RunDir) -> bool:
+def _busy(record: StateRecord, run_dir: RunDir) -> bool:
     """Queued or running, as observed; a folder that lost its config.yaml reads missing, and
     then its run lock says whether a process still runs in it."""
-    return state.get("state") in ACTIVE_STATES or run_dir.held()
+    return record.active or run_dir.held()
 
 
 def _holds_run(run_dir: RunDir) -> bool:
@@ -450,7 +450,7 @@ def freeze(plan: Plan, sweep: SweepDir, replace: bool = False) -> Freeze:
     if result.sweep_damaged:
         sweep.set_aside_damaged()
     data: dict[str, Any] = (
-        sweep.read() if sweep.exists() else {"name": sweep.name, "created_at": now, "cells": [], "plans": []}
+        sweep.read().to_json() if sweep.exists() else {"name": sweep.name, "created_at": now, "cells": [], "plans": []}
     )
     index = {cell["id"]: i for i, cell in enumerate(data["cells"])}
     for pc in plan.cells:
@@ -613,7 +613,7 @@ def plan_table(plan: Plan, preview: Freeze, sweep: SweepDir) -> Any:
         elif pc.id in preview.changed:
             fate = "[red]changed[/]"
         elif pc.id in preview.unchanged:
-            fate = f"keep ({sweep.cell(pc.id).inspect().get('state')})"
+            fate = f"keep ({sweep.cell(pc.id).inspect().state})"
         else:
             fate = "[green]new[/]"
         res = pc.resources

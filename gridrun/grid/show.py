@@ -64,17 +64,23 @@ def show(run_dir: RunDir, console: Any) -> None:
         if key in record:
             info.add_row(key, json.dumps(record[key]) if isinstance(record[key], (dict, list)) else str(record[key]))
     state = run_dir.inspect()
-    for key in ("state", "step", "total_steps", "attempt", "launcher", "job_id", "node", "pid",
-                "last_val_acc", "peak_val_acc", "peak_step", "alerts"):
-        if state.get(key) is not None:
-            info.add_row(key, str(state[key]))
-    for key in ("started_at", "finished_at", "updated_at"):
-        if state.get(key) is not None:
-            info.add_row(key, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state[key])))
+    shown: dict[str, Any] = {
+        "state": state.state, "step": state.step, "total_steps": state.total_steps, "attempt": state.attempt,
+        "launcher": state.launcher, "job_id": state.job_id, "node": state.node, "pid": state.pid,
+        "last_val_acc": state.last_val_acc, "peak_val_acc": state.peak_val_acc, "peak_step": state.peak_step,
+        "alerts": list(state.alerts) if state.raw.get("alerts") is not None else None,
+    }
+    for key, value in shown.items():
+        if value is not None:
+            info.add_row(key, str(value))
+    for key, at in (("started_at", state.started_at), ("finished_at", state.finished_at),
+                    ("updated_at", state.updated_at)):
+        if at is not None:
+            info.add_row(key, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)))
     console.print(info)
     _show_preset(run_dir, console)
-    if state.get("error"):
-        console.print(f"[red]error:[/]\n{state['error']}")
+    if state.error:
+        console.print(f"[red]error:[/]\n{state.error}")
 
 
 def _show_preset(run_dir: RunDir, console: Any) -> None:

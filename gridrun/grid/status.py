@@ -42,46 +42,46 @@ STATE_STYLES = {
 
 def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
     """One row per cell of the sweep, in plan order."""
-    cells = sweep.read()["cells"]
+    cells = sweep.read().cells
     # state.json only (cell.json's damage is `show`'s to report and `plan`'s to repair): the fast path.
-    states = observe({cell["id"]: live_state(sweep.cell(cell["id"])) for cell in cells}, needs_of(cells))
-    base_acc = {cell_id: s.get("peak_val_acc") for cell_id, s in states.items() if s.get("state") == CellState.DONE}
+    states = observe({cell.id: live_state(sweep.cell(cell.id)) for cell in cells}, needs_of(cells))
+    base_acc = {cell_id: s.peak_val_acc for cell_id, s in states.items() if s.state == CellState.DONE}
     now = time.time()
     rows = []
     for cell in cells:
-        state = states[cell["id"]]
-        started, finished = state.get("started_at"), state.get("finished_at")
+        state = states[cell.id]
+        started, finished = state.started_at, state.finished_at
         if started is None:
             elapsed = None
-        elif state.get("state") == "running":
+        elif state.state == CellState.RUNNING:
             elapsed = max(0.0, now - started)  # a node's clock ahead of this one's: 0, never negative
         else:
-            elapsed = max(0.0, (finished or state.get("updated_at") or now) - started)
+            elapsed = max(0.0, (finished or state.updated_at or now) - started)
         rows.append(
             {
                 "sweep": sweep.name,
-                "cell": cell["id"],
-                "kind": cell["kind"],
-                "state": state.get("state", "planned"),
-                "step": int(state.get("step") or 0),
-                "total_steps": _count(state.get("total_steps", cell.get("total_steps"))),
-                "attempt": int(state.get("attempt") or 0),
-                "job_id": state.get("job_id"),
+                "cell": cell.id,
+                "kind": cell.kind,
+                "state": state.state.value,
+                "step": state.step,
+                "total_steps": _count(state.total_steps if "total_steps" in state.raw else cell.total_steps),
+                "attempt": state.attempt,
+                "job_id": state.job_id,
                 # The scheduler's word for an active cell's job (PENDING, RUNNING), if it has one.
-                "scheduler": state.get("scheduler"),
-                "node": state.get("node"),
-                "last_val_acc": state.get("last_val_acc"),
-                "peak_val_acc": state.get("peak_val_acc"),
-                "peak_step": state.get("peak_step"),
+                "scheduler": state.scheduler,
+                "node": state.node,
+                "last_val_acc": state.last_val_acc,
+                "peak_val_acc": state.peak_val_acc,
+                "peak_step": state.peak_step,
                 "elapsed_s": elapsed,
-                "alerts": list(state.get("alerts") or []),
+                "alerts": list(state.alerts),
                 # A reader's message says conf=<sweep> (a run dir knows no sweep): name it.
-                "error": state["error"].replace("conf=<sweep>", f"conf={sweep.name}") if state.get("error") else None,
-                "lost": bool(state.get("lost")),
+                "error": state.error.replace("conf=<sweep>", f"conf={sweep.name}") if state.error else None,
+                "lost": state.lost,
                 # The cell a queued or blocked cell waits for (a transfer cell's sa_rl cell).
-                "waiting": state.get("waiting"),
+                "waiting": state.waiting,
                 # Peak minus the done base control's accuracy, in points (None without both).
-                "delta_pp": _delta_pp(state.get("peak_val_acc"), base_acc.get(base_control(cell["kind"], cell["coords"]) or "")),
+                "delta_pp": _delta_pp(state.peak_val_acc, base_acc.get(base_control(cell.kind, dict(cell.coords)) or "")),
             }
         )
     return rows

@@ -19,12 +19,14 @@ Stdlib only (filelock is imported when a lock is taken): `gridrun status` goes t
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,68 @@ from gridrun.rundir import RunDir, atomic_write_json
 RESULTS_ENV = "GRIDRUN_RESULTS"
 SWEEP_JSON = "sweep.json"
 SWEEP_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """One cell of sweep.json, as `PlannedCell.entry` (gridrun/grid/plan.py) wrote it;
+    `_plan_problem` has checked id, kind and coords. Optional fields are None when a plan
+    from an older gridrun lacks them; `raw` is the entry as written."""
+
+    id: str
+    kind: str
+    coords: Mapping[str, Any]
+    fingerprint: str | None = None
+    total_steps: int | None = None
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    est_hours: float | None = None
+    gpu_mem_gb: float | None = None
+    # Cells that must be done before this one starts (dispatch.py holds it back).
+    needs: tuple[str, ...] = ()
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PlanEntry:
+        return cls(
+            id=data["id"], kind=data["kind"], coords=data["coords"], fingerprint=data.get("fingerprint"),
+            total_steps=data.get("total_steps"), resources=data.get("resources") or {},
+            est_hours=data.get("est_hours"), gpu_mem_gb=data.get("gpu_mem_gb"),
+            needs=tuple(data.get("needs") or ()), raw=dict(data),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.raw)
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """sweep.json, typed: the sweep's cells in plan order, its launcher and cluster settings
+    (empty when never recorded), its early-warning plan and the history of `gridrun plan`
+    calls (`plans`). `raw` is the object as written: `gridrun plan` updates and writes it."""
+
+    name: str
+    cells: tuple[PlanEntry, ...]
+    launcher: Mapping[str, Any] = field(default_factory=dict)
+    cluster: Mapping[str, Any] = field(default_factory=dict)
+    early_warning: Mapping[str, Any] | None = None
+    plans: tuple[Mapping[str, Any], ...] = ()
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SweepPlan:
+        return cls(
+            name=data["name"], cells=tuple(PlanEntry.from_json(cell) for cell in data["cells"]),
+            launcher=data.get("launcher") or {}, cluster=data.get("cluster") or {},
+            early_warning=data.get("early_warning"), plans=tuple(data.get("plans") or ()), raw=dict(data),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A copy of sweep.json's object, for `gridrun plan` to update and write."""
+        return copy.deepcopy(dict(self.raw))
+
+    def entries(self) -> dict[str, PlanEntry]:
+        """id -> entry."""
+        return {cell.id: cell for cell in self.cells}
 
 
 class SweepDamaged(GridError):
@@ -139,7 +203,7 @@ class SweepDir:
     def exists(self) -> bool:
         return self.sweep_json.is_file()
 
-    def read(self) -> dict[str, Any]:
+    def read(self) -> SweepPlan:
         """The plan; fails with the fix when the sweep was never planned here or its
         sweep.json is damaged (SweepDamaged)."""
         fix = f"re-plan it with `gridrun plan conf={self.name}` (cells already on disk are kept)"
@@ -159,7 +223,7 @@ class SweepDir:
                 f"{self.root} holds sweep '{data.get('name')}', not '{self.name}': use "
                 f"conf={data.get('name')}, or plan '{self.name}' into another --results-dir"
             )
-        return data
+        return SweepPlan.from_json(data)
 
     def set_aside_damaged(self) -> Path:
         """Move a damaged sweep.json aside (never delete it) before writing a new one."""
@@ -171,7 +235,7 @@ class SweepDir:
         atomic_write_json(self.sweep_json, data)
 
     def cell_ids(self) -> list[str]:
-        return [cell["id"] for cell in self.read()["cells"]]
+        return [cell.id for cell in self.read().cells]
 
     def _missing_message(self) -> str:
         planned = planned_sweeps(self.results)

@@ -39,8 +39,8 @@ class ProblemSampler:
     def state(self) -> dict[str, int]:
         return {"epoch": self.epoch, "index": self.index}
 
-    def restore(self, state: dict[str, int]) -> None:
-        self.epoch, self.index = state["epoch"], state["index"]
+    def restore(self, position: dict[str, int]) -> None:
+        self.epoch, self.index = position["epoch"], position["index"]
         self._order = self._shuffle()
 
 

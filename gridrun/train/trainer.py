@@ -388,15 +388,15 @@ class Trainer:
                     log.warning("no checkpoint left: restarting from step 0, earlier metrics kept in %s", kept_aside)
             return 0
         step, path = latest
-        state = checkpoint.load(path, self.model, self.routing.trainable, self.optimizers)
-        self.sampler.restore(state["sampler"])
-        self.update_rng.setstate(state["update_rng"])
-        self.skipped_nonfinite = state.get("skipped_nonfinite", 0)
-        if self.coherence is not None and state.get("coherence") is not None:
-            self.coherence.load_state_dict(state["coherence"], self.dist.device)
-        random.setstate(state["python_rng"])
-        torch.set_rng_state(state["torch_rng"])
-        restore_cuda_rng(state.get("cuda_rng"), self.dist.device)
+        saved = checkpoint.load(path, self.model, self.routing.trainable, self.optimizers)
+        self.sampler.restore(saved["sampler"])
+        self.update_rng.setstate(saved["update_rng"])
+        self.skipped_nonfinite = saved.get("skipped_nonfinite", 0)
+        if self.coherence is not None and saved.get("coherence") is not None:
+            self.coherence.load_state_dict(saved["coherence"], self.dist.device)
+        random.setstate(saved["python_rng"])
+        torch.set_rng_state(saved["torch_rng"])
+        restore_cuda_rng(saved.get("cuda_rng"), self.dist.device)
         self.dist.decorrelate_rng(self.config.cell.seed, step)
         if self.dist.is_main:
             kept = self.run_dir.truncate_metrics(step)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gridrun import cellstate
+from gridrun.cellstate import StateRecord
 from gridrun.grid.launchers.base import Accepted, Launcher
 from gridrun.grid.launchers.local import LocalSettings
 from gridrun.grid.sweepdir import SweepDir
@@ -37,7 +38,7 @@ class RecordingLauncher(Launcher):
         return {cell_id: f"rec-{os.getpid()}" for cell_id in ids}
 
     @classmethod
-    def reconcile(cls, states: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
+    def reconcile(cls, states: Mapping[str, StateRecord]) -> dict[str, tuple[str, str]]:
         return {}
 
     def cancel(self, sweep: SweepDir, ids: list[str]) -> list[str]:

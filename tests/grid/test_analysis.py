@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from gridrun.cellstate import CellState, StateRecord
 from gridrun.grid.analysis.summary import MetricColumns, cell_hours, cell_summary, cliff
 from gridrun.grid.sweepdir import SweepDir
 from tests.grid.conftest import Gridrun
@@ -133,12 +134,13 @@ def test_cliff_detection() -> None:
 
 def test_cell_hours_add_up_every_attempt() -> None:
     # Attempt 1 ran 30 min and was preempted; attempt 2 ran 1 h: 1.5 h.
-    state = {"state": "done", "started_at": 3600.0, "finished_at": 7200.0,
-             "attempts": [{"started_at": 0.0, "finished_at": 1800.0}]}
-    assert cell_hours(state, now=1e9) == pytest.approx(1.5)
+    record = StateRecord.from_json({"state": "done", "started_at": 3600.0, "finished_at": 7200.0,
+                                    "attempts": [{"started_at": 0.0, "finished_at": 1800.0}]})
+    assert cell_hours(record, now=1e9) == pytest.approx(1.5)
     # A running cell counts up to now; a planned one never started.
-    assert cell_hours({"state": "running", "started_at": 100.0}, now=100.0 + 900) == pytest.approx(0.25)
-    assert cell_hours({"state": "planned"}, now=1e9) == 0.0
+    running = StateRecord.from_json({"state": "running", "started_at": 100.0})
+    assert cell_hours(running, now=100.0 + 900) == pytest.approx(0.25)
+    assert cell_hours(StateRecord.derived(CellState.PLANNED), now=1e9) == 0.0
 
 
 # --- a hand-made sweep through `gridrun collect` -----------------------------------------------

@@ -54,7 +54,7 @@ def test_a_damaged_state_json_is_one_damaged_cell(gridrun: Gridrun, smoke: Sweep
     bad.state_json.write_bytes(DAMAGE[damage])
     put_state(smoke.cell(ids[1]), state="failed", attempt=1, error="boom")
 
-    state = bad.read_state()
+    state = bad.read_state().to_json()
     assert state["state"] == "damaged"
     assert str(bad.state_json) in state["error"] and f"rm {bad.state_json}" in state["error"]
 
@@ -110,9 +110,9 @@ def test_a_writer_moves_a_damaged_state_json_aside(tmp_path: Path) -> None:
     run_dir.state_json.write_bytes(DAMAGE["null"])
     # A damaged record has no state to judge a transition from: the writer records what it
     # knows (here a run starting) over an empty record, nothing merged from the damage.
-    state = run_dir.record(cellstate.started(pid=41, node="n1", total_steps=3))
+    state = run_dir.record(cellstate.started(pid=41, node="n1", total_steps=3)).to_json()
     assert (state["state"], state["pid"], state["total_steps"], state["error"]) == ("running", 41, 3, None)
-    assert run_dir.read_state() == state
+    assert run_dir.read_state().to_json() == state
     (aside,) = run_dir.root.glob("state.json.damaged-*")
     assert aside.read_bytes() == DAMAGE["null"]
 
@@ -123,7 +123,7 @@ def test_a_damaged_cell_json_is_shown_and_repaired_by_planning(gridrun: Gridrun,
     bad = smoke.cell(ids[2])
     # wrong_type here: resources must be a mapping.
     bad.cell_json.write_bytes(DAMAGE[damage] if damage != "wrong_type" else b'{"resources": 4}')
-    state = bad.inspect()
+    state = bad.inspect().to_json()
     assert state["state"] == "damaged" and str(bad.cell_json) in state["error"]
     assert "gridrun plan conf=<sweep>" in state["error"]
     shown = gridrun("show", ids[2])
@@ -136,7 +136,7 @@ def test_a_damaged_cell_json_is_shown_and_repaired_by_planning(gridrun: Gridrun,
     swept = gridrun("sweep", "conf=smoke", "grid.launcher.name=record")
     assert swept.code == 0 and squeezed("1 repaired (cell.json or config.yaml written again)") in squeezed(swept.out)
     assert bad.read_record()["id"] == ids[2]  # type: ignore[index]
-    assert bad.inspect()["state"] == "queued"
+    assert bad.inspect().to_json()["state"] == "queued"
     assert [sorted(s["ids"]) for s in submissions(smoke)] == [sorted(ids)]
 
 
@@ -235,4 +235,24 @@ def test_a_binary_config_yaml_is_one_line(gridrun: Gridrun, smoke: SweepDir) -> 
     # Planning again restores it: cell.json still vouches for the planned fingerprint.
     assert gridrun("plan", "conf=smoke", "grid.launcher.name=record").code == 0
     assert run_dir.config_yaml.read_bytes() == planned
-    assert run_dir.inspect()["state"] == "planned"
+    assert run_dir.inspect().to_json()["state"] == "planned"
+
+
+def test_a_minimal_sweep_json_reads_as_a_typed_plan(tmp_path: Path) -> None:
+    # The least a readable plan holds (an older gridrun wrote no launcher, cluster or
+    # estimates): typed, with empty settings and None for what it lacks, and written back as read.
+    plan = {"name": "old", "cells": [
+        {"id": "sa_rl-toy-arith-s0", "kind": "sa_rl", "coords": {"workflow": "single", "task": "arith", "scale": "toy"}},
+        {"id": "transfer-voting-toy-arith-s0", "kind": "transfer", "needs": ["sa_rl-toy-arith-s0"],
+         "coords": {"workflow": "voting", "task": "arith", "scale": "toy"}, "est_hours": 0.5, "total_steps": 0},
+    ], "written_by": "a key no reader types"}
+    sweep = SweepDir(tmp_path, "old")
+    sweep.root.mkdir()
+    sweep.sweep_json.write_text(json.dumps(plan))
+    read = sweep.read()
+    assert (read.name, read.launcher, read.cluster, read.early_warning, read.plans) == ("old", {}, {}, None, ())
+    first, second = read.cells
+    assert (first.kind, first.needs, first.est_hours, first.total_steps, first.resources) == ("sa_rl", (), None, None, {})
+    assert (second.needs, second.est_hours, second.total_steps) == (("sa_rl-toy-arith-s0",), 0.5, 0)
+    assert read.entries()["sa_rl-toy-arith-s0"] is first and sweep.cell_ids() == [first.id, second.id]
+    assert read.to_json() == plan

@@ -47,7 +47,7 @@ def test_a_run_writes_nothing_into_a_folder_planned_again_in_its_place(gridrun: 
         with pytest.raises(NotARunDir, match="planned again"):
             run.record(cellstate.progressed(step=1))
     fresh = smoke.cell(cell_id)
-    assert not fresh.metrics_jsonl.exists() and fresh.read_state()["state"] == "planned"
+    assert not fresh.metrics_jsonl.exists() and fresh.read_state().to_json()["state"] == "planned"
 
 
 def test_leftovers_of_a_deleted_run_are_moved_aside_without_replace(gridrun: Gridrun, results: Path) -> None:
@@ -61,7 +61,7 @@ def test_leftovers_of_a_deleted_run_are_moved_aside_without_replace(gridrun: Gri
     assert result.code == 0 and "1 replaced" in result.out, result.out + result.err
     (aside,) = (results / "smoke" / "replaced").iterdir()
     assert (aside / "metrics.jsonl").read_text() == '{"step": 1, "split": "train"}\n'
-    assert cell.read_state()["state"] == "planned"
+    assert cell.read_state().to_json()["state"] == "planned"
 
 
 def test_a_run_whose_config_yaml_alone_is_gone_still_needs_replace(gridrun: Gridrun, results: Path) -> None:

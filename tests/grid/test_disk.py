@@ -44,7 +44,7 @@ def test_a_cell_that_lost_its_config_is_refused_then_moved_aside(gridrun: Gridru
     assert f"{cell_id}: config.yaml is missing but the folder holds a run" in refused.err
     assert "re-plan with --replace to move their old runs to replaced/" in refused.err
     assert tree(results) == before and run_dir.state_json.read_bytes() == state_json
-    assert run_dir.read_state()["state"] == "missing"
+    assert run_dir.read_state().to_json()["state"] == "missing"
     # --replace moves the whole folder aside (never deletes it) and plans the cell afresh.
     replaced = gridrun("plan", "conf=smoke", "--replace")
     assert replaced.code == 0 and "0new,10unchanged,1replaced" in "".join(replaced.out.split())
@@ -52,7 +52,7 @@ def test_a_cell_that_lost_its_config_is_refused_then_moved_aside(gridrun: Gridru
     assert aside.name.startswith(f"{cell_id}.")
     assert json.loads((aside / "state.json").read_text())["peak_val_acc"] == 0.5
     assert RunDir(aside).read_metrics()[0]["step"] == 20
-    assert run_dir.read_state()["state"] == "planned" and run_dir.config_yaml.is_file()
+    assert run_dir.read_state().to_json()["state"] == "planned" and run_dir.config_yaml.is_file()
 
 
 def test_a_running_cell_that_lost_its_config_is_not_moved(gridrun: Gridrun, results: Path) -> None:

@@ -53,7 +53,7 @@ def test_two_concurrent_submitters_cannot_double_submit(smoke: SweepDir) -> None
         assert proc.exitcode == 0
     handed = [cell_id for record in submissions(smoke) for cell_id in record["ids"]]
     assert sorted(handed) == sorted(smoke.cell_ids())
-    assert {smoke.cell(c).read_state()["attempt"] for c in smoke.cell_ids()} == {1}
+    assert {smoke.cell(c).read_state().to_json()["attempt"] for c in smoke.cell_ids()} == {1}
 
 
 def test_a_held_lock_times_out_with_the_fix(smoke: SweepDir) -> None:
@@ -89,7 +89,7 @@ def test_a_rerun_skips_done_queued_and_running_cells(gridrun: Gridrun, smoke: Sw
         bases = [cell_id for cell_id in ids[3:] if cell_id.startswith("base-")]
         assert len(bases) == 4 and ids.index(bases[0]) > 3
         assert submissions(smoke)[-1]["ids"] == bases + [cell_id for cell_id in ids[3:] if cell_id not in bases]
-        assert smoke.cell(ids[3]).read_state()["attempt"] == 2
+        assert smoke.cell(ids[3]).read_state().to_json()["attempt"] == 2
         # Nothing left to do: a third run submits nothing.
         again = gridrun("sweep", "conf=smoke", "grid.launcher.name=record")
         assert again.code == 0 and "dispatching 0 cells" in again.out
@@ -100,7 +100,7 @@ def test_resubmit_counts_attempts_and_keeps_their_history(gridrun: Gridrun, smok
     put_state(cell, state="failed", attempt=1, job_id="rec-9", error="boom", step=7)
     result = gridrun("resubmit", "conf=smoke", "--failed")
     assert result.code == 0 and "resubmitted 1 cells" in result.out
-    state = cell.read_state()
+    state = cell.read_state().to_json()
     assert (state["state"], state["attempt"], state["job_id"]) == ("queued", 2, f"rec-{os.getpid()}")
     assert state["attempts"] == [
         {"attempt": 1, "state": "failed", "launcher": None, "job_id": "rec-9", "node": None, "step": 7,
@@ -147,7 +147,7 @@ def test_a_killed_local_cell_reads_as_lost_and_is_resubmittable(gridrun: Gridrun
     assert sorted(submissions(smoke)[-1]["ids"]) == sorted(
         ["voting-ip-toy-arith-s0", "voting-sp-toy-arith-s0", "sa_rl-toy-arith-s0"]
     )
-    assert running.read_state()["attempts"][-1]["error"].startswith("lost: ")
+    assert running.read_state().to_json()["attempts"][-1]["error"].startswith("lost: ")
 
 
 def test_cancel_stops_running_local_cells_and_unstarted_ones(gridrun: Gridrun, smoke: SweepDir) -> None:
@@ -163,7 +163,7 @@ def test_cancel_stops_running_local_cells_and_unstarted_ones(gridrun: Gridrun, s
     assert f"sent SIGTERM to process {sleeper.pid}" in result.out
     assert "skip sa_rl-toy-arith-s0: planned" in result.out
     assert sleeper.wait(10) == -signal.SIGTERM
-    assert queued.read_state()["state"] == "cancelled"
+    assert queued.read_state().to_json()["state"] == "cancelled"
 
 
 def test_a_cell_that_finished_since_cancel_read_it_stays_done(smoke: SweepDir) -> None:
@@ -173,7 +173,7 @@ def test_a_cell_that_finished_since_cancel_read_it_stays_done(smoke: SweepDir) -
     put_state(smoke.cell(cell_id), state="done", launcher="local", pid=None, attempt=1)
     (line,) = make_launcher({"name": "local"}).cancel(smoke, [cell_id])
     assert line == f"{cell_id}: not cancelled: cancelled from done is refused: only an active cell is cancelled"
-    assert smoke.cell(cell_id).read_state()["state"] == "done"
+    assert smoke.cell(cell_id).read_state().to_json()["state"] == "done"
 
 
 def test_resubmit_failed_names_the_cancelled_cells_it_leaves(gridrun: Gridrun, smoke: SweepDir) -> None:

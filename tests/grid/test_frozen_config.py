@@ -30,7 +30,7 @@ def test_a_truncated_config_yaml_makes_its_cell_damaged_everywhere(gridrun: Grid
     ran = gridrun("run", str(bad.root))
     assert ran.code == 2 and ran.err.count("\n") == 1, ran.err
     assert str(bad.config_yaml) in ran.err and "gridrun plan conf=<sweep>" in ran.err
-    assert not bad.metrics_jsonl.exists() and bad.read_state()["state"] == "damaged"
+    assert not bad.metrics_jsonl.exists() and bad.read_state().to_json()["state"] == "damaged"
 
     shown = gridrun("show", ids[0])  # as for a config.yaml that is not text: one line, the fix
     assert shown.code == 2 and shown.err == ran.err
@@ -42,7 +42,7 @@ def test_a_truncated_config_yaml_makes_its_cell_damaged_everywhere(gridrun: Grid
 
     # The fix the message names: planning writes config.yaml again from the plan.
     assert gridrun("plan", "conf=smoke", "grid.launcher.name=record").code == 0
-    assert bad.read_state()["state"] == "planned"
+    assert bad.read_state().to_json()["state"] == "planned"
 
 
 def test_a_cell_planned_before_the_hash_keeps_working(gridrun: Gridrun, smoke: SweepDir) -> None:
@@ -50,5 +50,5 @@ def test_a_cell_planned_before_the_hash_keeps_working(gridrun: Gridrun, smoke: S
     record = json.loads(cell.cell_json.read_text())
     del record["config_sha256"]
     cell.cell_json.write_text(json.dumps(record))
-    assert cell.require() is not None and cell.read_state()["state"] == "planned"
-    assert cell.inspect()["state"] == "planned"
+    assert cell.require() is not None and cell.read_state().to_json()["state"] == "planned"
+    assert cell.inspect().to_json()["state"] == "planned"

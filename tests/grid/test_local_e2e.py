@@ -82,11 +82,11 @@ def test_kill_9_of_a_cell_then_resubmit_resumes_from_its_checkpoint(results: Pat
     args = ["conf=smoke", "kind=sa_rl", "train.total_steps=6", "train.save_every=2", "train.val_every=3", *TINY]
     launcher = start(results, "sweep", *args)
     cell = RunDir(results / "smoke" / "cells" / "sa_rl-toy-arith-s0")
-    wait_until(lambda: (cell.latest_checkpoint() or (0,))[0] >= 2 and cell.read_state().get("step", 0) >= 3,
+    wait_until(lambda: (cell.latest_checkpoint() or (0,))[0] >= 2 and cell.read_state().to_json().get("step", 0) >= 3,
                "a checkpoint at step 2 and step 3 under way", 900)
-    os.kill(cell.read_state()["pid"], signal.SIGKILL)
+    os.kill(cell.read_state().to_json()["pid"], signal.SIGKILL)
     assert launcher.wait(120) == 1, launcher.stdout.read() if launcher.stdout else ""
-    state = cell.read_state()
+    state = cell.read_state().to_json()
     assert state["state"] == "failed" and "killed by SIGKILL" in state["error"]
     checkpoint = cell.latest_checkpoint()
     assert checkpoint is not None
@@ -94,7 +94,7 @@ def test_kill_9_of_a_cell_then_resubmit_resumes_from_its_checkpoint(results: Pat
 
     proc = gridrun(results, "resubmit", "conf=smoke", "--failed")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    state = cell.read_state()
+    state = cell.read_state().to_json()
     assert (state["state"], state["attempt"], state["step"]) == ("done", 2, 6)
     assert state["attempts"][0]["state"] == "failed"
     assert f"resumed from {checkpoint[1]}" in cell.stderr_log.read_text()
@@ -108,9 +108,9 @@ def test_a_cell_whose_launcher_and_process_died_is_lost_and_resubmittable(result
     cell = RunDir(results / "smoke" / "cells" / "sa_rl-toy-arith-s0")
     wait_until(lambda: (cell.latest_checkpoint() or (0,))[0] >= 2, "a checkpoint at step 2", 900)
     # Frozen first, so the cell cannot finish (and record `done`) while its launcher is killed.
-    pid = cell.read_state()["pid"]
+    pid = cell.read_state().to_json()["pid"]
     os.kill(pid, signal.SIGSTOP)
-    assert cell.read_state()["state"] == "running"
+    assert cell.read_state().to_json()["state"] == "running"
     launcher.kill()
     launcher.wait(30)
     os.kill(pid, signal.SIGKILL)
@@ -118,10 +118,10 @@ def test_a_cell_whose_launcher_and_process_died_is_lost_and_resubmittable(result
     row = status(results)["sa_rl-toy-arith-s0"]
     assert row["lost"] and row["error"].startswith("lost: ")
     # state.json itself still says running: nobody was alive to record the death.
-    assert cell.read_state()["state"] == "running"
+    assert cell.read_state().to_json()["state"] == "running"
     proc = gridrun(results, "resubmit", "conf=smoke", "--failed")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (cell.read_state()["state"], cell.read_state()["attempt"]) == ("done", 2)
+    assert (cell.read_state().to_json()["state"], cell.read_state().to_json()["attempt"]) == ("done", 2)
     assert train_steps(cell) == [1, 2, 3, 4, 5, 6]
 
 
@@ -132,12 +132,12 @@ def test_ctrl_c_cancels_running_and_waiting_cells(results: Path) -> None:
             "--max-parallel", "1"]
     launcher = start(results, "sweep", *args)
     cell = RunDir(results / "smoke" / "cells" / "voting-sp-toy-arith-s0")
-    wait_until(lambda: cell.read_state().get("step", 0) >= 1, "step 1", 900)
+    wait_until(lambda: cell.read_state().to_json().get("step", 0) >= 1, "step 1", 900)
     launcher.send_signal(signal.SIGINT)
     assert launcher.wait(120) == 130
     rows = status(results)
     assert len(rows) == 2 and {row["state"] for row in rows.values()} == {"cancelled"}, rows
-    assert cell.read_state()["error"] == "stopped by SIGTERM"
+    assert cell.read_state().to_json()["error"] == "stopped by SIGTERM"
     assert rows["sa_rl-toy-arith-s0"]["step"] in (None, 0)  # it never started
 
 
@@ -158,7 +158,7 @@ def test_transfer_cells_wait_for_their_sa_rl_a_failed_one_blocks_them_and_resubm
     assert rows["sa_rl-toy-arith-s0"]["state"] == "failed"
     # Two slots were free, yet no transfer cell started: each waited, then was given up.
     assert [rows[t.root.name]["state"] for t in transfers] == ["blocked"] * 3
-    assert all(t.read_state().get("started_at") is None and not t.metrics_jsonl.exists() for t in transfers)
+    assert all(t.read_state().to_json().get("started_at") is None and not t.metrics_jsonl.exists() for t in transfers)
 
     sa_rl.checkpoints_dir.unlink()
     proc = gridrun(results, "resubmit", "conf=smoke", "--failed")
@@ -166,9 +166,9 @@ def test_transfer_cells_wait_for_their_sa_rl_a_failed_one_blocks_them_and_resubm
     assert "resubmitted 4 cells" in proc.stdout
     rows = status(results)
     assert {row["state"] for row in rows.values()} == {"done"}
-    finished = sa_rl.read_state()["finished_at"]
+    finished = sa_rl.read_state().to_json()["finished_at"]
     for transfer in transfers:
-        state = transfer.read_state()
+        state = transfer.read_state().to_json()
         # Started only after the sa_rl cell had finished, on the adapter of its final checkpoint.
         assert state["started_at"] >= finished and state["attempt"] == 2
         assert [(row["split"], row["step"]) for row in transfer.read_metrics()] == [("val", 0)]
@@ -189,7 +189,7 @@ def test_a_cell_deleted_while_it_trains_is_missing_and_the_others_finish(results
     cells = results / "smoke" / "cells"
 
     def training() -> Path | None:
-        return next((p.parent for p in cells.glob("*/state.json") if RunDir(p.parent).read_state().get("step")), None)
+        return next((p.parent for p in cells.glob("*/state.json") if RunDir(p.parent).read_state().to_json().get("step")), None)
 
     deleted = wait_until(training, "a cell at step 1", 900)
     shutil.rmtree(deleted)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from gridrun.cellstate import CellState
 from gridrun.grid.launchers import process
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.rundir import RunDir
@@ -54,7 +55,7 @@ def test_a_cell_deleted_while_it_runs_is_missing_and_the_sweep_goes_on(
         def running() -> str | None:
             if not sweep.exists():
                 return None
-            return next((c for c in sweep.cell_ids() if sweep.cell(c).read_state().get("step", 0) >= 1), None)
+            return next((c for c in sweep.cell_ids() if sweep.cell(c).read_state().to_json().get("step", 0) >= 1), None)
 
         cell_id = wait_until(running, "a running cell", 60, poll=0.05)
         shutil.rmtree(sweep.cell(cell_id).root)
@@ -92,12 +93,12 @@ def test_leftovers_of_a_deleted_cell_are_moved_aside_by_plan(gridrun: Gridrun, r
         path.unlink()
     cell.stdout_log.parent.mkdir()
     cell.stdout_log.write_text("old log\n")
-    assert cell.read_state()["state"] == "missing"
+    assert cell.read_state().to_json()["state"] == "missing"
     result = gridrun("plan", "conf=smoke", "kind=sa_rl")
     assert result.code == 0 and "0 new, 0 unchanged, 1 replaced" in result.out, result.err
     (aside,) = (results / "smoke" / "replaced").iterdir()
     assert (aside / "logs" / "stdout.log").read_text() == "old log\n"
-    assert cell.read_state()["state"] == "planned"
+    assert cell.read_state().to_json()["state"] == "planned"
 
 
 def test_a_hand_run_cell_killed_with_9_reads_lost_from_its_lock(gridrun: Gridrun, smoke: SweepDir) -> None:
@@ -107,13 +108,13 @@ def test_a_hand_run_cell_killed_with_9_reads_lost_from_its_lock(gridrun: Gridrun
     cell: RunDir = smoke.cell(cell_id)
     proc = subprocess.Popen([sys.executable, str(FAKE_CELL), str(cell.root), "1000", "0.2"])
     try:
-        wait_until(lambda: cell.read_state().get("step", 0) >= 1, "the hand-run cell at step 1", 60, poll=0.05)
+        wait_until(lambda: cell.read_state().to_json().get("step", 0) >= 1, "the hand-run cell at step 1", 60, poll=0.05)
         live = rows(gridrun)[cell_id]
         assert (live["state"], live["lost"]) == ("running", False)
     finally:
         proc.kill()
         proc.wait()
-    assert cell.read_state()["state"] == "running"  # nobody was alive to record the death
+    assert cell.read_state().to_json()["state"] == "running"  # nobody was alive to record the death
     row = rows(gridrun)[cell_id]
     assert (row["state"], row["lost"]) == ("failed", True)
     assert row["error"].startswith(f"lost: its process {proc.pid} on ") and str(cell.run_lock) in row["error"]
@@ -124,7 +125,7 @@ def test_a_hand_run_cell_killed_with_9_reads_lost_from_its_lock(gridrun: Gridrun
     assert f"skip {cell_id}: failed, not queued or running" in cancel.out
     assert gridrun("resubmit", "conf=smoke", "--failed").code == 0
     assert submissions(smoke)[-1]["ids"] == [cell_id]
-    state = cell.read_state()
+    state = cell.read_state().to_json()
     # A run by hand is no attempt (attempt 0): the first queued one is attempt 1.
     assert (state["state"], state["attempt"], state["attempts"]) == ("queued", 1, [])
 
@@ -154,5 +155,5 @@ def test_a_free_lock_is_no_verdict_on_a_cell_a_scheduler_may_requeue(smoke: Swee
     by_slurm, by_hand = smoke.cell("voting-ip-toy-arith-s0"), smoke.cell("voting-sp-toy-arith-s0")
     put_state(by_slurm, state="running", launcher="slurm", job_id="5_0", node=HOST, pid=1)
     put_state(by_hand, state="running", node=HOST, pid=1)
-    assert live_state(by_slurm)["state"] == "running"
-    assert (live_state(by_hand)["state"], live_state(by_hand)["lost"]) == ("failed", True)
+    assert live_state(by_slurm).state == CellState.RUNNING
+    assert (live_state(by_hand).state, live_state(by_hand).lost) == (CellState.FAILED, True)

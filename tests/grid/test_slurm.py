@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gridrun.cellstate import CellState, StateRecord
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.errors import GridError
 from gridrun.grid.launchers.slurm import (
@@ -24,6 +25,7 @@ from gridrun.grid.launchers.slurm import (
     sbatch_script,
     warning_lead_s,
 )
+from gridrun.grid.sweepdir import PlanEntry
 from tests.grid.conftest import Gridrun
 from tests.states import put_state
 
@@ -57,7 +59,7 @@ def test_sbatch_script_of_a_17b_cell_matches_the_golden_file(tmp_path: Path) -> 
     (cell,) = sweep["cells"]
     spec = job_spec(cell, sweep["cluster"], env={"SLURM_CONF": "/etc/slurm/slurm.conf"})
     settings = SlurmSettings(**sweep["launcher"])
-    lead = warning_lead_s([cell], spec, settings)
+    lead = warning_lead_s([PlanEntry.from_json(cell)], spec, settings)
     # The plan's step estimate, not the fixed 300 s (shorter than a real 1.7B math step).
     assert lead > 300
     script = sbatch_script(executor_parameters(spec, settings, "gridrun-full_matrix", lead_s=lead),
@@ -171,8 +173,8 @@ def test_an_unknown_cluster_profile_lists_the_profiles(gridrun: Gridrun, results
 
 
 # ---------------------------------------------------------------- reconcile: sacct, squeue
-def active(job: str, state: str = "running", age_s: float = 3600) -> dict:
-    return {"state": state, "job_id": job, "queued_at": time.time() - age_s, "launcher": "slurm"}
+def active(job: str, state: str = "running", age_s: float = 3600) -> StateRecord:
+    return StateRecord.from_json({"state": state, "job_id": job, "queued_at": time.time() - age_s, "launcher": "slurm"})
 
 
 def test_scheduler_words_map_to_cell_states_with_one_sacct_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -192,7 +194,7 @@ EOF
     fake(tmp_path / "bin", "squeue", "exit 0\n")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
     states = {f"c{i}": active(f"7_{i}") for i in range(9)} | {"c9": active("9"), "new": active("11", "queued", 5)}
-    states["c6"]["state"] = "queued"
+    states["c6"] = states["c6"].with_(state=CellState.QUEUED)
     seen = SlurmLauncher.reconcile(states)
     assert calls.read_text().count("\n") == 1 and "-j 11,7,9" in calls.read_text()
     assert {k: v[0] for k, v in seen.items()} == {
@@ -218,7 +220,7 @@ def test_status_shows_the_scheduler_state_beside_the_job(gridrun: Gridrun, resul
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
     assert gridrun("plan", "conf=smoke", "workflow=voting", "policy=shared", "kind=train").code == 0
     cell = results / "smoke" / "cells" / "voting-sp-toy-arith-s0" / "state.json"
-    cell.write_text(json.dumps({**json.loads(cell.read_text()), **active("42_0", "queued"), "attempt": 1}))
+    cell.write_text(json.dumps({**json.loads(cell.read_text()), **active("42_0", "queued").to_json(), "attempt": 1}))
     rows = json.loads(gridrun("status", "conf=smoke", "--json").out)
     assert (rows[0]["state"], rows[0]["job_id"], rows[0]["scheduler"]) == ("queued", "42_0", "PENDING")
     assert "42_0 PENDING" in gridrun("status", "conf=smoke").out
@@ -244,7 +246,7 @@ def test_a_requeue_opens_the_next_attempt_once(tmp_path: Path) -> None:
     job = CellJob(str(tmp_path), time_min=30, signal_delay_s=60)
     job._record_requeue(run_dir, 0, "preempted (SIGUSR2) and requeued")
     job._record_requeue(run_dir, 0, "again")  # the restarted run finds it recorded
-    state = run_dir.read_state()
+    state = run_dir.read_state().to_json()
     assert (state["state"], state["attempt"], state["requeues"], state["slurm_restarts"]) == ("queued", 2, 1, 1)
     assert state["job_id"] == "7_2" and [(a["state"], a["step"]) for a in state["attempts"]] == [("preempted", 3)]
 
@@ -262,9 +264,9 @@ def test_every_rank_decides_alike_whether_the_job_runs_the_cell(tmp_path: Path) 
     put_state(run_dir, state="cancelled")
     assert not job._should_run(run_dir, "7_2", 0, record=False)  # cancelled before it started
     # Cancelled by the SIGTERM of a requeue its last run could not record: run, as attempt 2.
-    assert job._should_run(run_dir, "7_2", 1, record=True) and run_dir.read_state()["attempt"] == 2
+    assert job._should_run(run_dir, "7_2", 1, record=True) and run_dir.read_state().to_json()["attempt"] == 2
     put_state(run_dir, state="done")
-    assert not job._should_run(run_dir, "7_2", 2, record=True) and run_dir.read_state()["state"] == "done"
+    assert not job._should_run(run_dir, "7_2", 2, record=True) and run_dir.read_state().to_json()["state"] == "done"
 
 
 def test_resubmissions_stop_at_max_attempts_but_requeues_do_not_count(
@@ -292,11 +294,15 @@ def test_the_warning_lead_covers_the_slowest_cells_step_and_a_checkpoint() -> No
     spec = job_spec(CELL, PAPER, env={})
     settings = SlurmSettings(signal_delay_s=300)
     # 2 h over 10 steps: 720 s a step (more than the fixed 300 s would have left).
-    cells = [{**CELL, "est_hours": 2.0, "total_steps": 10}, {**CELL, "est_hours": 0.1, "total_steps": 10}]
-    assert warning_lead_s(cells, spec, settings) == 2 * 720 + CHECKPOINT_S
-    assert warning_lead_s([{**CELL, "est_hours": 0.01, "total_steps": 100}], spec, settings) == 300  # the floor
+    def entry(est_hours: float, total_steps: int) -> PlanEntry:
+        coords = {"workflow": "voting", "task": "math", "scale": "4b"}
+        return PlanEntry.from_json({**CELL, "kind": "train", "coords": coords, "est_hours": est_hours,
+                                    "total_steps": total_steps})
+
+    assert warning_lead_s([entry(2.0, 10), entry(0.1, 10)], spec, settings) == 2 * 720 + CHECKPOINT_S
+    assert warning_lead_s([entry(0.01, 100)], spec, settings) == 300  # the floor
     with pytest.raises(GridError, match="more than half of the .* min limit: raise the cluster profile's time_limit_h"):
-        warning_lead_s([{**CELL, "est_hours": 200.0, "total_steps": 10}], spec, settings)
+        warning_lead_s([entry(200.0, 10)], spec, settings)
 
 
 def test_a_rank_that_fails_ends_the_job_and_its_error_is_the_cells(tmp_path: Path) -> None:
@@ -313,7 +319,7 @@ def test_a_rank_that_fails_ends_the_job_and_its_error_is_the_cells(tmp_path: Pat
     # Rank 0's trainer, killed inside a collective once srun ended the step, recorded nothing.
     with pytest.raises(RuntimeError, match="rank 1 broke"):
         job._finish(run_dir, 0, 0, -9, run_dir.stderr_log)
-    state = run_dir.read_state()
+    state = run_dir.read_state().to_json()
     assert state["state"] == "failed" and state["error"].startswith("rank 1 failed: Traceback")
 
 
@@ -334,7 +340,7 @@ EOF
     assert seen["b"][1].endswith("see logs/stderr.log in the cell dir")
     assert gridrun("plan", "conf=smoke", "workflow=voting", "policy=shared", "kind=train").code == 0
     cell = results / "smoke" / "cells" / "voting-sp-toy-arith-s0" / "state.json"
-    cell.write_text(json.dumps({**json.loads(cell.read_text()), **active("42_0", "queued"), "attempt": 1}))
+    cell.write_text(json.dumps({**json.loads(cell.read_text()), **active("42_0", "queued").to_json(), "attempt": 1}))
     assert "42_0 PENDING (QOSMaxGRESPerUser)" in gridrun("status", "conf=smoke").out
 
 
@@ -362,7 +368,7 @@ echo "Submitted batch job $((100 * n))"
     monkeypatch.setattr(slurm, "max_array_size", lambda: 4)
     result = gridrun("sweep", "conf=smoke", "cluster=testcluster", "launcher=slurm", "kind=base,sa_rl")
     sweep = SweepDir(results, "smoke")
-    states = {cell_id: sweep.cell(cell_id).read_state() for cell_id in sweep.cell_ids()}
+    states = {cell_id: sweep.cell(cell_id).read_state().to_json() for cell_id in sweep.cell_ids()}
     accepted = {c: s["job_id"] for c, s in states.items() if s["state"] == "queued"}
     rejected = [c for c, s in states.items() if s["state"] != "queued"]
     # 5 cells (4 base, 1 sa_rl): the base array (4, the first chunk) went out, the next did not.
@@ -375,6 +381,6 @@ echo "Submitted batch job $((100 * n))"
     # The limit lifted, `resubmit --failed` submits the rejected cell only: no duplicate job.
     (tmp_path / "lifted").touch()
     assert gridrun("resubmit", "conf=smoke", "--failed").code == 0
-    after = {cell_id: sweep.cell(cell_id).read_state() for cell_id in sweep.cell_ids()}
+    after = {cell_id: sweep.cell(cell_id).read_state().to_json() for cell_id in sweep.cell_ids()}
     assert {c: s["job_id"] for c, s in after.items() if c in accepted} == accepted
     assert after[rejected[0]]["state"] == "queued" and after[rejected[0]]["job_id"] == "300"  # the third sbatch

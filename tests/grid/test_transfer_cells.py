@@ -159,7 +159,7 @@ def test_a_failed_sa_rl_blocks_its_transfer_cells_and_resubmitting_it_releases_t
         "and this cell follows it"
     )
     # Written state.json is untouched: blocked is how the grid reads a queued cell.
-    assert smoke.cell(TRANSFERS[0]).read_state()["state"] == "queued"
+    assert smoke.cell(TRANSFERS[0]).read_state().to_json()["state"] == "queued"
     assert gridrun("status", "conf=smoke").out.count(f"blocked: {SA_RL}") == 3
     # A blocked cell alone is not queued again: it would wait for nothing.
     alone = gridrun("resubmit", "conf=smoke", "--cells", TRANSFERS[1])
@@ -170,7 +170,7 @@ def test_a_failed_sa_rl_blocks_its_transfer_cells_and_resubmitting_it_releases_t
     assert submissions(smoke)[-1]["ids"] == [SA_RL, *TRANSFERS]
     status = rows(gridrun)
     assert {status[t]["state"] for t in TRANSFERS} == {"queued"} and {status[t]["attempt"] for t in TRANSFERS} == {2}
-    assert [a["state"] for a in smoke.cell(TRANSFERS[0]).read_state()["attempts"]] == ["blocked"]
+    assert [a["state"] for a in smoke.cell(TRANSFERS[0]).read_state().to_json()["attempts"]] == ["blocked"]
 
 
 def test_cancel_takes_blocked_cells_too(gridrun: Gridrun, smoke: SweepDir) -> None:
@@ -179,7 +179,7 @@ def test_cancel_takes_blocked_cells_too(gridrun: Gridrun, smoke: SweepDir) -> No
     put_state(smoke.cell(SA_RL), state="failed")
     result = gridrun("cancel", "conf=smoke")
     assert result.code == 0
-    assert {smoke.cell(t).read_state()["state"] for t in TRANSFERS} == {"cancelled"}
+    assert {smoke.cell(t).read_state().to_json()["state"] for t in TRANSFERS} == {"cancelled"}
     # A cell the user cancelled stays cancelled: it is no longer read as blocked.
     assert {rows(gridrun)[t]["state"] for t in TRANSFERS} == {"cancelled"}
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gridrun.cellstate import StateRecord
 from gridrun.grid.launchers.local import LocalLauncher, _Pool
 from gridrun.grid.launchers.process import SAFE_PATH_FLAG, cell_command
 from gridrun.grid.launchers.slurm import sbatch_script
@@ -73,17 +74,17 @@ def test_a_running_cell_holds_its_lock_until_it_ends(toy_world: Path, tmp_path: 
     try:
         from tests.conftest import wait_until
 
-        wait_until(lambda: cell.read_state().get("state") == "running", "the first run to start", 300)
+        wait_until(lambda: cell.read_state().to_json().get("state") == "running", "the first run to start", 300)
         second = subprocess.run(cell_command(cell.root), cwd=tmp_path, capture_output=True, text=True, timeout=300,
                                 check=False)
         assert second.returncode == 2, second.stderr
         assert f"already being run by process {first.pid} on {socket.gethostname()} (job first)" in second.stderr
         assert second.stderr.count("\n") == 1 and "Traceback" not in second.stderr
-        assert cell.read_state()["pid"] == first.pid  # the refused run recorded nothing
+        assert cell.read_state().to_json()["pid"] == first.pid  # the refused run recorded nothing
     finally:
         first.send_signal(signal.SIGTERM)
         first.wait(120)
-    assert cell.read_state()["state"] == "cancelled"
+    assert cell.read_state().to_json()["state"] == "cancelled"
 
 
 # --- the installed gridrun -------------------------------------------------------------------
@@ -114,7 +115,7 @@ def test_cells_import_the_installed_gridrun_not_the_cwds(decoy: Path, gridrun: G
     cwd = Path.cwd()
     os.chdir(decoy)
     try:
-        proc = _Pool(launcher, sweep, [], 1)._spawn(run_dir, {"attempt": 1})
+        proc = _Pool(launcher, sweep, [], 1)._spawn(run_dir, StateRecord.from_json({"state": "queued", "attempt": 1}))
         assert proc.wait(60) == 2
     finally:
         os.chdir(cwd)
@@ -141,6 +142,6 @@ def test_local_parallelism_fits_the_cores(monkeypatch: pytest.MonkeyPatch, gridr
     assert LocalLauncher({"name": "local", "max_parallel": 3}).parallelism([1]) == 3
     # The conf's default is to fit the machine; --max-parallel sets it.
     assert gridrun("plan", "conf=smoke").code == 0
-    assert SweepDir(results, "smoke").read()["launcher"]["max_parallel"] is None
+    assert SweepDir(results, "smoke").read().launcher["max_parallel"] is None
 
 

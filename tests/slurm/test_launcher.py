@@ -92,7 +92,7 @@ def gridrun(toy_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Gridru
 
 
 def state(run_dir: RunDir) -> dict[str, Any]:
-    return run_dir.read_state()
+    return run_dir.read_state().to_json()
 
 
 def sacct_state(job_id: str) -> str:

@@ -83,7 +83,7 @@ def test_a_sabotaged_refresh_stops_the_cell_at_that_refresh_in_one_line(
     cell = make_cell(tmp_path, workflow={"name": "voting"}, policy={"name": policy}, engine={"name": "vllm"},
                      optim={"warmup_steps": 15}, train={"val_problems": 2})
     assert run_cell(cell) == 1
-    state = RunDir(cell).read_state()
+    state = RunDir(cell).read_state().to_json()
     error = state["error"]
     assert state["state"] == "failed" and "\n" not in error, error
     assert error.startswith(f"adapter check failed at step {SABOTAGED_STEP}: "), error
@@ -161,12 +161,12 @@ def test_in_bfloat16_honest_refreshes_pass_and_a_zero_adapter_is_caught_at_step_
     settings = {"workflow": {"name": "voting"}, "policy": {"name": "isolated"}, "engine": {"name": "vllm"},
                 "model": {"dtype": "bfloat16"}, "optim": {"warmup_steps": 15}, "train": {"val_problems": 2}}
     honest = make_cell(tmp_path, "honest", **settings)
-    assert run_cell(honest) == 0, RunDir(honest).read_state().get("error")
+    assert run_cell(honest) == 0, RunDir(honest).read_state().to_json().get("error")
     for row in (r for r in RunDir(honest).read_metrics() if r["split"] == "train"):
         gaps = [v for k, v in row.items() if k.startswith("adapter_check/") and k.endswith("gap")]
         assert len(gaps) == 4 and 0 < max(gaps) <= AGREEMENT_LIMIT["bfloat16"], row
     sabotage(monkeypatch, zero_adapter, SABOTAGED_STEP)
     sabotaged = make_cell(tmp_path, "sabotaged", **settings)
     assert run_cell(sabotaged) == 1
-    error = RunDir(sabotaged).read_state()["error"]
+    error = RunDir(sabotaged).read_state().to_json()["error"]
     assert error.startswith(f"adapter check failed at step {SABOTAGED_STEP}: role generator is not served its perturbed copy"), error

@@ -26,7 +26,7 @@ def run(tmp_path: Path, name: str, workflow: str, policy: str, engine: str) -> l
     rounds = {"rounds": 2} if workflow == "eval_opt" else {}
     cell = make_cell(tmp_path, name, workflow={"name": workflow, **rounds}, policy={"name": policy},
                      engine={"name": engine})
-    assert run_cell(cell) == 0, RunDir(cell).read_state().get("error")
+    assert run_cell(cell) == 0, RunDir(cell).read_state().to_json().get("error")
     return RunDir(cell).read_metrics()
 
 
@@ -63,7 +63,7 @@ def test_greedy_validation_equals_hf(tmp_path: Path) -> None:
     for engine in ("hf", "vllm"):
         cell = make_cell(tmp_path, engine, cell={"kind": "base"}, workflow={"name": "voting"},
                          engine={"name": engine}, sampling={"val_temperature": 0.0})
-        assert run_cell(cell) == 0, RunDir(cell).read_state().get("error")
+        assert run_cell(cell) == 0, RunDir(cell).read_state().to_json().get("error")
         (rows[engine],) = ({k: v for k, v in r.items() if not k.startswith("time/")}
                            for r in RunDir(cell).read_metrics())
         rows[engine]["samples"] = RunDir(cell).samples(0).read_text()

@@ -92,7 +92,7 @@ def test_a_two_rank_vllm_cell_finishes_and_agrees_with_one_rank(tmp_path: Path) 
                  "sampling": {"val_temperature": 0.0}, "train": {"val_problems": 8}}
     one = make_cell(tmp_path, "one", **overrides)
     two = twin_cell(tmp_path, "two", "one", **overrides)
-    assert run_cell(one) == 0, RunDir(one).read_state().get("error")
+    assert run_cell(one) == 0, RunDir(one).read_state().to_json().get("error")
 
     port = free_local_port()
     procs = [subprocess.Popen(
@@ -106,7 +106,7 @@ def test_a_two_rank_vllm_cell_finishes_and_agrees_with_one_rank(tmp_path: Path) 
         for proc in procs:
             proc.kill()
     errors = [proc.stderr.read()[-3000:] if proc.stderr else "" for proc in procs]
-    assert codes == [0, 0], (RunDir(two).read_state().get("error"), errors)
+    assert codes == [0, 0], (RunDir(two).read_state().to_json().get("error"), errors)
 
     rows = {name: metric_rows(cell) for name, cell in (("one", one), ("two", two))}
     # Step 0: the same adapters, greedy, the 8 problems split over two engines and gathered.

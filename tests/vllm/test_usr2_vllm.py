@@ -50,7 +50,7 @@ def test_usr2_mid_rollout_spares_the_engine_and_requeues_cleanly(tmp_path: Path)
                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     try:
         engine = wait_until(lambda: _children(proc.pid), "vLLM's engine core process", 600)
-        wait_until(lambda: RunDir(cell).read_state().get("step", 0) >= 1 or proc.poll() is not None,
+        wait_until(lambda: RunDir(cell).read_state().to_json().get("step", 0) >= 1 or proc.poll() is not None,
                    "step 1", 600, poll=0.1)
         # Every process of the step, as SLURM's cgroup-wide signal reaches them (vLLM may
         # move its engine core out of the trainer's process group).
@@ -63,11 +63,11 @@ def test_usr2_mid_rollout_spares_the_engine_and_requeues_cleanly(tmp_path: Path)
                 os.kill(pid, signal.SIGKILL)
             proc.wait()
     log = (tmp_path / "stderr.log").read_text(errors="replace")
-    state = RunDir(cell).read_state()
+    state = RunDir(cell).read_state().to_json()
     assert code == 75 and state["state"] == "preempted", (code, state.get("error"), log[-3000:])
     assert "EngineDeadError" not in log, log[-3000:]
     assert engine, "the engine core ran in its own process"
     stopped = state["step"]
     assert RunDir(cell).latest_checkpoint() is not None and RunDir(cell).latest_checkpoint()[0] == stopped
-    assert run_cell(cell) == 0, RunDir(cell).read_state().get("error")
+    assert run_cell(cell) == 0, RunDir(cell).read_state().to_json().get("error")
     assert [r["step"] for r in RunDir(cell).read_metrics() if r["split"] == "train"] == [1, 2, 3, 4, 5, 6]

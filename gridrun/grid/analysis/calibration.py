@@ -266,7 +266,7 @@ def shown_table(curves: Sequence[CellCurve], results: Sequence[Calibration]) -> 
 
 def calibration_tables(sweep: SweepDir, cells: pd.DataFrame) -> list[Table]:
     """The three tables, when sweep.json records an early_warning plan (none otherwise)."""
-    recorded = sweep.read().get("early_warning") if sweep.exists() else None
+    recorded = sweep.read().early_warning if sweep.exists() else None
     if recorded is None or cells.empty:
         return []
     plan = EarlyWarningPlan.parse(recorded, str(sweep.sweep_json))

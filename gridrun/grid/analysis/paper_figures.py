@@ -400,8 +400,8 @@ def plot_cell(run_dir: RunDir) -> Path:
     twin's validation curve), from the run dirs as they are now; the path written."""
     cells_dir = run_dir.root.parent
     sweep = SweepDir(cells_dir.parent.parent, cells_dir.parent.name)
-    plan = sweep.read()["cells"]
-    cells = pd.DataFrame([{"cell": c["id"], "kind": c["kind"], **c["coords"]} for c in plan])
+    plan = sweep.read().cells
+    cells = pd.DataFrame([{"cell": c.id, "kind": c.kind, **c.coords} for c in plan])
     cell = run_dir.root.name
     if cell not in set(cells["cell"]):
         raise GridError(f"{run_dir.root} is not a cell of sweep '{sweep.name}': pass a planned cell's id or directory")

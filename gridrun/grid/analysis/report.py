@@ -65,7 +65,7 @@ def _stem(path: Path) -> str:
 
 def _coordinates(sweep: SweepDir, cells: pd.DataFrame) -> list[str]:
     plan = sweep.read()
-    last = (plan.get("plans") or [{}])[-1]
+    last = (plan.plans or ({},))[-1]
     lines = ["| axis | values |", "|---|---|"]
     for axis in AXES:
         if axis in cells:
@@ -88,7 +88,7 @@ def _states(cells: pd.DataFrame) -> list[str]:
 
 
 def _cost(sweep: SweepDir, cells: pd.DataFrame) -> list[str]:
-    estimate = {cell["id"]: cell.get("est_hours") for cell in sweep.read()["cells"]}
+    estimate = {cell.id: cell.est_hours for cell in sweep.read().cells}
     lines = ["| kind | cells | wall-clock hours | GPU-hours | planned estimate (wall h) |", "|---|---:|---:|---:|---:|"]
     for kind, group in cells.groupby("kind", sort=False):
         est = sum(float(estimate.get(c) or 0) for c in group["cell"])

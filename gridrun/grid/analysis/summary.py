@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from gridrun.accuracy import first_peak
+from gridrun.cellstate import CellState, StateRecord
 from gridrun.mechanisms import ALERTS, THRESHOLDS, Groups, Thresholds, alert_history, applies, firings
 from gridrun.metric_keys import VAL_ROLE, adapter_key, adapter_prefix, parse_role_key, role_key, role_prefix
 from gridrun.runconfig import ConfigError, load_config
@@ -307,16 +308,17 @@ def alert_summary(rows: Iterable[Mapping[str, Any]], workflow: str | None, polic
 
 
 # --- cost -----------------------------------------------------------------------------------------
-def cell_hours(state: Mapping[str, Any], now: float) -> float:
+def cell_hours(record: StateRecord, now: float) -> float:
     """Wall-clock hours over every attempt of a cell (a running one counts up to now)."""
-    attempts = [*(state.get("attempts") or []), state]
+    running = record.state == CellState.RUNNING
+    spans = [(a.get("started_at"), a.get("finished_at"), a.get("updated_at")) for a in record.attempts]
+    spans.append((record.started_at, now if record.finished_at is None and running else record.finished_at,
+                  record.updated_at))
     seconds = 0.0
-    for attempt in attempts:
-        started = attempt.get("started_at")
+    for started, ended, updated in spans:
         if started is None:
             continue
-        ended = attempt.get("finished_at")
         if ended is None:
-            ended = now if attempt is state and state.get("state") == "running" else attempt.get("updated_at", started)
+            ended = started if updated is None else updated
         seconds += max(0.0, float(ended) - float(started))
     return seconds / 3600

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from gridrun.grid.errors import GridError, checked, option_file
 
 if TYPE_CHECKING:
+    from gridrun.cellstate import StateRecord
     from gridrun.grid.sweepdir import SweepDir
 
 # Called with each batch of {cell id: job id} as the scheduler accepts it (dispatch records them).
@@ -99,7 +100,7 @@ class Launcher(ABC):
 
     @classmethod
     @abstractmethod
-    def reconcile(cls, states: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
+    def reconcile(cls, states: Mapping[str, StateRecord]) -> dict[str, tuple[str, str]]:
         """For active cells (id -> state.json), those whose job is gone: id -> (state, why)."""
 
     @abstractmethod

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gridrun import cellstate
-from gridrun.cellstate import ACTIVE_STATES, UNREADABLE_STATES, CellState
+from gridrun.cellstate import ACTIVE_STATES, UNREADABLE_STATES, CellState, StateRecord
 from gridrun.grid.errors import GridError
 from gridrun.grid.launchers.base import Launcher, PartlySubmitted
 from gridrun.grid.observe import needs_of, observe_cells
+from gridrun.runconfig import CellKind
 
 if TYPE_CHECKING:
     from gridrun.grid.sweepdir import SweepDir
@@ -37,7 +38,7 @@ def runnable(sweep: SweepDir, ids: list[str]) -> list[str]:
     """The cells a (re-run) sweep dispatches: all but those done, queued, running, damaged or
     missing (an unreadable cell waits for its files to be fixed: its message says how)."""
     states = observe_cells(sweep, ids)
-    return [cell_id for cell_id in ids if states[cell_id].get("state") not in (CellState.DONE, *UNREADABLE_STATES, *ACTIVE_STATES)]
+    return [cell_id for cell_id in ids if states[cell_id].state not in (CellState.DONE, *UNREADABLE_STATES, *ACTIVE_STATES)]
 
 
 def queue(sweep: SweepDir, ids: list[str], launcher: Launcher) -> list[str]:
@@ -47,19 +48,19 @@ def queue(sweep: SweepDir, ids: list[str], launcher: Launcher) -> list[str]:
     running, damaged or missing, those whose needs will not be done (named in a warning), and those the launcher
     does not admit; returns the ids submitted, each after the cells it needs, base controls
     first (cheap, and the reference every other cell is compared with)."""
-    cells = sweep.read()["cells"]
+    cells = sweep.read().cells
     needs = needs_of(cells)
-    base = {cell["id"] for cell in cells if cell["kind"] == "base"}
+    base = {cell.id for cell in cells if cell.kind == CellKind.BASE}
     every = sweep.cell_ids() if needs else ids
     states = observe_cells(sweep, every)
     released = [
         cell_id for cell_id in every
-        if states[cell_id].get("state") == "blocked" and cell_id not in ids
+        if states[cell_id].state == CellState.BLOCKED and cell_id not in ids
         and any(need in ids for need in needs.get(cell_id, []))
     ]
     ids = [*ids, *released]
     run_dirs = {cell_id: sweep.cell(cell_id) for cell_id in ids}
-    todo = [cell_id for cell_id in ids if states[cell_id].get("state") not in (*UNREADABLE_STATES, *ACTIVE_STATES)]
+    todo = [cell_id for cell_id in ids if states[cell_id].state not in (*UNREADABLE_STATES, *ACTIVE_STATES)]
     todo = _needs_first(sorted(todo, key=lambda cell_id: cell_id not in base), needs, states, sweep.name)
     todo = launcher.admit(sweep, todo) if todo else todo
     for cell_id in todo:
@@ -90,7 +91,7 @@ def queue(sweep: SweepDir, ids: list[str], launcher: Launcher) -> list[str]:
 
 
 def _needs_first(
-    todo: list[str], needs: Mapping[str, list[str]], states: Mapping[str, Mapping[str, Any]], sweep_name: str
+    todo: list[str], needs: Mapping[str, list[str]], states: Mapping[str, StateRecord], sweep_name: str
 ) -> list[str]:
     """`todo` with every cell after the cells it needs; a cell whose need is neither done,
     active nor in `todo` would wait forever, so it is left out with a warning naming the fix."""
@@ -101,10 +102,10 @@ def _needs_first(
             continue
         stuck = [
             need for need in needs[cell_id]
-            if need not in free and states.get(need, {}).get("state") not in (CellState.DONE, *ACTIVE_STATES)
+            if need not in free and _state_of(states, need) not in (CellState.DONE, *ACTIVE_STATES)
         ]
         if stuck:
-            state = states.get(stuck[0], {}).get("state", "planned")
+            state = _state_of(states, stuck[0])
             log.warning(
                 "not queuing %s: it needs %s, which is %s; dispatch that (`gridrun resubmit conf=%s --cells %s`) "
                 "and %s follows it", cell_id, stuck[0], state, sweep_name, stuck[0], cell_id,
@@ -112,3 +113,9 @@ def _needs_first(
             continue
         held.append(cell_id)
     return free + held
+
+
+def _state_of(states: Mapping[str, StateRecord], cell_id: str) -> CellState:
+    """A cell's observed state; planned when it has none (not on disk yet)."""
+    record = states.get(cell_id)
+    return CellState.PLANNED if record is None else record.state

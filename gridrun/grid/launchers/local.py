@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gridrun import cellstate
-from gridrun.cellstate import ACTIVE_STATES, BLOCKING_STATES, CellState
+from gridrun.cellstate import BLOCKING_STATES, CellState, StateRecord
 from gridrun.grid.console import console
 from gridrun.grid.errors import GridError
 from gridrun.grid.launchers.base import Accepted, Launcher, LauncherSettings
@@ -167,18 +167,18 @@ class LocalLauncher(Launcher):
         return max(1, len(os.sched_getaffinity(0)) // widest)
 
     @classmethod
-    def reconcile(cls, states: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
+    def reconcile(cls, states: Mapping[str, StateRecord]) -> dict[str, tuple[str, str]]:
         # A running cell is judged by its run lock before this (observe.live_state); a queued
         # one, by the gridrun process that queued it and would start it.
         lost: dict[str, tuple[str, str]] = {}
-        for cell_id, state in states.items():
-            launcher_pid, host = _job_pid(state.get("job_id"))
+        for cell_id, record in states.items():
+            launcher_pid, host = _job_pid(record.job_id)
             dead = (
-                state.get("state") == "queued"
+                record.state == CellState.QUEUED
                 and host == HOST
                 and launcher_pid is not None
-                and not alive(state.get("pid"))
-                and not alive(launcher_pid, state.get("queued_at"))
+                and not alive(record.pid)
+                and not alive(launcher_pid, record.queued_at)
             )
             if dead:
                 why = (f"lost: the gridrun process that queued it ({launcher_pid}) exited before running it; "
@@ -190,14 +190,14 @@ class LocalLauncher(Launcher):
         done = []
         for cell_id in ids:
             run_dir = sweep.cell(cell_id)
-            state = run_dir.read_state()
-            _, host = _job_pid(state.get("job_id"))
-            if state.get("state") == "running":
-                host = state.get("node") or host
+            record = run_dir.read_state()
+            _, host = _job_pid(record.job_id)
+            if record.state == CellState.RUNNING:
+                host = record.node or host
             if host and host != HOST:
                 raise GridError(f"{cell_id} runs on host {host}: cancel it there (`gridrun cancel` on {host})")
-            pid = state.get("pid")
-            if isinstance(pid, int) and alive(pid):
+            pid = record.pid
+            if pid is not None and alive(pid):
                 _signal_cell(pid, signal.SIGTERM)
                 done.append(f"{cell_id}: sent SIGTERM to process {pid}")
             else:
@@ -269,12 +269,12 @@ class _Pool:
         for cell_id in list(self.pending):
             # Observed, not as written: a need whose own process died reads failed, not running.
             needed = observe({need: live_state(self.sweep.cell(need)) for need in self.needs.get(cell_id, [])})
-            states = {need: state.get("state") for need, state in needed.items()}
+            states = {need: record.state for need, record in needed.items()}
             given_up = [need for need, state in states.items() if state in BLOCKING_STATES]
             if given_up:
                 self.pending.remove(cell_id)
                 need = given_up[0]
-                self._finished(cell_id, {"state": "blocked", "error": f"{need} is {states[need]}: resubmit it"})
+                self._finished(cell_id, StateRecord.derived(CellState.BLOCKED, f"{need} is {states[need]}: resubmit it"))
             elif all(state == CellState.DONE for state in states.values()):
                 self.pending.remove(cell_id)
                 return cell_id
@@ -287,20 +287,20 @@ class _Pool:
                 return
             with self.sweep.lock():
                 run_dir = self.sweep.cell(cell_id)
-                state = run_dir.read_state()
-                if state.get("state") != "queued" or state.get("job_id") != self.launcher.job_id:
+                record = run_dir.read_state()
+                if record.state != CellState.QUEUED or record.job_id != self.launcher.job_id:
                     # Cancelled, or taken over by another gridrun process, since it was queued.
-                    self._finished(cell_id, state)
+                    self._finished(cell_id, record)
                     continue
-                self.running[cell_id] = self._spawn(run_dir, state)
+                self.running[cell_id] = self._spawn(run_dir, record)
                 run_dir.record(cellstate.handed_over(pid=self.running[cell_id].pid))
-            total = max(int(state.get("total_steps") or 0), 1)
+            total = max(record.total_steps or 0, 1)
             self.bars[cell_id] = self.progress.add_task(cell_id, total=total, note="starting")
 
-    def _spawn(self, run_dir: RunDir, state: Mapping[str, Any]) -> subprocess.Popen[bytes]:
+    def _spawn(self, run_dir: RunDir, record: StateRecord) -> subprocess.Popen[bytes]:
         # The cell's CPU share (grid.cluster.cpus_per_cell) sizes its thread pools.
         return start_cell(
-            run_dir.root.resolve(), (run_dir.stdout_log, run_dir.stderr_log), f"attempt {state.get('attempt')}",
+            run_dir.root.resolve(), (run_dir.stdout_log, run_dir.stderr_log), f"attempt {record.attempt}",
             cell_env(self.launcher.job_id, _cell_cpus(run_dir)), start_new_session=True,
         )
 
@@ -312,29 +312,29 @@ class _Pool:
                 continue
             del self.running[cell_id]
             run_dir = self.sweep.cell(cell_id)
-            state = run_dir.read_state()
-            if state.get("state") in (*ACTIVE_STATES, "damaged"):
+            record = run_dir.read_state()
+            if record.active or record.state == CellState.DAMAGED:
                 # It died before it could record why: record it here. A cell whose folder was
                 # deleted (missing) or re-planned (planned) under it ends as it reads now.
                 terminated = self.stopping or code in (-signal.SIGTERM, -signal.SIGINT, 143, 130)
                 tail = log_tail(run_dir.stderr_log)
                 why = f"{_describe_exit(code)} without recording a final state; see {run_dir.stderr_log}"
                 ended = cellstate.cancelled if terminated else cellstate.failed
-                state = run_dir.record(ended(why + (f"\n{tail}" if tail else "")))
-            self._finished(cell_id, state)
+                record = run_dir.record(ended(why + (f"\n{tail}" if tail else "")))
+            self._finished(cell_id, record)
 
-    def _finished(self, cell_id: str, state: Mapping[str, Any]) -> None:
-        outcome = str(state.get("state"))
+    def _finished(self, cell_id: str, record: StateRecord) -> None:
+        outcome = record.state.value
         self.outcomes[cell_id] = outcome
         if cell_id in self.bars:
             self.progress.remove_task(self.bars.pop(cell_id))
         self.progress.advance(self.overall)
         line = f"{outcome:<9} {cell_id}"
-        if state.get("peak_val_acc") is not None:
-            line += f"  peak val acc {100 * state['peak_val_acc']:.1f}% @ step {state.get('peak_step')}"
-        if outcome != CellState.DONE and state.get("error"):
+        if record.peak_val_acc is not None:
+            line += f"  peak val acc {100 * record.peak_val_acc:.1f}% @ step {record.peak_step}"
+        if outcome != CellState.DONE and record.error:
             # The cell's folder is on its line already: its message goes on without it.
-            error = str(state["error"]).replace(str(self.sweep.cell(cell_id).root), "its folder")
+            error = record.error.replace(str(self.sweep.cell(cell_id).root), "its folder")
             error = error.replace("conf=<sweep>", f"conf={self.sweep.name}")
             line += f"  {error.strip().splitlines()[-1][:160]}"
         colors: dict[str, str] = {CellState.DONE: "green", CellState.FAILED: "red", CellState.MISSING: "red",
@@ -351,26 +351,26 @@ class _Pool:
         self.progress.update(self.overall, note=", ".join(summary))
         for cell_id, task in self.bars.items():
             run_dir = self.sweep.cell(cell_id)
-            state = run_dir.read_state()
-            note = str(state.get("state"))
-            if state.get("last_val_acc") is not None:
-                note += f"  val {100 * state['last_val_acc']:.1f}%"
-            elif not state.get("step"):
+            record = run_dir.read_state()
+            note = record.state.value
+            if record.last_val_acc is not None:
+                note += f"  val {100 * record.last_val_acc:.1f}%"
+            elif not record.step:
                 # Before its first step a cell may build the toy world for minutes: say so.
                 last = last_own_line(run_dir.stderr_log)
                 note += f"  {last[:70]}" if last else ""
-            total = max(int(state.get("total_steps") or 0), 1)
-            self.progress.update(task, completed=int(state.get("step") or 0), total=total, note=note)
+            total = max(record.total_steps or 0, 1)
+            self.progress.update(task, completed=record.step, total=total, note=note)
 
     def _stop_all(self) -> None:
         with self.sweep.lock():
             while self.pending:
                 cell_id = self.pending.popleft()
                 run_dir = self.sweep.cell(cell_id)
-                state = run_dir.read_state()
-                if state.get("state") == "queued" and state.get("job_id") == self.launcher.job_id:
-                    state = run_dir.record(cellstate.cancelled("cancelled before it started"))
-                self._finished(cell_id, state)
+                record = run_dir.read_state()
+                if record.state == CellState.QUEUED and record.job_id == self.launcher.job_id:
+                    record = run_dir.record(cellstate.cancelled("cancelled before it started"))
+                self._finished(cell_id, record)
         for proc in self.running.values():
             _signal_cell(proc.pid, signal.SIGTERM)
         deadline = time.time() + self.launcher.term_timeout_s

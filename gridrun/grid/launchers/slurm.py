@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gridrun import cellstate
-from gridrun.cellstate import CellState
+from gridrun.cellstate import CellState, StateRecord
 from gridrun.grid import PACKAGE_DIR
 from gridrun.grid.errors import GridError
 from gridrun.grid.gridconfig import CellOverride, ClusterSpec, cluster_spec
@@ -71,7 +71,7 @@ from gridrun.grid.launchers.process import interpreter_line
 from gridrun.grid.observe import sweep_needs
 
 if TYPE_CHECKING:
-    from gridrun.grid.sweepdir import SweepDir
+    from gridrun.grid.sweepdir import PlanEntry, SweepDir
 
 log = logging.getLogger("gridrun")
 
@@ -284,13 +284,13 @@ def job_spec(cell: Mapping[str, Any], cluster: Mapping[str, Any], env: Mapping[s
 CHECKPOINT_S = 120
 
 
-def warning_lead_s(cells: Iterable[Mapping[str, Any]], spec: JobSpec, settings: SlurmSettings) -> int:
+def warning_lead_s(cells: Iterable[PlanEntry], spec: JobSpec, settings: SlurmSettings) -> int:
     """Seconds before the time limit SLURM's warning (USR2) comes for an array of these cells
     (their sweep.json entries): the slowest cell's estimated step twice over (the step under
     way may be a validation step, which costs more than the mean the plan's est_hours gives),
     plus a checkpoint; `signal_delay_s` is the floor. An estimated lead past half the time
     limit leaves no time to train: refused, naming the setting to change."""
-    step_s = max((float(c.get("est_hours") or 0) * 3600 / max(1, int(c.get("total_steps") or 1)) for c in cells), default=0.0)
+    step_s = max((float(c.est_hours or 0) * 3600 / max(1, c.total_steps or 1) for c in cells), default=0.0)
     derived = math.ceil(2 * step_s + CHECKPOINT_S)
     lead = max(int(settings.signal_delay_s), derived)
     if derived == lead and lead * 2 > spec.time_min * 60:
@@ -355,14 +355,14 @@ class SlurmLauncher(Launcher):
 
     def _specs(self, sweep: SweepDir, ids: list[str]) -> dict[str, JobSpec]:
         data = sweep.read()
-        cluster = data.get("cluster") or {}
+        cluster = data.cluster
         if not cluster_spec(cluster).partitions:
             raise GridError(
                 f"launcher=slurm needs a SLURM cluster profile, and cluster={cluster.get('name')} has no partitions: "
                 "set cluster=testcluster, cluster=paper or your own conf/cluster/<name>.yaml"
             )
-        cells = {cell["id"]: cell for cell in data["cells"]}
-        return {cell_id: job_spec(cells[cell_id], cluster) for cell_id in ids}
+        cells = data.entries()
+        return {cell_id: job_spec(cells[cell_id].to_json(), cluster) for cell_id in ids}
 
     # --- the Launcher interface ----------------------------------------------------------
     def admit(self, sweep: SweepDir, ids: list[str]) -> list[str]:
@@ -372,13 +372,13 @@ class SlurmLauncher(Launcher):
                 "`eval \"$(slurm/testcluster/up.sh)\"`, or use launcher=local"
             )
         specs = self._specs(sweep, ids)
-        cluster = cluster_spec(sweep.read()["cluster"])
+        cluster = cluster_spec(sweep.read().cluster)
         for spec in {spec.key(): spec for spec in specs.values()}.values():
             self._test_only(spec, cluster)
         admitted = []
         for cell_id in ids:
-            state = sweep.cell(cell_id).read_state()
-            used = int(state.get("attempt") or 0) - int(state.get("requeues") or 0)
+            record = sweep.cell(cell_id).read_state()
+            used = record.attempt - record.requeues
             if used >= self.max_attempts:
                 log.warning(
                     "not resubmitting %s: it has had %d submissions (grid.launcher.max_attempts=%d); find out why with "
@@ -443,8 +443,8 @@ class SlurmLauncher(Launcher):
         """afterok on the jobs of the needs not done yet (None: nothing to wait for)."""
         jobs = []
         for need in needs:
-            state = sweep.cell(need).read_state()
-            job = submitted.get(need) or (state.get("job_id") if state.get("state") != CellState.DONE else None)
+            record = sweep.cell(need).read_state()
+            job = submitted.get(need) or (record.job_id if record.state != CellState.DONE else None)
             if job:
                 jobs.append(str(job))
         return "afterok:" + ":".join(jobs) if jobs else None
@@ -453,7 +453,7 @@ class SlurmLauncher(Launcher):
     def _cancel_stale_job(sweep: SweepDir, cell_id: str) -> None:
         """A resubmitted cell's previous job, if it never started (a blocked cell's job waits
         forever on a dependency that failed): cancelled, so the queue holds one job per cell."""
-        history = sweep.cell(cell_id).read_state().get("attempts") or []
+        history = sweep.cell(cell_id).read_state().attempts
         if history and history[-1].get("job_id") and not history[-1].get("started_at"):
             _run(["scancel", str(history[-1]["job_id"])], "cancelling a stale job", check=False)
 
@@ -466,7 +466,7 @@ class SlurmLauncher(Launcher):
         executor = submitit.SlurmExecutor(
             folder=sweep.jobs_dir / "%j", max_num_timeout=self.max_num_timeout, python=interpreter_line()
         )
-        entries = {cell["id"]: cell for cell in sweep.read()["cells"]}
+        entries = sweep.read().entries()
         lead = warning_lead_s([entries[c] for c in cells], spec, self.typed)
         executor.update_parameters(**executor_parameters(spec, self.typed, f"gridrun-{sweep.name}", dependency, lead))
         jobs = []
@@ -476,10 +476,10 @@ class SlurmLauncher(Launcher):
         return {cell_id: job.job_id for cell_id, job in zip(cells, jobs)}
 
     @classmethod
-    def reconcile(cls, states: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
+    def reconcile(cls, states: Mapping[str, StateRecord]) -> dict[str, tuple[str, str]]:
         if not states:
             return {}
-        jobs = {cell_id: str(state.get("job_id")) for cell_id, state in states.items() if state.get("job_id")}
+        jobs = {cell_id: record.job_id for cell_id, record in states.items() if record.job_id}
         try:
             seen = scheduler_states(list(jobs.values()))
         except GridError as err:
@@ -487,11 +487,11 @@ class SlurmLauncher(Launcher):
             return {}
         now = time.time()
         out: dict[str, tuple[str, str]] = {}
-        for cell_id, state in states.items():
+        for cell_id, record in states.items():
             job = jobs.get(cell_id)
             info = seen.get(job) if job else None
             if info is None:
-                queued_at = float(state.get("queued_at") or 0)
+                queued_at = record.queued_at or 0.0
                 if now - queued_at < SUBMIT_LAG_S:
                     continue  # just submitted (or being submitted): the scheduler may not list it yet
                 what = f"job {job}" if job else "no job id was recorded"
@@ -504,7 +504,7 @@ class SlurmLauncher(Launcher):
                 # SLURM's reason (PENDING (QOSMaxGRESPerUser)).
                 reason = info.get("reason") or ""
                 shown = f"{word} ({reason})" if word == "PENDING" and reason not in ("", "None") else word
-                out[cell_id] = (str(state.get("state")), shown)
+                out[cell_id] = (record.state.value, shown)
                 continue
             end = info.get("end") or 0.0
             if word in ("COMPLETED", "FAILED") and now - end < SETTLE_S:
@@ -512,18 +512,18 @@ class SlurmLauncher(Launcher):
             new_state, why = SCHEDULER_FINAL.get(word, ("failed", f"job {{job}} ended as {word}"))
             out[cell_id] = (
                 new_state,
-                why.format(job=job, cell=cell_id, exit=info.get("exit", "?"), logs=error_log(job, state)),
+                why.format(job=job, cell=cell_id, exit=info.get("exit", "?"), logs=error_log(job, record)),
             )
         return out
 
     def cancel(self, sweep: SweepDir, ids: list[str]) -> list[str]:
         states = {cell_id: sweep.cell(cell_id).read_state() for cell_id in ids}
-        jobs = {cell_id: str(state["job_id"]) for cell_id, state in states.items() if state.get("job_id")}
+        jobs = {cell_id: record.job_id for cell_id, record in states.items() if record.job_id}
         if jobs:
             _run(["scancel", *sorted(set(jobs.values()))], "cancelling jobs")
         lines = []
-        for cell_id, state in states.items():
-            if state.get("state") == "queued":
+        for cell_id, record in states.items():
+            if record.state == CellState.QUEUED:
                 # Never started: nothing will record it, so record it here.
                 try:
                     sweep.cell(cell_id).record(cellstate.cancelled("cancelled before it started (gridrun cancel)"))
@@ -536,11 +536,11 @@ class SlurmLauncher(Launcher):
         return lines
 
 
-def error_log(job: str | None, state: Mapping[str, Any]) -> str:
+def error_log(job: str | None, record: StateRecord) -> str:
     """The file that holds a failed job's error: the cell's logs/stderr.log once its trainer
     started, before that (setup, the environment, the job's own code) the job's stderr,
     which submitit writes under the sweep's jobs/ folder."""
-    if state.get("state") == "running":
+    if record.state == CellState.RUNNING:
         return "logs/stderr.log in the cell dir"
     return f"jobs/{job}/{job}_0_log.err in the sweep dir"
 

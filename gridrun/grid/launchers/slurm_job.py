@@ -221,7 +221,7 @@ class CellJob(submitit.helpers.Checkpointable):
             os.kill(child.pid, signal.SIGTERM)
             if not _wait_exit(child.pid, TERM_WAIT_S):
                 os.kill(child.pid, signal.SIGKILL)
-        final = RunDir(self.run_dir).read_state().get("state")
+        final = RunDir(self.run_dir).read_state().state
         if final in (CellState.DONE, CellState.FAILED):
             self._finished_state = final
             return None
@@ -232,17 +232,17 @@ class CellJob(submitit.helpers.Checkpointable):
         """Whether this job runs the cell (every rank decides alike from state.json); rank 0
         (`record`) opens the next attempt of a requeue its last run could not record."""
         state = run_dir.read_state()
-        if state.get("job_id") not in (None, job_id):
-            print(f"gridrun: cell now belongs to job {state.get('job_id')}, not {job_id}: exiting", flush=True)
+        if state.job_id not in (None, job_id):
+            print(f"gridrun: cell now belongs to job {state.job_id}, not {job_id}: exiting", flush=True)
             return False
-        if state.get("state") == CellState.DONE:
+        if state.state == CellState.DONE:
             print("gridrun: cell is done: nothing to run", flush=True)
             return False
-        if restart > int(state.get("slurm_restarts") or 0):
+        if restart > state.slurm_restarts:
             if record:
                 self._record_requeue(run_dir, restart - 1, "requeued by the scheduler")
             return True
-        if state.get("state") == "cancelled":
+        if state.state == CellState.CANCELLED:
             print("gridrun: cell was cancelled before it started: nothing to run", flush=True)
             return False
         return True
@@ -250,15 +250,15 @@ class CellJob(submitit.helpers.Checkpointable):
     def _record_requeue(self, run_dir: RunDir, restart: int, why: str) -> None:
         """Open the next attempt of a job that SLURM requeued (its restart `restart` + 1)."""
         state = run_dir.read_state()
-        if int(state.get("slurm_restarts") or 0) > restart or state.get("state") == CellState.DONE:
+        if state.slurm_restarts > restart or state.state == CellState.DONE:
             return  # recorded already, or nothing left to run
         # The attempt SLURM ended goes to the history as preempted, whatever it last recorded.
-        ended = {**state, "state": "preempted", "error": why, "finished_at": time.time()}
+        ended = state.with_(state=CellState.PREEMPTED, error=why, finished_at=time.time())
         run_dir.record(cellstate.queued(
             ended,
-            state.get("launcher") or "slurm",
-            job_id=state.get("job_id"),
-            requeues=int(state.get("requeues") or 0) + 1,
+            state.launcher or "slurm",
+            job_id=state.job_id,
+            requeues=state.requeues + 1,
             slurm_restarts=restart + 1,
         ))
 
@@ -271,21 +271,21 @@ class CellJob(submitit.helpers.Checkpointable):
         """Rank 0 after its trainer exited: record what the trainer could not; fail the job
         (so that sacct agrees) when the cell failed."""
         state = run_dir.read_state()
-        if state.get("state") == "cancelled":
+        if state.state == CellState.CANCELLED:
             restarts = slurm_restarts(os.environ.get("SLURM_JOB_ID", ""))
             if restarts is not None and restarts > restart:
                 # SIGTERM of a requeue (scontrol requeue, preemption), not of scancel.
                 self._record_requeue(run_dir, restart, "requeued by the scheduler (SIGTERM); resumes from its checkpoint")
             return code
-        if state.get("state") in (CellState.DONE, CellState.PREEMPTED):
+        if state.state in (CellState.DONE, CellState.PREEMPTED):
             return code
-        if state.get("state") == "running":
+        if state.state == CellState.RUNNING:
             how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
             tail = log_tail(err_path)
             # Killed in a collective when another rank failed: that rank's error is the cause.
-            other = run_dir.ranks_failure(float(state.get("started_at") or self._started))
+            other = run_dir.ranks_failure(state.started_at or self._started)
             run_dir.record(cellstate.failed(other or (
                 f"trainer {how} without recording a final state (out of memory?)" + (f"\n{tail}" if tail else "")
             )))
-        error = str(run_dir.read_state().get("error") or "").strip().splitlines()
+        error = (run_dir.read_state().error or "").strip().splitlines()
         raise RuntimeError(f"cell {run_dir.root.name} failed: {error[-1] if error else f'exit code {code}'}")
