@@ -174,7 +174,9 @@ def tables(rows: list[dict[str, Any]]) -> list[Any]:
             ("job", "left"),
             ("alert", "left"),
         ):
-            table.add_column(column, justify="right" if justify == "right" else "left", no_wrap=column in ("cell", "job"))
+            # The job's id and the scheduler's word (with SLURM's reason: PENDING (Dependency)) go on
+            # two lines, so a piped table (160 columns) never wraps a cell id or its state.
+            table.add_column(column, justify="right" if justify == "right" else "left", no_wrap=column in ("cell", "state"))
         for row in sweep_rows_:
             style = STATE_STYLES.get(row["state"], "")
             state = row["state"] + (" (lost)" if row["lost"] else "")
@@ -195,7 +197,7 @@ def tables(rows: list[dict[str, Any]]) -> list[Any]:
                 "" if row["delta_pp"] is None else f"{row['delta_pp']:+.1f}",
                 _duration(row["elapsed_s"]),
                 str(row["attempt"]),
-                " ".join(str(part) for part in (row["job_id"], row["scheduler"]) if part),
+                "\n".join(str(part) for part in (row["job_id"], row["scheduler"]) if part),
                 f"[yellow]{alert}[/]" if alert else "",
             )
         drawn.append(table)

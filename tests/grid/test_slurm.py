@@ -214,7 +214,7 @@ def test_squeue_stands_in_when_accounting_is_off(tmp_path: Path, monkeypatch: py
     assert seen["c"][0] == "failed" and seen["c"][1].startswith("lost: job 5_2")
 
 
-def test_status_shows_the_scheduler_state_beside_the_job(gridrun: Gridrun, results: Path, tmp_path: Path,
+def test_status_shows_the_scheduler_state_under_the_job(gridrun: Gridrun, results: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     fake(tmp_path / "bin", "sacct", "echo '42_0|PENDING|0:0|Unknown'\n")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
@@ -223,7 +223,10 @@ def test_status_shows_the_scheduler_state_beside_the_job(gridrun: Gridrun, resul
     cell.write_text(json.dumps({**json.loads(cell.read_text()), **active("42_0", "queued").to_json(), "attempt": 1}))
     rows = json.loads(gridrun("status", "conf=smoke", "--json").out)
     assert (rows[0]["state"], rows[0]["job_id"], rows[0]["scheduler"]) == ("queued", "42_0", "PENDING")
-    assert "42_0 PENDING" in gridrun("status", "conf=smoke").out
+    # The job column: the id, and the scheduler's word on the line under it.
+    lines = gridrun("status", "conf=smoke").out.splitlines()
+    at = next(i for i, line in enumerate(lines) if "voting-sp-toy-arith-s0" in line)
+    assert "42_0" in lines[at] and "PENDING" in lines[at + 1] and "voting" not in lines[at + 1]
 
 
 def test_array_ids_expand() -> None:
@@ -341,7 +344,9 @@ EOF
     assert gridrun("plan", "conf=smoke", "workflow=voting", "policy=shared", "kind=train").code == 0
     cell = results / "smoke" / "cells" / "voting-sp-toy-arith-s0" / "state.json"
     cell.write_text(json.dumps({**json.loads(cell.read_text()), **active("42_0", "queued").to_json(), "attempt": 1}))
-    assert "42_0 PENDING (QOSMaxGRESPerUser)" in gridrun("status", "conf=smoke").out
+    lines = gridrun("status", "conf=smoke").out.splitlines()
+    at = next(i for i, line in enumerate(lines) if "voting-sp-toy-arith-s0" in line)
+    assert "42_0" in lines[at] and "PENDING (QOSMaxGRESPerUser)" in lines[at + 1]
 
 
 def test_an_array_rejected_midway_keeps_the_accepted_ids_and_resubmits_only_the_rest(
