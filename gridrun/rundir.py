@@ -287,6 +287,7 @@ class RunDir:
         return self.ranks_dir / f"rank{rank}.json"
 
     def write_rank_record(self, rank: int, record: Mapping[str, Any]) -> None:
+        self.check_present("stopped writing its rank record")  # a deleted cell stays deleted
         self.ranks_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(self.rank_record(rank), dict(record))
 
@@ -308,6 +309,7 @@ class RunDir:
         return self.ranks_dir / f"rank{rank}.error"
 
     def write_rank_error(self, rank: int, error: str) -> None:
+        self.check_present("stopped writing its rank error")
         self.ranks_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.rank_error(rank), error)
 

@@ -468,12 +468,15 @@ def run_under_lock(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int
         record(cellstate.started(os.getpid(), socket.gethostname(), config.steps_to_train))
 
         def fail(error: str) -> int:
-            if dist.is_main:
-                # A collective that broke because another rank died (gloo: connection closed)
-                # is not the cause: that rank's own error is.
-                run_dir.record(cellstate.failed(run_dir.ranks_failure(started) or error))
-            else:
-                run_dir.write_rank_error(dist.rank, error)
+            try:
+                if dist.is_main:
+                    # A collective that broke because another rank died (gloo: connection closed)
+                    # is not the cause: that rank's own error is.
+                    run_dir.record(cellstate.failed(run_dir.ranks_failure(started) or error))
+                else:
+                    run_dir.write_rank_error(dist.rank, error)
+            except NotARunDir as gone:  # the cell's folder was deleted under the run: write nothing
+                log.error("%s", gone)
             return 1
         previous = {s: signal.signal(s, _raise_cancelled) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
