@@ -94,6 +94,17 @@ def peaked_cell(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
     return cell, at_peak
 
 
+
+def assert_exported_as_trained(out: Path, saved: Path, adapters: tuple[str, str]) -> None:
+    """Each exported adapter holds its checkpoint's tensors bit for bit, and the two adapters'
+    LoRA B weights differ (each trained on its own roles' tokens)."""
+    for name in adapters:
+        exported, trained = (load_file(d / name / "adapter_model.safetensors") for d in (out, saved))
+        assert exported.keys() == trained.keys() and len(exported) > 0
+        assert all(torch.equal(exported[k], trained[k]) for k in exported), name
+    first, second = (load_file(out / name / "adapter_model.safetensors") for name in adapters)
+    assert any(not torch.equal(first[k], second[k]) for k in first if "lora_B" in k)
+
 def test_the_peak_checkpoint_survives_recency_retention_and_a_resume(peaked_cell: tuple[Path, dict[str, Any]]) -> None:
     cell, seen = peaked_cell
     run_dir = RunDir(cell)
@@ -208,13 +219,7 @@ def test_isolated_export_writes_one_folder_per_role_with_its_weights(tmp_path: P
     out = export(RunDir(cell), "last", tmp_path / "ip")
     # Voting's three generators share the generator adapter (IP: one per role type).
     assert json.loads((out / "roles.json").read_text()) == {"generator": "generator", "aggregator": "aggregator"}
-    saved = RunDir(cell).checkpoint(2) / "adapters"
-    for role in ("generator", "aggregator"):
-        exported, trained = (load_file(d / role / "adapter_model.safetensors") for d in (out, saved))
-        assert exported.keys() == trained.keys() and len(exported) > 0
-        assert all(torch.equal(exported[k], trained[k]) for k in exported), role
     # The two roles' adapters differ (both trained on their own tokens).
-    gen, agg = (load_file(out / role / "adapter_model.safetensors") for role in ("generator", "aggregator"))
-    assert any(not torch.equal(gen[k], agg[k]) for k in gen if "lora_B" in k)
+    assert_exported_as_trained(out, RunDir(cell).checkpoint(2) / "adapters", ("generator", "aggregator"))
     with pytest.raises(ExportError, match="has 2 adapters .* one per role.*load them with peft instead"):
         export(RunDir(cell), "last", tmp_path / "m", merged=True)

@@ -7,13 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from gridrun.cellrun import run_cell
 from gridrun.export import export
 from gridrun.rundir import RunDir
 from tests.conftest import make_cell
+from tests.test_export import assert_exported_as_trained
 from tests.test_training import changed, run_update, seqs_for, snapshot, trainer_for
 
 pytestmark = pytest.mark.usefixtures("toy_world")
@@ -47,10 +46,4 @@ def test_a_grouped_cell_trains_and_exports_one_adapter_per_group(tmp_path: Path)
     out = export(RunDir(cell), "last", tmp_path / "export")
     assert json.loads((out / "roles.json").read_text()) == {
         "orchestrator": "planners", "worker": "workers", "synthesizer": "planners"}
-    saved = RunDir(cell).checkpoint(2) / "adapters"
-    for group in ("planners", "workers"):
-        exported, trained = (load_file(d / group / "adapter_model.safetensors") for d in (out, saved))
-        assert exported.keys() == trained.keys() and len(exported) > 0
-        assert all(torch.equal(exported[k], trained[k]) for k in exported), group
-    planners, workers = (load_file(out / g / "adapter_model.safetensors") for g in ("planners", "workers"))
-    assert any(not torch.equal(planners[k], workers[k]) for k in planners if "lora_B" in k)
+    assert_exported_as_trained(out, RunDir(cell).checkpoint(2) / "adapters", ("planners", "workers"))
