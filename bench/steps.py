@@ -65,7 +65,7 @@ def main() -> None:
                     config = cell_config(workflow, policy, args.steps, engine)
                     (cell / "config.yaml").write_text(yaml.safe_dump(config))
                     if run_cell(cell) != 0:
-                        raise SystemExit(f"{cell.name} failed: {RunDir(cell).read_state().get('error')}")
+                        raise SystemExit(f"{cell.name} failed: {RunDir(cell).read_state().error}")
                     rows = [r for r in RunDir(cell).read_metrics() if r["split"] == "train"][1:]
                     results.append({"workflow": workflow, "policy": policy, "engine": engine,
                                     "sec_per_step": round(statistics.median(r["time/step_s"] for r in rows), 3),

@@ -46,7 +46,7 @@ sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).re
 import torch
 
 from gridrun.cellrun import model_files
-from gridrun.runconfig import config_from_dict
+from gridrun.runconfig import config_from_dict, dump_config
 from gridrun.rundir import RunDir
 from gridrun.tasks.arith import ArithTask
 from gridrun.tasks.base import Problem
@@ -169,7 +169,9 @@ def main() -> None:
         cell = Path(tmp) / "gridrun"
         cell.mkdir()
         config = config_from_dict(gridrun_config(steps))
-        ours = Trainer(config, RunDir(cell), model_files(config.model))
+        run_dir = RunDir(cell)
+        run_dir.config_yaml.write_text(dump_config(config))  # a planned cell's: its writers check for it
+        ours = Trainer(config, run_dir, model_files(config.model))
         if args.unmerged_rollout:
             ours.engine.merge_lora = False  # type: ignore[attr-defined]
         trl_tokens: list[int] = []
