@@ -257,7 +257,7 @@ def missing_train_stack(err: ModuleNotFoundError, command: str) -> str | None:
     if module not in TRAIN_STACK:
         return None
     # gridrun is installed from its checkout (it is not on PyPI).
-    return (f"gridrun {command} needs the training stack ({module} is not installed): in the gridrun checkout, "
+    return (f"gridrun {command} needs the training stack ({module} is not installed): in gridrun's checkout, "
             "pip install -e '.[train]' (or make install; make install-cluster on a GPU cluster)")
 
 

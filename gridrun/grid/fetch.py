@@ -22,6 +22,7 @@ pruning old snapshots (`hf cache` does that).
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -87,8 +88,8 @@ def sweep_files(plan: Plan) -> list[FileNeed]:
 
 
 def fetch_command(conf: str | None, overrides: Sequence[str]) -> str:
-    """The `gridrun fetch` line for the same sweep and overrides as the plan's."""
-    return " ".join(["gridrun fetch", f"conf={conf}", *overrides])
+    """The `gridrun fetch` line for the same sweep and overrides as the plan's (shell-quoted)."""
+    return " ".join(["gridrun fetch", shlex.quote(f"conf={conf}"), *map(shlex.quote, overrides)])
 
 
 def check_fetched(plan: Plan, command: str) -> None:
@@ -123,13 +124,16 @@ def fetch(plan: Plan, data_from: Mapping[str, str] | None = None, console: Any =
     own per-file bars) while it runs."""
     model_dirs = model_dirs_of(plan)
     data_from = dict(data_from or {})
-    todo, present = [], []
-    for item in sweep_files(plan):
-        (present if absent(item, model_dirs) is None else todo).append(item)
-    unknown = sorted(set(data_from) - {n.name for n in sweep_files(plan) if n.kind == "data"})
+    items = sweep_files(plan)
+    data_sets = [item.name for item in items if item.kind == "data"]
+    unknown = sorted(set(data_from) - set(data_sets))
     if unknown:
         raise GridError(f"--data-from {unknown[0]}=...: no cell of the sweep loads {unknown[0]} data "
-                        f"(its data sets: {', '.join(n.name for n in sweep_files(plan) if n.kind == 'data') or 'none'})")
+                        f"(its data sets: {', '.join(data_sets) or 'none'})")
+    todo: list[FileNeed] = []
+    present: list[FileNeed] = []
+    for item in items:
+        (present if absent(item, model_dirs) is None else todo).append(item)
     done: list[str] = []
     for item in _progress(todo, console):
         started = time.time()

@@ -64,7 +64,7 @@ def require_gpus(planned: int, env: dict[str, str] | None = None) -> None:
     env = dict(os.environ if env is None else env)
     if torch.version.cuda is None:
         why = (f"its torch {torch.__version__} is a CPU-only build: install the CUDA build into the job's venv "
-               "(`make install-cluster` in the gridrun checkout)")
+               "(`make install-cluster` in gridrun's checkout)")
     else:
         why = (f"torch (CUDA {torch.version.cuda}) sees no GPU (CUDA_VISIBLE_DEVICES="
                f"{env.get('CUDA_VISIBLE_DEVICES', 'unset')}): check that the job was given GPUs (--gpus-per-task in "

@@ -107,7 +107,7 @@ def test_errors_name_install_commands_that_exist() -> None:
         try:
             import vllm  # noqa: F401
         except ImportError:
-            with pytest.raises(RuntimeError, match=r"in the gridrun checkout, `make install-cluster`"):
+            with pytest.raises(RuntimeError, match=r"in gridrun's checkout, `make install-cluster`"):
                 vllm_engine(None, None, None, ())  # type: ignore[arg-type]
 
 
