@@ -204,7 +204,7 @@ def _prepare(item: FileNeed, from_path: str | None) -> str:
     try:
         done = prepare(item.name, from_path, item.path)
     except DataError as err:
-        raise GridError(f"{item.name} data: {err}") from None
+        raise GridError(f"{item.name} data: {err} (to gridrun fetch: --data-from {item.name}=PATH)") from None
     except ModuleNotFoundError as err:
         raise GridError(f"preparing {item.name} data from the hub needs {err.name}: in the checkout, "
                         f"`make install-cluster` (or `pip install -e '.[train]'`), or pass --data-from "
