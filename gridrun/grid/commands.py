@@ -95,7 +95,7 @@ def _plan(args: argparse.Namespace) -> int:
         try:
             check_fetched(plan, fetch_line)
         except GridError as err:
-            console.print(f"[yellow]not fetched yet: {err}[/]")
+            console.print(f"[yellow]not fetched yet: {err}[/]", soft_wrap=True)
         return 0
     # Jobs never download: a cell whose model or data is not here would fail after its queue wait.
     check_fetched(plan, fetch_line)
