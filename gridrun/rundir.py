@@ -437,6 +437,15 @@ class RunDir:
         fix = "re-plan the sweep (`gridrun plan conf=<sweep>`) to write it again from config.yaml"
         return read_json_file(self.cell_json, RECORD_FIELDS, fix)
 
+    def planned_count(self, resource: str) -> int | None:
+        """A positive count the plan gave this cell (cell.json's resources: "cpus", "gpus");
+        None when it gave none, or cell.json is absent or damaged (a run dir made by hand)."""
+        try:
+            count = ((self.read_record() or {}).get("resources") or {}).get(resource)
+        except DamagedFile:
+            return None
+        return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
+
     def inspect(self) -> StateRecord:
         """The state as `gridrun show` shows it: state.json's, unless state.json or cell.json
         is damaged, then `damaged` with the first damaged file's message as the error.

@@ -5,7 +5,8 @@
 # outside the checkout that install runs the grid half: the shipped full matrix's dry run, a
 # sweep file and cluster profile of the user's own, and `status` and `collect` of a finished toy
 # sweep (trained first by the checkout's .venv, which has the training stack; GRIDRUN_TRAIN_PYTHON
-# names another python). A command that needs the trainer names the `train` extra.
+# names another python); `gridrun plan` refusing an unfetched sweep and `gridrun fetch` filling
+# it. A command that needs the trainer names the `train` extra.
 #
 #   scripts/check_wheel_install.sh        from the repository root, after `make install`
 set -euo pipefail
@@ -68,7 +69,20 @@ axes:
   kind: [train]
 overrides: [cluster=mycluster, launcher=slurm]
 EOF
+say "plan refuses what is not fetched; gridrun fetch (torch-free) fills it: data from a local copy, the model a local folder"
+export GRIDRUN_DATA=$work/data
+set +e
+"$gridrun" plan conf=mine 2>"$work/plan.err"
+code=$?
+set -e
+[[ $code == 2 ]] && grep -q "Run \`gridrun fetch conf=mine\` first" "$work/plan.err" ||
+    fail "plan of an unfetched sweep did not refuse naming gridrun fetch (exit $code): $(cat "$work/plan.err")"
+# The shipped toy world stands in for Qwen3-1.7B's checkpoint folder (the cells keep the hub id).
+sed -i "s|^model_dirs: {}$|model_dirs: {Qwen/Qwen3-1.7B: $shipped/toy/world}|" conf/cluster/mycluster.yaml
+"$gridrun" fetch conf=mine --data-from "math=$repo/tests/fixtures/dapo_math_sample.parquet"
+"$gridrun" fetch conf=mine | grep -q "nothing to fetch" || fail "a second fetch fetched again"
 "$gridrun" plan conf=mine
+unset GRIDRUN_DATA
 "$work/venv/bin/python" - <<'EOF' || fail "the user's sweep was not planned on the user's cluster profile"
 import json
 sweep = json.load(open("results/mine/sweep.json"))
@@ -110,7 +124,7 @@ set +e
 code=$?
 set -e
 cat "$work/run.err"
-[[ $code == 2 ]] && grep -q "pip install 'gridrun\[train\]'" "$work/run.err" && [[ $(wc -l <"$work/run.err") == 1 ]] ||
-    fail "gridrun run without torch did not fail in one line naming gridrun[train] (exit $code)"
+[[ $code == 2 ]] && grep -q "pip install -e '.\[train\]'" "$work/run.err" && [[ $(wc -l <"$work/run.err") == 1 ]] ||
+    fail "gridrun run without torch did not fail in one line naming pip install -e '.[train]' (exit $code)"
 
 say "the wheel install works without torch"

@@ -34,6 +34,51 @@ TOY_CELL: dict[str, Any] = {
 }
 
 
+FIXTURES = Path(__file__).parent / "fixtures"
+# The paper's models, by hub id: every sweep beyond the toy world loads one of them.
+QWEN3 = ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B", "Qwen/Qwen3-4B")
+
+
+def hub_cache_of(home: Path, repos: dict[str, Path]) -> Path:
+    """An HF_HOME whose hub cache holds each repo id's `main` snapshot, in huggingface_hub's
+    layout (refs/main -> snapshots/<commit>/), the files linked from the folder given."""
+    for repo_id, folder in repos.items():
+        repo = home / "hub" / f"models--{repo_id.replace('/', '--')}"
+        commit = "0" * 40
+        snapshot = repo / "snapshots" / commit
+        snapshot.mkdir(parents=True, exist_ok=True)
+        for file in folder.iterdir():
+            (snapshot / file.name).symlink_to(file)
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / "main").write_text(commit)
+    return home
+
+
+@pytest.fixture(scope="session")
+def fetched_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(HF_HOME, data root) as `gridrun fetch` leaves them for the shipped sweeps: the three
+    Qwen3 ids in the hub cache (the toy world's checkpoint files stand in for their weights)
+    and math and code prepared, by `gridrun data prepare`'s code, from the fixtures."""
+    from gridrun.tasks.data import prepare
+
+    root = tmp_path_factory.mktemp("fetched")
+    world = Path(__file__).parents[1] / "gridrun" / "toy" / "world"
+    home = hub_cache_of(root / "hf", dict.fromkeys(QWEN3, world))
+    prepare("math", FIXTURES / "dapo_math_sample.parquet", root / "data" / "math", val_size=2)
+    prepare("code", FIXTURES / "deepcoder_sample.jsonl", root / "data" / "code", val_size=2)
+    return home, root / "data"
+
+
+@pytest.fixture(autouse=True)
+def _fetched(fetched_files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test plans as on a login node where `gridrun fetch` has run (plan refuses cells
+    whose model or data is absent; tests/grid/test_fetch.py checks that refusal and the fetch)."""
+    home, data = fetched_files
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("GRIDRUN_DATA", str(data))
+
+
 def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """`base` with `overrides` merged in, node by node; a node naming another option (task
     code over TOY_CELL's arith) replaces the base's, whose keys the other option lacks."""

@@ -1,4 +1,4 @@
-"""The grid's `gridrun` subcommands: plan, sweep, status, resubmit, cancel, collect, show.
+"""The grid's `gridrun` subcommands: plan, sweep, fetch, status, resubmit, cancel, collect, show.
 
 Registered into gridrun/cli.py's parser by `add_commands`. Each handler imports what it
 needs when it runs, so `gridrun status` loads neither Hydra nor pandas (nor torch), and
@@ -87,9 +87,18 @@ def _plan(args: argparse.Namespace) -> int:
         plan.launcher["max_parallel"] = args.max_parallel
     sweep = SweepDir(results, spec.name)
     console = make_console()
+    from gridrun.grid.fetch import check_fetched, fetch_command
+
+    fetch_line = fetch_command(conf, overrides)
     if args.dry_run:
         console.print(plan_table(plan, check(plan, sweep, args.replace), sweep))
+        try:
+            check_fetched(plan, fetch_line)
+        except GridError as err:
+            console.print(f"[yellow]not fetched yet: {err}[/]", soft_wrap=True)
         return 0
+    # Jobs never download: a cell whose model or data is not here would fail after its queue wait.
+    check_fetched(plan, fetch_line)
 
     from gridrun.cellstate import UNREADABLE_STATES
     from gridrun.grid.launchers.base import make_launcher
@@ -123,6 +132,32 @@ def _plan(args: argparse.Namespace) -> int:
         )
     console.print(f"watch from another terminal: gridrun status conf={spec.name}" + _results_flag(args))
     return launcher.wait(sweep, submitted)
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from gridrun.grid.compose import Composer
+    from gridrun.grid.fetch import fetch
+    from gridrun.grid.plan import make_plan
+    from gridrun.grid.spec import load_spec, split_conf
+
+    conf, overrides = split_conf(args.overrides)
+    data_from = {}
+    for line in args.data_from or []:
+        task, eq, path = line.partition("=")
+        if not eq or not task or not path:
+            raise GridError(f"--data-from takes TASK=PATH (e.g. math=/shared/dapo-math-17k), not '{line}'")
+        data_from[task] = path
+    composer = Composer()
+    plan = make_plan(load_spec(conf, overrides, composer), composer)
+    console = make_console()
+    done = fetch(plan, data_from, console)
+    if not done.fetched:
+        console.print(f"nothing to fetch: the {len(plan.cells)} cells of '{plan.spec.name}' load "
+                      + (", ".join(done.present) + ", all present" if done.present else "nothing from disk"))
+    else:
+        console.print(f"fetched {len(done.fetched)}" + (f", {len(done.present)} already present" if done.present else "")
+                      + f": the {len(plan.cells)} cells of '{plan.spec.name}' have everything they load")
+    return 0
 
 
 def _canary(args: argparse.Namespace) -> int:
@@ -340,6 +375,16 @@ def add_commands(sub: Any) -> None:
         results_option(parser)
         config_option(parser)
         parser.set_defaults(func=_guarded(_plan))
+
+    fetch = sub.add_parser(
+        "fetch", help="put every model and data set a sweep's cells load where its jobs read them (on a login node)",
+        description="download each cell's model by hub id into the hub cache ($HF_HOME) and prepare each task's "
+                    "data at its task.data_path; what is present is left alone")
+    fetch.add_argument("overrides", nargs="*", metavar="OVERRIDE", help=overrides_help)
+    fetch.add_argument("--data-from", action="append", metavar="TASK=PATH",
+                       help="prepare TASK's data from a local copy (as `gridrun data prepare TASK --from PATH`)")
+    config_option(fetch)
+    fetch.set_defaults(func=_guarded(_fetch))
 
     status = sub.add_parser("status", help="a table of every cell's state (fast; works while a sweep runs)")
     status.add_argument("conf", nargs="*", metavar="conf=SWEEP", help="one sweep (default: every sweep)")

@@ -105,7 +105,7 @@ class Composer:
         self.conf_dirs = [conf_dir] if conf_dir else search.conf_dirs(CONF_DIR)
         if search.find(self.conf_dirs, f"{PRIMARY}.yaml") is None:
             raise GridError(f"no {PRIMARY}.yaml in {', '.join(map(str, self.conf_dirs))}: gridrun's shipped conf/ is "
-                            "missing, reinstall gridrun (pip install gridrun, or pip install . in its checkout)")
+                            "missing, reinstall gridrun from its checkout (pip install -e . there)")
         # The built-in options' schemas before the repository below, which copies the store;
         # a plugin's once its option is chosen (_merged).
         for group in OPTION_GROUPS:

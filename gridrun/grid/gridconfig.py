@@ -77,6 +77,13 @@ class ClusterSpec:
     setup: list[str] = field(default_factory=list)
     # Glob on the cell id -> its own scheduler settings.
     cell_overrides: dict[str, CellOverride] = field(default_factory=dict)
+    # Hub id -> a local folder holding that checkpoint, read instead of the hub cache. Where
+    # the files are, not what the model is: no config.yaml or fingerprint holds it
+    # (gridrun/modelfiles.py).
+    model_dirs: dict[str, str] = field(default_factory=dict)
+    # Refuse to submit when the venv, the results or HF_HOME sit on node-local storage (/tmp,
+    # a tmpfs): false only for a cluster that is one node.
+    check_shared_paths: bool = True
 
 
 @dataclass

@@ -50,6 +50,28 @@ T = TypeVar("T")
 TIMEOUT_S = 1800
 
 
+class NoGpu(RuntimeError):
+    """A cell planned for GPUs sees none: one line saying why, before anything runs on the CPU."""
+
+
+def require_gpus(planned: int, env: dict[str, str] | None = None) -> None:
+    """Stop a cell planned for `planned` GPUs (cell.json's resources.gpus) that sees none,
+    naming why: a CPU-only torch build, or a CUDA one the driver or the allocation gives no
+    GPU. Without this its ranks would fall back to gloo on the CPU and die much later inside
+    vLLM. A cell planned with gpu=cpu (0) runs anywhere."""
+    if planned <= 0 or torch.cuda.is_available():
+        return
+    env = dict(os.environ if env is None else env)
+    if torch.version.cuda is None:
+        why = (f"its torch {torch.__version__} is a CPU-only build: install the CUDA build into the job's venv "
+               "(`make install-cluster` in gridrun's checkout)")
+    else:
+        why = (f"torch (CUDA {torch.version.cuda}) sees no GPU (CUDA_VISIBLE_DEVICES="
+               f"{env.get('CUDA_VISIBLE_DEVICES', 'unset')}): check that the job was given GPUs (--gpus-per-task in "
+               "its sbatch script) and that `nvidia-smi` works on the node")
+    raise NoGpu(f"this cell was planned for {planned} GPU(s) but {why}; to run it on CPU, plan it with gpu=cpu")
+
+
 def free_local_port() -> int:
     """A TCP port free on 127.0.0.1 right now, for a process group of processes on this machine."""
     with socket.socket() as s:

@@ -3,7 +3,7 @@
 The trainer is handed the base model's files, already resolved: `model.name_or_path: toy`
 stays in config.yaml, and the run entry (gridrun/cellrun.py) builds or finds the toy world
 and passes its directory here. Left out: building the toy world (gridrun/toy/, which this
-half never imports) and downloading from the hub.
+half never imports) and downloading from the hub (`gridrun fetch`, on a login node).
 """
 
 from __future__ import annotations
@@ -21,6 +21,17 @@ from gridrun.train.precision import EmulatedDtype, check_cpu_dtype
 
 class ModelLoadError(RuntimeError):
     pass
+
+
+def _load_error(name: str, files: str, err: OSError) -> str:
+    """The one line for a base model that did not load, naming commands that fix it (a job
+    never downloads: HF_HUB_OFFLINE=1)."""
+    first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+    where = f"'{files}'" + (f" (model.name_or_path {name})" if files != name else "")
+    return (f"cannot load model {where}: {err.__class__.__name__}: {first}. On a login node with the sweep's "
+            f"HF_HOME, run `gridrun fetch conf=<sweep>` (it downloads {name} into the hub cache), or name a local "
+            f"copy in the cluster profile's model_dirs ({name}: DIR, e.g. filled by `hf download {name} "
+            "--local-dir DIR`); the cell keeps its hub id, so resubmit it as it is")
 
 
 def load_base(spec: ModelSpec, files: str, device: torch.device | None = None) -> tuple[Any, Any]:
@@ -49,10 +60,7 @@ def load_base(spec: ModelSpec, files: str, device: torch.device | None = None) -
             tokenizer = AutoTokenizer.from_pretrained(files, padding_side="left")
             model = AutoModelForCausalLM.from_pretrained(files, dtype=dtype)
         except OSError as err:
-            raise ModelLoadError(
-                f"cannot load model '{files}' ({err.__class__.__name__}): on a machine without hub access, "
-                "download it elsewhere (`hf download <id> --local-dir DIR`) and set model.name_or_path=DIR"
-            ) from err
+            raise ModelLoadError(_load_error(spec.name_or_path, files, err)) from err
         model.to(device)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -45,7 +45,7 @@ from gridrun.train import checkpoint, lr_schedule
 from gridrun.train.advantages import estimator, shuffle_rewards, turn_advantages
 from gridrun.train.coherence import Coherence
 from gridrun.train.credit import assign_credit, role_reward_metrics
-from gridrun.train.distributed import Dist, device_report, free_gpu_gb
+from gridrun.train.distributed import Dist, NoGpu, device_report, free_gpu_gb, require_gpus
 from gridrun.train.engines import make_engine
 from gridrun.train.episode import Episode
 from gridrun.train.metrics_log import MetricsLog
@@ -480,6 +480,7 @@ def run_under_lock(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int
             return 1
         previous = {s: signal.signal(s, _raise_cancelled) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
+            require_gpus(run_dir.planned_count("gpus") or 0)
             with usr2_stops(dist):
                 Trainer(config, run_dir, resolve_model(config.model), dist).fit()
         except Cancelled as stop:
@@ -499,7 +500,7 @@ def run_under_lock(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int
             return 1
         except cellstate.IllegalTransition as moved:
             return _superseded(moved)
-        except (SandboxUnavailable, AdapterSourceError, AdapterNotServed) as refused:  # a fix for the user, not a bug: one line
+        except (SandboxUnavailable, AdapterSourceError, AdapterNotServed, NoGpu) as refused:  # a fix for the user, not a bug: one line
             log.error("%s", refused)
             return fail(str(refused))
         except Exception as err:  # noqa: BLE001 - any failure is recorded in state.json, then the exit code says it

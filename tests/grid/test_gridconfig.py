@@ -84,7 +84,7 @@ def test_sweep_json_records_the_checked_profile_with_its_defaults(gridrun: Gridr
     assert recorded["cluster"] == {
         "name": "local", "partitions": {}, "gpu_types": {}, "constraints": {}, "account": None, "qos": None,
         "cpus_per_cell": 1, "mem_gb_per_cell": 4, "time_limit_h": 24, "tasks_per_cell": None, "sbatch_extra": [],
-        "setup": [], "cell_overrides": {},
+        "setup": [], "cell_overrides": {}, "model_dirs": {}, "check_shared_paths": True,
     }
     assert recorded["launcher"] == {"name": "local", "max_parallel": None, "poll_s": 0.5, "term_timeout_s": 30}
     assert cluster_spec(recorded["cluster"]) == ClusterSpec(name="local", cpus_per_cell=1, mem_gb_per_cell=4)

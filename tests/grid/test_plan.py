@@ -15,12 +15,23 @@ from gridrun import registry
 from gridrun.grid import PACKAGE_DIR, REPO_ROOT
 from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError
-from gridrun.grid.plan import fingerprint, make_plan
+from gridrun.grid.plan import fingerprint, freeze, make_plan
 from gridrun.grid.spec import load_spec
+from gridrun.grid.sweepdir import SweepDir
 from gridrun.runconfig import RunConfig, config_from_dict, dump_config, load_config
 from tests.grid.conftest import Gridrun, tree
 
 GOLDEN = Path(__file__).parent / "golden"
+
+
+def freeze_full_matrix(results: Path, *overrides: str) -> None:
+    """`gridrun plan conf=full_matrix OVERRIDES` without its check that the files are fetched:
+    for tests of the default data root (<repo>/data), which holds no prepared data here."""
+    composer = Composer()
+    plan = make_plan(load_spec("full_matrix", list(overrides), composer), composer)
+    sweep = SweepDir(results, "full_matrix")
+    with sweep.lock():
+        freeze(plan, sweep, False)
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +122,7 @@ def test_a_cells_resolved_config_matches_the_golden_file(
     # The whole config.yaml of one paper cell, every value the trainer reads: a change to conf/
     # or to the composer that moves any of them shows here as a diff.
     monkeypatch.delenv("GRIDRUN_DATA", raising=False)
-    assert gridrun("plan", "conf=full_matrix", "scale=1.7b", "task=math", "workflow=voting", "policy=isolated",
-                   "seed=0", "kind=train").code == 0
+    freeze_full_matrix(results, "scale=1.7b", "task=math", "workflow=voting", "policy=isolated", "seed=0", "kind=train")
     text = (results / "full_matrix" / "cells" / "voting-ip-1.7b-math-s0" / "config.yaml").read_text()
     text = text.replace(str(REPO_ROOT), "<REPO>")  # this checkout's path
     golden = GOLDEN / "config_voting-ip-1.7b-math-s0.yaml"
@@ -121,8 +131,9 @@ def test_a_cells_resolved_config_matches_the_golden_file(
     assert text == golden.read_text(), f"resolved config changed; if on purpose: GRIDRUN_REGEN_GOLDEN=1 pytest {__file__}"
 
 
-def test_config_yaml_is_the_trainers_schema_fully_resolved(gridrun: Gridrun, results: Path) -> None:
-    assert gridrun("plan", "conf=full_matrix", "scale=1.7b", "task=math", "kind=train").code == 0
+def test_config_yaml_is_the_trainers_schema_fully_resolved(results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GRIDRUN_DATA", raising=False)
+    freeze_full_matrix(results, "scale=1.7b", "task=math", "kind=train")
     cell = results / "full_matrix" / "cells" / "voting-ip-1.7b-math-s0"
     config = load_config(cell / "config.yaml")
     written = yaml.safe_load((cell / "config.yaml").read_text())

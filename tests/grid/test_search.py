@@ -141,7 +141,7 @@ def test_a_sweep_file_by_path_still_plans(gridrun: Gridrun, results: Path, cwd: 
 def test_a_command_that_needs_the_trainer_names_the_extra() -> None:
     err = ModuleNotFoundError("No module named 'torch'", name="torch")
     assert missing_train_stack(err, "run") == (
-        "gridrun run needs the training stack (torch is not installed): pip install 'gridrun[train]' "
-        "(from a gridrun checkout: pip install '.[train]')")
+        "gridrun run needs the training stack (torch is not installed): in gridrun's checkout, "
+        "pip install -e '.[train]' (or make install; make install-cluster on a GPU cluster)")
     assert missing_train_stack(ModuleNotFoundError("x", name="peft.tuners"), "export") is not None
     assert missing_train_stack(ModuleNotFoundError("x", name="nonexistent"), "run") is None

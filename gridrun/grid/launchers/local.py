@@ -42,7 +42,8 @@ from gridrun.grid.errors import GridError
 from gridrun.grid.launchers.base import Accepted, Launcher, LauncherSettings
 from gridrun.grid.launchers.process import cell_env, last_own_line, log_tail, start_cell
 from gridrun.grid.observe import HOST, live_state, observe, sweep_needs
-from gridrun.rundir import DamagedFile, RunDir
+from gridrun.modelfiles import model_dirs_env
+from gridrun.rundir import RunDir
 
 if TYPE_CHECKING:
     from gridrun.grid.sweepdir import SweepDir
@@ -118,11 +119,7 @@ def _describe_exit(code: int) -> str:
 
 def _cell_cpus(run_dir: RunDir) -> int | None:
     """The threads a cell was planned with (cell.json's resources.cpus), if it says."""
-    try:
-        cpus = ((run_dir.read_record() or {}).get("resources") or {}).get("cpus")
-    except DamagedFile:
-        return None
-    return cpus if isinstance(cpus, int) and not isinstance(cpus, bool) and cpus > 0 else None
+    return run_dir.planned_count("cpus")
 
 
 @dataclass
@@ -218,6 +215,8 @@ class _Pool:
         self.launcher, self.sweep, self.max_parallel = launcher, sweep, max_parallel
         self.pending = deque(ids)
         self.needs = sweep_needs(sweep)
+        # The cluster profile's local model folders, handed to every cell (gridrun/modelfiles.py).
+        self.env = model_dirs_env(sweep.read().cluster.get("model_dirs") or {})
         self.running: dict[str, subprocess.Popen[bytes]] = {}
         self.stopping = False
         self.stop_signal = 0
@@ -301,7 +300,7 @@ class _Pool:
         # The cell's CPU share (grid.cluster.cpus_per_cell) sizes its thread pools.
         return start_cell(
             run_dir.root.resolve(), (run_dir.stdout_log, run_dir.stderr_log), f"attempt {record.attempt}",
-            cell_env(self.launcher.job_id, _cell_cpus(run_dir)), start_new_session=True,
+            cell_env(self.launcher.job_id, _cell_cpus(run_dir), self.env), start_new_session=True,
         )
 
     # --- finishing -----------------------------------------------------------------------

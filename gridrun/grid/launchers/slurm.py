@@ -69,6 +69,7 @@ from gridrun.grid.gridconfig import CellOverride, ClusterSpec, cluster_spec
 from gridrun.grid.launchers.base import Accepted, Launcher, LauncherSettings, PartlySubmitted, launcher_settings
 from gridrun.grid.launchers.process import interpreter_line
 from gridrun.grid.observe import sweep_needs
+from gridrun.modelfiles import model_dirs_env
 
 if TYPE_CHECKING:
     from gridrun.grid.sweepdir import PlanEntry, SweepDir
@@ -78,7 +79,8 @@ log = logging.getLogger("gridrun")
 # Environment forwarded to jobs explicitly (sbatch also exports the submitter's environment,
 # but site configs may turn that off): jobs call scontrol (SLURM_CONF) to requeue themselves
 # and share the toy-world cache and prepared data with the submitter.
-FORWARDED_ENV = ("SLURM_CONF", "GRIDRUN_CACHE", "GRIDRUN_DATA", "GRIDRUN_LOG")
+# HF_HOME too: the hub cache `gridrun fetch` filled on the login node is the one jobs read.
+FORWARDED_ENV = ("SLURM_CONF", "GRIDRUN_CACHE", "GRIDRUN_DATA", "GRIDRUN_LOG", "HF_HOME")
 SETUP_SCRIPT = PACKAGE_DIR / "slurm" / "setup_node.sh"
 # Scheduler states of a job that is still on its way (sacct and squeue spellings).
 SCHEDULER_ACTIVE = (
@@ -148,6 +150,60 @@ def _run(args: list[str], what: str, check: bool = True) -> subprocess.Completed
     return result
 
 
+# --- shared storage -------------------------------------------------------------------------
+# Folders every machine keeps to itself: a path under one is on the login node only.
+NODE_LOCAL_ROOTS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
+# Filesystems that live in one machine's memory.
+NODE_LOCAL_FS = ("tmpfs", "ramfs")
+
+
+def _mount_type(path: Path) -> str | None:
+    """The filesystem type of the mount holding `path` (/proc/self/mounts), if it can be read."""
+    try:
+        mounts = [line.split() for line in Path("/proc/self/mounts").read_text().splitlines()]
+    except OSError:
+        return None
+    best = max((m for m in mounts if len(m) > 2 and path.is_relative_to(m[1])), key=lambda m: len(m[1]), default=None)
+    return best[2] if best else None
+
+
+def node_local(path: Path) -> str | None:
+    """Why `path` is on this machine only (under /tmp, $TMPDIR or a tmpfs), or None."""
+    resolved = path.expanduser().resolve()
+    tmpdir = os.environ.get("TMPDIR", "").rstrip("/")
+    for root in (*NODE_LOCAL_ROOTS, *([tmpdir] if tmpdir else [])):
+        if resolved.is_relative_to(Path(root).resolve()):
+            return f"under {root}"
+    fs = _mount_type(resolved)
+    return f"on a {fs} filesystem" if fs in NODE_LOCAL_FS else None
+
+
+def shared_paths(results: Path, cluster: ClusterSpec, env: Mapping[str, str] | None = None) -> dict[str, Path]:
+    """What a job on another node reads at the path the login node has: the venv's python
+    (the job script runs it by absolute path), the results root, the hub cache's HF_HOME
+    and the profile's local model folders."""
+    env = os.environ if env is None else env
+    paths = {
+        "the venv's python (the job script runs it by this path)": Path(sys.executable).parent,
+        "the results root (--results-dir)": results,
+        "HF_HOME (the models `gridrun fetch` put there)": Path(env.get("HF_HOME") or "~/.cache/huggingface"),
+    }
+    paths.update({f"model_dirs' folder of {repo}": Path(folder) for repo, folder in cluster.model_dirs.items()})
+    return paths
+
+
+def check_shared(results: Path, cluster: ClusterSpec, env: Mapping[str, str] | None = None) -> None:
+    """Refuse to submit when a path a job needs is on the login node only (one line naming it)."""
+    for what, path in shared_paths(results, cluster, env).items():
+        why = node_local(path)
+        if why is not None:
+            raise GridError(
+                f"{what} is {path}, {why}: a job on a compute node cannot see it. Put it on storage every node "
+                f"mounts at the same path (docs/install.md, 'A GPU cluster'), or set check_shared_paths: false in "
+                f"conf/cluster/{cluster.name}.yaml if this cluster is one node"
+            )
+
+
 # --- job specs ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class JobSpec:
@@ -214,6 +270,7 @@ def setup_lines(cluster: ClusterSpec, env: Mapping[str, str]) -> tuple[str, ...]
     script (venv, data, caches; sources gridrun/slurm/sites/<cluster>.sh), the profile's own lines."""
     lines = [f"export {name}={shlex.quote(env[name])}" for name in FORWARDED_ENV if env.get(name)]
     lines.append(f"export GRIDRUN_CLUSTER={shlex.quote(cluster.name)}")
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in model_dirs_env(cluster.model_dirs).items()]
     lines.append(f"source {shlex.quote(str(SETUP_SCRIPT))}")
     lines += [str(line) for line in cluster.setup]
     return tuple(lines)
@@ -375,6 +432,8 @@ class SlurmLauncher(Launcher):
         cluster = cluster_spec(sweep.read().cluster)
         for spec in {spec.key(): spec for spec in specs.values()}.values():
             self._test_only(spec, cluster)
+        if cluster.check_shared_paths:
+            check_shared(sweep.root, cluster)
         admitted = []
         for cell_id in ids:
             record = sweep.cell(cell_id).read_state()

