@@ -51,14 +51,15 @@ import yaml
 
 from gridrun import registry
 from gridrun.adapters import peak_checkpoint
-from gridrun.cellstate import CellState
+from gridrun.cellstate import FINISHED_STATES, CellState
 from gridrun.grid.analysis.calibration import calibration_tables
 from gridrun.grid.analysis.findings import alerts_table, findings_table
 from gridrun.grid.analysis.summary import MetricColumns, alert_summary, cell_grouping, cell_hours, cell_summary
 from gridrun.grid.analysis.tables import Table, base_mismatch_notes, flags, signature_tables, table1, table2, table3
-from gridrun.grid.analysis.warning import early_warning_jobs, early_warning_table, warning_columns
+from gridrun.grid.analysis.warning import CLIFF_SE, early_warning_jobs, early_warning_table, warning_columns
 from gridrun.grid.cells import base_control
 from gridrun.grid.console import track
+from gridrun.grid.spec import EarlyWarningPlan
 from gridrun.grid.status import sweep_rows
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.mechanisms import ALERTS
@@ -80,14 +81,16 @@ class SweepData:
     columns: dict[str, MetricColumns]
 
 
-def read_cell(root: str, workflow: str | None = None, policy: str | None = None) -> tuple[MetricColumns, dict[str, Any], str | None]:
+def read_cell(root: str, workflow: str | None = None, policy: str | None = None,
+              cliff_se: float = CLIFF_SE) -> tuple[MetricColumns, dict[str, Any], str | None]:
     """One cell's metric columns, summary (the mechanism alerts replayed for its workflow and
-    policy included) and metrics.jsonl damage (a top-level function: worker processes run it)."""
+    policy included, its cliff against `cliff_se` standard errors) and metrics.jsonl damage (a
+    top-level function: worker processes run it)."""
     _load_workflow_plugin(RunDir(root), workflow)
     rows, damage = RunDir(root).read_metrics_checked()
     columns = MetricColumns.from_rows(rows)
     alerts = alert_summary(rows, workflow, policy, groups=cell_grouping(RunDir(root), policy))
-    warning = warning_columns(columns.series("val", "val/acc"), alerts)
+    warning = warning_columns(columns.series("val", "val/acc"), alerts, columns.series("val", "val/acc_se"), cliff_se)
     return columns, {**cell_summary(columns), **alerts, **warning}, damage
 
 
@@ -111,7 +114,8 @@ def _workers(cells: int) -> int:
     return min(cells // PARALLEL_FROM_CELLS, os.cpu_count() or 1, 8)
 
 
-def _read_all(cells: Sequence[tuple[str, str | None, str | None]], description: str) -> list[tuple[MetricColumns, dict[str, Any], str | None]]:
+def _read_all(cells: Sequence[tuple[str, str | None, str | None, float]],
+              description: str) -> list[tuple[MetricColumns, dict[str, Any], str | None]]:
     """read_cell of each (root, workflow, policy)."""
     workers = _workers(len(cells))
     if workers < 2:
@@ -128,10 +132,14 @@ def base_id(kind: str, coords: dict[str, Any]) -> str | None:
 
 def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
     """Every cell of the sweep, finished or not, with its statistics."""
-    plan = sweep.read().entries()
+    recorded = sweep.read()
+    plan = recorded.entries()
     rows = sweep_rows(sweep)
+    # The cliff's k: the sweep file's early_warning.cliff_se, else the default.
+    early = EarlyWarningPlan.parse(recorded.early_warning, str(sweep.sweep_json)) if recorded.early_warning else None
+    k = CLIFF_SE if early is None or early.cliff_se is None else early.cliff_se
     read = _read_all(
-        [(str(sweep.cell(row["cell"]).root), plan[row["cell"]].coords.get("workflow"), plan[row["cell"]].coords.get("policy"))
+        [(str(sweep.cell(row["cell"]).root), plan[row["cell"]].coords.get("workflow"), plan[row["cell"]].coords.get("policy"), k)
          for row in rows],
         f"reading {len(rows)} cells of {sweep.name}",
     )
@@ -260,7 +268,7 @@ def export_peaks(sweep: SweepDir, cells: pd.DataFrame, out: Path, console: Any) 
     from gridrun.export import ExportError, export
 
     written, kept, missing = [], 0, []
-    done = cells[(cells["state"] == CellState.DONE) & cells["peak_checkpoint"].notna()]
+    done = cells[cells["state"].isin(FINISHED_STATES) & cells["peak_checkpoint"].notna()]
     for cell, step in zip(done["cell"], done["peak_step"]):
         peak = peak_checkpoint(sweep.cell(cell), int(step))
         if peak.base_model:

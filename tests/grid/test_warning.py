@@ -16,6 +16,34 @@ from tests.grid.conftest import Gridrun
 from tests.grid.test_collect import add_cell, coords
 
 
+def test_the_cliff_is_a_fall_of_k_standard_errors_and_the_points() -> None:
+    accs = {0: 0.30, 2: 0.40, 4: 0.29}
+    # An 11-point fall; without standard errors (rows from before val/acc_se) the points decide.
+    plain = peak_drop(accs)
+    assert plain is not None and plain.se_pp is None and plain.cliff
+    # SE 5 points per validation: the fall's SE is hypot(5, 5) = 7.07 points, and 11 points
+    # are 1.56 of them, under k = 2: noise, not a cliff.
+    noisy = peak_drop(accs, {s: 0.05 for s in accs}, k=2.0)
+    assert noisy is not None and noisy.se_pp == pytest.approx(100 * math.hypot(0.05, 0.05))
+    assert noisy.drop_pp == pytest.approx(11.0) and not noisy.cliff
+    # SE 2 points: the fall's SE 2.83, 11 points are 3.9 of them: a cliff.
+    precise = peak_drop(accs, {s: 0.02 for s in accs}, k=2.0)
+    assert precise is not None and precise.cliff
+    # 9 points of a precise validation are not a cliff either: both tests must hold.
+    assert not peak_drop({0: 0.40, 2: 0.31}, {0: 0.001, 2: 0.001}).cliff  # type: ignore[union-attr]
+    # The onset: a validation within k SEs of the peak is still at it. Falls of 6 and 7
+    # points with SE 2.5 (the difference's SE 3.54, k x SE 7.07) are noise; the fall shows
+    # at step 6 (points alone: at step 2, the first more than ONSET_PP below).
+    slide = {0: 0.40, 2: 0.34, 4: 0.33, 6: 0.25}
+    assert peak_drop(slide).onset_step == 2  # type: ignore[union-attr]
+    assert peak_drop(slide, {s: 0.025 for s in slide}, k=2.0).onset_step == 6  # type: ignore[union-attr]
+    # The cell's noise floor: k x sqrt(2) x its mean SE (2 x 1.414 x 2.5 = 7.07 points).
+    columns = warning_columns(slide, {}, {s: 0.025 for s in slide}, k=2.0)
+    assert columns["val_acc_se_pp"] == pytest.approx(2.5)
+    assert columns["noise_floor_pp"] == pytest.approx(2 * math.sqrt(2) * 2.5)
+    assert columns["peak_drop_cliff"] is True and columns["peak_drop_se_pp"] == pytest.approx(100 * math.hypot(0.025, 0.025))
+
+
 def test_the_cliff_is_the_largest_drop_below_the_running_peak() -> None:
     # Peak 0.60 at step 10; below it 15 points at 15, 10 at 20, 30 at 25: the cliff is 30
     # points at step 25, measured from step 10, and the fall shows first at step 15.
