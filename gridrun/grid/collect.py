@@ -14,6 +14,9 @@ sweeps) and writes, under results/<sweep>/:
                       cell, as md, csv and tex: grid/analysis/findings.py
     early_warning     per alert, its recall on cliff cells and false-alarm rate on the others
                       (grid/analysis/warning.py; the per-cell cliff and leads are in cells.parquet)
+    noise_floor       per trained cell, its validation SE, noise floor and largest fall in SEs
+    alert_actions     cells whose train.on_alert acted: steps a stop saved, the peak it kept
+                      against the would-be end (its own final, or a twin's that ran on)
     early_warning_calibration, early_warning_search, mechanism_shown   with an early_warning
                       plan in sweep.json: thresholds chosen on its fit seeds and reported on
                       its held-out seeds (grid/analysis/calibration.py)
@@ -37,6 +40,7 @@ curves so far are drawn), but only `done` cells give numbers in the tables.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import os
 import time
@@ -56,7 +60,14 @@ from gridrun.grid.analysis.calibration import calibration_tables
 from gridrun.grid.analysis.findings import alerts_table, findings_table
 from gridrun.grid.analysis.summary import MetricColumns, alert_summary, cell_grouping, cell_hours, cell_summary
 from gridrun.grid.analysis.tables import Table, base_mismatch_notes, flags, signature_tables, table1, table2, table3
-from gridrun.grid.analysis.warning import CLIFF_SE, early_warning_jobs, early_warning_table, warning_columns
+from gridrun.grid.analysis.warning import (
+    CLIFF_SE,
+    alert_actions_table,
+    early_warning_jobs,
+    early_warning_table,
+    noise_table,
+    warning_columns,
+)
 from gridrun.grid.cells import base_control
 from gridrun.grid.console import track
 from gridrun.grid.spec import EarlyWarningPlan
@@ -159,6 +170,9 @@ def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
             "step": row["step"], "total_steps": row["total_steps"], "attempt": row["attempt"],
             "wall_h": wall_h, "gpu_h": wall_h * int(resources.get("gpus") or 0) * int(resources.get("nodes") or 1),
             "alerts": "; ".join(row["alerts"]),
+            # train.on_alert's action, where it acted (export_peak, stop).
+            "on_alert": row["on_alert"], "alert": row["alert"], "alert_step": row["alert_step"],
+            "peak_export": row["peak_export"],
             **summary,
         })
     frame = pd.DataFrame.from_records(records)
@@ -170,6 +184,25 @@ def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
         if column in frame:
             frame[column] = pd.array([None if pd.isna(v) else int(v) for v in frame[column]], dtype="Int64")
     return SweepData(frame, columns)
+
+
+def twin_ran_on(sweep: SweepDir, cells: pd.DataFrame, cell: str) -> str | None:
+    """A done cell whose config is `cell`'s but for train.on_alert (and its id and variant):
+    where the stopped `cell` would have ended. None without one."""
+    def alike(cell_id: str) -> dict[str, Any] | None:
+        try:
+            tree = yaml.safe_load(sweep.cell(cell_id).config_yaml.read_text())
+        except (OSError, yaml.YAMLError):
+            return None
+        if not isinstance(tree, dict):
+            return None
+        tree.pop("cell", None)
+        tree.get("train", {}).pop("on_alert", None)
+        return tree
+
+    own = alike(cell)
+    done = cells[(cells["state"] == CellState.DONE) & (cells["cell"] != cell)]
+    return next((c for c in done["cell"] if own is not None and alike(c) == own), None)
 
 
 def _peak_where(run_dir: RunDir, kind: str, peak_step: Any) -> str | None:
@@ -312,7 +345,8 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0, export_to:
         tables += [for_variant(t, variant) for t in [
             peak, table1(part, "final_val_acc"), table2(part), table3(part), *signature_tables(part, signatures),
             alerts_table(part)]]
-    tables += [findings_table(cells), early_warning_table(cells), *calibration_tables(sweep, cells)]
+    tables += [findings_table(cells), early_warning_table(cells), noise_table(cells),
+               alert_actions_table(cells, functools.partial(twin_ran_on, sweep, cells)), *calibration_tables(sweep, cells)]
     sweep.root.mkdir(parents=True, exist_ok=True)
     write_parquet(_parquet_ready(cells), sweep.cells_parquet)
     write_parquet(metrics_frame(data.columns), sweep.metrics_parquet)

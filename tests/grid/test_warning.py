@@ -210,3 +210,29 @@ def test_findings_e_measures_a_remedy_on_the_injection_against_injected() -> Non
     assert kept.name == "injected_credit keeps the peak in most blocks"
     assert kept.rows[0].measurement == "injected_credit peak − injected peak (+2 pt margin)"
     assert kept.rows[0].values == pytest.approx([3.0, 3.0]) and shrunk.rows[0].values == pytest.approx([20.0, 20.0])
+
+
+def test_a_stopped_cell_shows_in_status_and_its_saving_in_the_report(gridrun: Gridrun, results: Path) -> None:
+    # Two Voting-IP cells alike but for train.on_alert: `stop` ended at step 10 when
+    # gradient_amplification fired (its peak 0.55 at step 10 exported); its `warn` twin ran
+    # all 20 steps and ended at 0.30. The stop saved 10 steps and kept 25 points more.
+    sweep = SweepDir(results, "acts")
+    data: dict = {"name": "acts", "cells": [], "plans": []}
+    for cell_id, state, accs, on_alert in (("stop", "stopped", {0: 0.40, 5: 0.50, 10: 0.55}, "stop"),
+                                           ("warn", "done", {0: 0.40, 5: 0.50, 10: 0.55, 15: 0.45, 20: 0.30}, "warn")):
+        add_cell(sweep, data, cell_id, "train", coords("voting", "isolated"), state, accs)
+        config = f"cell:\n  id: {cell_id}\nworkflow:\n  name: voting\ntrain:\n  total_steps: 20\n"
+        sweep.cell(cell_id).config_yaml.write_text(config + ("  on_alert: stop\n" if on_alert == "stop" else ""))
+    sweep.write(data)
+    from tests.states import put_state
+    put_state(sweep.cell("stop"), on_alert="stop", alert="gradient_amplification: generator chi2 peak/first 30.00 vs aggregator 1.00",
+              alert_step=10, peak_export="/x/exports/step_000010", peak_step=10, peak_val_acc=0.55)
+    status = gridrun("status", "conf=acts")
+    assert status.code == 0 and "stopped" in status.out
+    assert "stop at step 10: gradient_amplification" in " ".join(status.out.split())
+    assert gridrun("collect", "conf=acts").code == 0
+    table = (sweep.root / "alert_actions.csv").read_text().splitlines()
+    assert table[0].startswith("cell,on_alert,alert,alert_step,steps_saved,total_steps,kept_pct,twin,twin_final_pct,"
+                               "kept_minus_end_pp")
+    assert table[1].startswith("stop,stop,gradient_amplification,10,10,20,55.0,warn,30.0,25.0")
+    assert "Alerts that acted" in (sweep.root / "report.md").read_text()

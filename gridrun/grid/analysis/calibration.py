@@ -61,6 +61,7 @@ from gridrun.mechanisms import (
     alert_history,
     applies,
     firings,
+    signature_steps,
 )
 from gridrun.runconfig import TRAINED_KINDS, CellKind
 from gridrun.rundir import RunDir
@@ -282,15 +283,25 @@ def shown_table(curves: Sequence[CellCurve], results: Sequence[Calibration], k: 
         cliffs = sum(c.cliff for c in found)
         fired = (sum(m.first_firing(mechanism, chosen[mechanism]) is not None for m in members)
                  if mechanism is not None else None)
+        # SP: seeds where the paper's signature showed (a role's length or terse rate pulled
+        # toward the dominant role's), whatever the alert's share test said.
+        signed = (sum(bool(signature_steps(m.rows, m.workflow, m.policy, THRESHOLDS, m.groups)) for m in members)
+                  if mechanism == SP_ROLE_CAPTURE else None)
         rows.append([workflow, policy, variant, mechanism or "", str(len(members)), str(cliffs),
-                     "" if fired is None else str(fired), number(sum(drops) / len(drops) if drops else None, 1)])
+                     "" if fired is None else str(fired), "" if signed is None else str(signed),
+                     number(sum(drops) / len(drops) if drops else None, 1)])
     return Table(
         name="mechanism_shown", title="Does the injected mechanism show? Seeds with a cliff or the alert",
         caption=(f"Per workflow, policy and variant: seeds (done cells), seeds with a cliff of {CLIFF_PP:.0f}+ points "
-                 "below the running peak, seeds where the mechanism's alert fired (the calibrated thresholds), and "
+                 "below the running peak, seeds where the mechanism's alert fired (the calibrated thresholds), under "
+                 "SP the seeds showing the paper's signature at some validation (a role's mean length closed a "
+                 "quarter of the gap to the dominant role's, or its terse rate fell 20 points, since the first "
+                 "validation: sp_role_capture's drift test at the default thresholds, without its share test), and "
                  "the mean cliff in points."),
-        columns=["workflow", "policy", "variant", "mechanism", "seeds", "cliffs", "alerted", "mean_cliff_pp"],
-        headers=["Workflow", "Policy", "Variant", "Mechanism", "Seeds", "Cliffs", "Alerted", "Mean cliff (pp)"],
+        columns=["workflow", "policy", "variant", "mechanism", "seeds", "cliffs", "alerted", "signature",
+                 "mean_cliff_pp"],
+        headers=["Workflow", "Policy", "Variant", "Mechanism", "Seeds", "Cliffs", "Alerted", "SP signature",
+                 "Mean cliff (pp)"],
         rows=rows, left=4,
     )
 

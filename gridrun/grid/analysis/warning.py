@@ -25,6 +25,10 @@ its rows, gridrun/mechanisms.py):
                           fall; 0: in the onset's step; negative: after it). None without a
                           cliff or a firing.
 
+Per cell, `noise_table` (noise_floor): the validation SE, the noise floor, the largest fall in
+points and in its standard errors; `alert_actions_table` (alert_actions): where train.on_alert
+acted, the steps a stop saved and the peak kept against the would-be end.
+
 Per alert (`early_warning_table`): among the training cells it applies to (train, sa_rl and
 shuffled cells, done), recall = cliff cells (a drop of at least CLIFF_PP points) warned at
 least LEAD_VALIDATIONS validations ahead / cliff cells (`peak_drop_cliff`); false-alarm rate =
@@ -292,3 +296,72 @@ def early_warning_jobs(sweep: SweepDir, cells: pd.DataFrame, columns: dict[str, 
         jobs.append((sweep.figure("early_warning", task, scale), functools.partial(
             early_warning_png, block, accuracy, f"Early warning — {task} · {scale} · sweep {sweep.name}")))
     return jobs
+
+
+# --- each cell's noise, and what acting alerts saved ---------------------------------------------
+def noise_table(cells: pd.DataFrame) -> Table:
+    """Per trained cell with validations: its validation's standard error, its noise floor and
+    its largest fall in those units (is the fall told from noise?)."""
+    rows = []
+    if "val_acc_se_pp" in cells:
+        trained = cells[cells["kind"].isin(TRAINED_KINDS) & cells["peak_drop_pp"].notna()]
+        for r in trained.to_dict("records"):
+            se, drop_se = r.get("val_acc_se_pp"), r.get("peak_drop_se_pp")
+            z = None if drop_se is None or pd.isna(drop_se) or not drop_se else r["peak_drop_pp"] / drop_se
+            cliff = r.get("peak_drop_cliff")
+            rows.append([r["cell"], str(r["state"]), number(None if se is None or pd.isna(se) else se, 2),
+                         number(r.get("noise_floor_pp"), 1), number(r["peak_drop_pp"], 1), number(z, 1),
+                         "" if cliff is None or pd.isna(cliff) else ("yes" if bool(cliff) else "no")])
+    return Table(
+        name="noise_floor", title="Noise — each cell's validation standard error and its largest fall against it",
+        caption=("Validation SE: the mean over the cell's validations of val/acc_se (over problems and samples; "
+                 "samples of one problem clustered). Noise floor: k x sqrt(2) x that SE, the smallest fall of one "
+                 "validation below another told from noise (k: the sweep's early_warning.cliff_se, else "
+                 f"{CLIFF_SE:g}). Largest fall: below the running peak, in points and in standard errors of the "
+                 f"fall. Cliff: at least {CLIFF_PP:.0f} points and k standard errors."),
+        columns=["cell", "state", "val_acc_se_pp", "noise_floor_pp", "peak_drop_pp", "peak_drop_z", "cliff"],
+        headers=["Cell", "State", "Validation SE (pp)", "Noise floor (pp)", "Largest fall (pp)", "Fall (SEs)",
+                 "Cliff"],
+        rows=rows, left=2,
+        notes=[] if rows else [("No cell has validations with a standard error (val/acc_se): cells trained before "
+                               "it was recorded.")],
+    )
+
+
+def alert_actions_table(cells: pd.DataFrame, twin_of: Callable[[str], str | None]) -> Table:
+    """Per cell whose train.on_alert acted (export_peak, stop): the steps its stop saved and
+    the accuracy it kept (its peak at the alert) against the would-be end: its own final
+    validation where it trained on (export_peak), else its twin's (`twin_of`: a cell alike
+    but for train.on_alert that ran to the end)."""
+    rows, shown = [], []
+    acted = cells[cells["alert_step"].notna()] if "alert_step" in cells else cells.iloc[0:0]
+    finals = dict(zip(cells["cell"], cells.get("final_val_acc", [None] * len(cells))))
+    for r in acted.to_dict("records"):
+        stopped = r["state"] == CellState.STOPPED
+        total = r.get("total_steps")
+        saved = int(total) - int(r["step"]) if stopped and total is not None and not pd.isna(total) else 0
+        twin = twin_of(r["cell"]) if stopped else r["cell"]
+        end = finals.get(twin) if twin else None
+        kept = r.get("peak_val_acc")
+        known = kept is not None and not pd.isna(kept) and end is not None and not pd.isna(end)
+        diff = 100 * (kept - end) if known else None
+        rows.append([r["cell"], str(r["on_alert"]), str(r["alert"]).split(":", 1)[0], str(int(r["alert_step"])),
+                     str(saved), "" if total is None or pd.isna(total) else str(int(total)),
+                     number(None if kept is None or pd.isna(kept) else 100 * kept, 1), twin or "",
+                     number(None if end is None or pd.isna(end) else 100 * end, 1), number(diff, 1),
+                     str(r.get("peak_export") or "")])
+        shown.append(rows[-1][:10])
+    return Table(
+        name="alert_actions", title="Alerts that acted — the compute a stop saved and the accuracy it kept",
+        caption=("Cells whose train.on_alert acted on a mechanism alert's first firing. Steps saved: the steps a stop "
+                 "left untrained (0 under export_peak, which trains on). Kept: the peak validation accuracy up to the "
+                 "alert (its adapters exported). Would-be end: the final validation of the cell itself (export_peak) "
+                 "or of its twin, the cell alike but for train.on_alert that ran to the end (none: no such cell in the "
+                 "sweep). Kept − end > 0: the alert kept a better model than running on would have ended with."),
+        columns=["cell", "on_alert", "alert", "alert_step", "steps_saved", "total_steps", "kept_pct", "twin",
+                 "twin_final_pct", "kept_minus_end_pp", "peak_export"],
+        headers=["Cell", "Action", "Alert", "Alert step", "Steps saved", "Steps", "Kept (%)", "Ran on (twin)",
+                 "Would-be end (%)", "Kept − end (pp)"],
+        rows=rows, shown=shown, left=3,
+        notes=[] if rows else ["No cell's alert acted (train.on_alert is warn, or no mechanism alert fired)."],
+    )
