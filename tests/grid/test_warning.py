@@ -236,3 +236,28 @@ def test_a_stopped_cell_shows_in_status_and_its_saving_in_the_report(gridrun: Gr
                                "kept_minus_end_pp")
     assert table[1].startswith("stop,stop,gradient_amplification,10,10,20,55.0,warn,30.0,25.0")
     assert "Alerts that acted" in (sweep.root / "report.md").read_text()
+
+
+def test_collect_reports_the_calibration_with_held_out_leads_and_the_noise(gridrun: Gridrun, results: Path) -> None:
+    # A sweep whose sweep.json holds an early_warning plan (fit seed 0, held-out seed 1,
+    # cliff_se 2): collect writes the calibration with the held-out lead columns, the
+    # signature column of mechanism_shown and each cell's noise floor. Seed 1's cell falls
+    # 20 points with an SE of 2 points per validation (its noise floor 2 x 1.414 x 2 = 5.7).
+    sweep = SweepDir(results, "calib")
+    data: dict = {"name": "calib", "cells": [], "plans": [],
+                  "early_warning": {"fit_seeds": [0], "held_out_seeds": [1], "cliff_se": 2.0,
+                                    "search": {"chi2_factor": [2.0, 10.0]}}}
+    for seed in (0, 1):
+        cell = f"voting-ip-s{seed}"
+        add_cell(sweep, data, cell, "train", {**coords("voting", "isolated", seed=seed), "variant": "natural"}, "done",
+                 {0: 0.40, 5: 0.50, 10: 0.30})
+        sweep.cell(cell).append_metrics([{"step": s, "split": "val", "val/acc": a, "val/acc_se": 0.02}
+                                         for s, a in ((0, 0.40), (5, 0.50), (10, 0.30))])
+    sweep.write(data)
+    assert gridrun("collect", "conf=calib").code == 0
+    header = (sweep.root / "early_warning_calibration.csv").read_text().splitlines()[0]
+    assert "held_mean_lead" in header and "default_held_mean_lead" in header
+    assert "signature" in (sweep.root / "mechanism_shown.csv").read_text().splitlines()[0]
+    noise = pd.read_csv(sweep.root / "noise_floor.csv")
+    assert noise["noise_floor_pp"].tolist() == pytest.approx([5.7, 5.7])
+    assert noise["cliff"].tolist() == ["yes", "yes"]
