@@ -164,6 +164,7 @@ class Trainer:
                     if not saved:
                         self.save(step)
                     raise Preempted(f"stopped after step {step} on SIGUSR2, checkpointed")
+            return None
         finally:
             self.metrics.close()
             self.engine.close()
@@ -324,11 +325,12 @@ class Trainer:
             return None
         self.alert_acted = True
         if not self.dist.is_main:
-            return cellstate.stopped("", step, None) if action == "stop" else None
+            return cellstate.stopped("", step, None) if action == "stop" and step < self.total_steps else None
         exported = self.export_peak()
         log.warning("step %d: %s; train.on_alert=%s: peak exported to %s", step, fired[0], action, exported)
-        if action == "stop":
+        if action == "stop" and step < self.total_steps:
             return cellstate.stopped(fired[0], step, exported)
+        # export_peak, or a stop at the last step: nothing is left to save, the cell ends done.
         self.run_dir.record(cellstate.alert_acted(action, fired[0], step, exported))
         return None
 
