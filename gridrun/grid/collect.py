@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import io
+import json
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -189,20 +190,27 @@ def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
 def twin_ran_on(sweep: SweepDir, cells: pd.DataFrame, cell: str) -> str | None:
     """A done cell whose config is `cell`'s but for train.on_alert (and its id and variant):
     where the stopped `cell` would have ended. None without one."""
-    def alike(cell_id: str) -> dict[str, Any] | None:
-        try:
-            tree = yaml.safe_load(sweep.cell(cell_id).config_yaml.read_text())
-        except (OSError, yaml.YAMLError):
-            return None
-        if not isinstance(tree, dict):
-            return None
-        tree.pop("cell", None)
-        tree.get("train", {}).pop("on_alert", None)
-        return tree
-
-    own = alike(cell)
+    own = _alike(str(sweep.cell(cell).config_yaml))
+    if own is None:
+        return None
     done = cells[(cells["state"] == CellState.DONE) & (cells["cell"] != cell)]
-    return next((c for c in done["cell"] if own is not None and alike(c) == own), None)
+    return next((c for c in done["cell"] if _alike(str(sweep.cell(c).config_yaml)) == own), None)
+
+
+@functools.lru_cache(maxsize=4096)
+def _alike(config_yaml: str) -> str | None:
+    """A cell's config.yaml without its `cell` node and train.on_alert, as canonical JSON
+    (what twins share); None when it does not read."""
+    try:
+        tree = yaml.safe_load(Path(config_yaml).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(tree, dict):
+        return None
+    tree.pop("cell", None)
+    if isinstance(tree.get("train"), dict):
+        tree["train"].pop("on_alert", None)
+    return json.dumps(tree, sort_keys=True, default=str)
 
 
 def _peak_where(run_dir: RunDir, kind: str, peak_step: Any) -> str | None:
@@ -333,6 +341,7 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0, export_to:
 
     data = read_sweep(sweep, tolerance_pp)
     cells = data.cells
+    _alike.cache_clear()  # a config read by an earlier collect in this process may have changed
 
     def signatures(cell: str) -> dict[str, dict[int, float]]:
         columns = data.columns[cell]
