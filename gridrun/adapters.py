@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gridrun.accuracy import first_peak, val_accuracy
-from gridrun.cellstate import CellState
+from gridrun.cellstate import FINISHED_STATES
 from gridrun.rundir import COMPLETE_MARKER, ROLES_FILE, RunDir, adapter_dir
 
 STEP_CHOICES = "peak, last or a step number"
@@ -236,7 +236,7 @@ def resolve(source: str, role: str, run_dir: Path | None = None) -> Path:
             "names, or point policy.adapters at an adapter"
         )
     record = source_dir.read_state()
-    if record.state != CellState.DONE:
+    if record.state not in FINISHED_STATES:
         total = "?" if record.total_steps is None else record.total_steps
         raise AdapterSourceError(
             f"adapter source {path.name} is {record.state} at step {record.step}/"

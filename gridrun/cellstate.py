@@ -1,12 +1,12 @@
 """A cell's state machine: the states of `state.json`, its named transitions, and the rules
 that refuse an illegal one.
 
-    planned ─► queued ─► running ─► done | failed | preempted | cancelled
+    planned ─► queued ─► running ─► done | stopped | failed | preempted | cancelled
                   ▲                          │
                   └──── next attempt ────────┘  (failed, preempted, cancelled, blocked)
 
 Every change of a cell's `state.json` is one of the `Transition`s built here (`planned`,
-`queued`, `handed_over`, `started`, `progressed`, `done`, `failed`, `preempted`,
+`queued`, `handed_over`, `started`, `progressed`, `done`, `stopped`, `failed`, `preempted`,
 `cancelled`), and `RunDir.record` is the one place that writes one: it reads the record,
 lets the transition check the state it leaves (`IllegalTransition` names the rule broken)
 and writes the result atomically. The file format is the one readers always had: a flat
@@ -35,6 +35,8 @@ class CellState(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     DONE = "done"
+    # Ended early and cleanly by its own alert (train.on_alert=stop): final, like done.
+    STOPPED = "stopped"
     FAILED = "failed"
     PREEMPTED = "preempted"
     CANCELLED = "cancelled"
@@ -48,6 +50,8 @@ class CellState(StrEnum):
 
 STATES = tuple(state.value for state in CellState)
 ACTIVE_STATES = (CellState.QUEUED.value, CellState.RUNNING.value)
+# A cell that ended by itself: nothing dispatches it again, and what it trained can be used.
+FINISHED_STATES = (CellState.DONE.value, CellState.STOPPED.value)
 # A needed cell in one of these states will not become done by itself: its dependents are blocked.
 BLOCKING_STATES = (CellState.FAILED.value, CellState.CANCELLED.value, CellState.PREEMPTED.value, CellState.BLOCKED.value)
 # What a file on disk can say (the other three are derived by readers, never written).
@@ -71,12 +75,16 @@ STATE_FIELDS: dict[str, tuple[type, ...]] = {
     "requeues": (int,),
     "slurm_restarts": (int,),
     "skipped_nonfinite": (int,),
+    "alert_step": (int,),
     "job_id": (str,),
     "node": (str,),
     "launcher": (str,),
     "scheduler": (str,),
     "waiting": (str,),
     "error": (str,),
+    "on_alert": (str,),
+    "alert": (str,),
+    "peak_export": (str,),
     "last_val_acc": _NUMBER,
     "peak_val_acc": _NUMBER,
     "queued_at": _NUMBER,
@@ -122,6 +130,12 @@ class StateRecord:
     requeues: int = 0
     slurm_restarts: int = 0
     skipped_nonfinite: int = 0
+    # train.on_alert's action (export_peak, stop): the alert that set it off, its step, and
+    # where the peak's adapters were exported ("base model": the peak is step 0, no adapter).
+    on_alert: str | None = None
+    alert: str | None = None
+    alert_step: int | None = None
+    peak_export: str | None = None
     lost: bool = False
     scheduler: str | None = None
     waiting: str | None = None
@@ -266,6 +280,21 @@ def progressed(**fields: Any) -> Transition:
 def done() -> Transition:
     return Transition("done", frozenset({CellState.RUNNING}), "only the run that ran a cell finishes it", CellState.DONE,
                       {"finished_at": time.time()})
+
+
+def alert_acted(action: str, alert: str, step: int, peak_export: str | None) -> Transition:
+    """train.on_alert acted on `alert`, first firing at `step`: for export_peak the cell
+    trains on (state unchanged); `stopped` below ends it."""
+    return Transition("alert_acted", frozenset({CellState.RUNNING}), "only a running cell's alert acts",
+                      fields={"on_alert": action, "alert": alert, "alert_step": step, "peak_export": peak_export})
+
+
+def stopped(alert: str, step: int, peak_export: str | None) -> Transition:
+    """train.on_alert=stop: the cell ended cleanly after `step`, where `alert` first fired,
+    its peak's adapters exported to `peak_export`."""
+    return Transition("stopped", frozenset({CellState.RUNNING}), "only the run that ran a cell stops it",
+                      CellState.STOPPED, {"on_alert": "stop", "alert": alert, "alert_step": step,
+                                          "peak_export": peak_export, "finished_at": time.time()})
 
 
 def failed(error: str) -> Transition:

@@ -332,6 +332,17 @@ class MechanismWatch:
             return None
         return f"{dominant} grad share {early:.2f}->{recent:.2f}; " + "; ".join(drifts)
 
+    def captured_roles(self) -> str | None:
+        """sp_role_capture's signature alone, without its gradient-share test: another role's
+        validation signature moved toward the dominant role's since the first validation
+        (the SP positive control's check: is the paper's signature there?). None before two
+        validations, without a shared adapter or without gradient shares."""
+        if not self._applies[SP_ROLE_CAPTURE] or self._val_rows < 2 or len(self._recent) < 2:
+            return None
+        dominant = max(self._recent, key=lambda role: _mean(self._recent[role]))
+        drifts = [d for role in self._recent if role != dominant and (d := self._drift(role, dominant))]
+        return "; ".join(drifts) or None
+
     def _drift(self, role: str, dominant: str) -> str | None:
         t = self.thresholds
         first, last = self._first_val, self._last_val
@@ -399,6 +410,18 @@ def alert_history(
         else:
             history.append((step, alerts))
     return history
+
+
+def signature_steps(rows: Iterable[Mapping[str, Any]], workflow: str, policy: str | None, thresholds: Thresholds = THRESHOLDS,
+                    groups: Groups | None = None) -> list[int]:
+    """The validation steps at which sp_role_capture's signature held (`captured_roles`)."""
+    watch = MechanismWatch(workflow, policy, thresholds, groups)
+    held = []
+    for row in rows:
+        watch.see(row)
+        if row.get("split") == "val" and type(row.get("step")) is int and watch.captured_roles():
+            held.append(row["step"])
+    return held
 
 
 def firings(history: list[tuple[int, list[str]]], mechanism: str) -> list[int]:

@@ -98,6 +98,7 @@ GROUP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 # when every key of it is listed and at its default.
 OMITTED_AT_DEFAULT: tuple[tuple[str, str, Any], ...] = (
     ("policy", "groups", {}), ("grpo", "estimator", "grpo"), ("reward", "credit", "broadcast"),
+    ("train", "val_n", 1), ("train", "on_alert", "warn"),
 )
 # The run schema's version, recorded in each cell.json (`schema`; a cell without one is 1):
 # MIGRATIONS read an older cell's config.yaml as this version would have written it.
@@ -386,6 +387,13 @@ class TrainSpec:
     val_split: Literal["val", "train"] = "val"
     # Validation episodes whose every turn goes to samples/step_XXXXXX.jsonl.
     val_samples: int = 8
+    # Answers sampled per validation problem (at sampling.val_temperature): the paper's 1. More
+    # shrink the within-problem part of val/acc_se (gridrun/train/validate.py's accuracy_se).
+    val_n: int = 1
+    # What a mechanism alert (gridrun/mechanisms.py) does when it first fires: "warn" (state.json
+    # and status show it), "export_peak" (also export the peak validation's adapters, then train
+    # on) or "stop" (export them and end the cell: state `stopped`, with the alert and its step).
+    on_alert: Literal["warn", "export_peak", "stop"] = "warn"
 
 
 @dataclass
@@ -495,7 +503,7 @@ class RunConfig:
         if not all(math.isfinite(c) and c > 0 for c in (self.grpo.clip_low, self.grpo.clip_high)):
             raise ConfigError("grpo.clip_low and grpo.clip_high must be finite numbers > 0")
         self._check_numbers()
-        for name in ("total_steps", "batch_problems", "ppo_mini_batch", "val_every", "save_every"):
+        for name in ("total_steps", "batch_problems", "ppo_mini_batch", "val_every", "save_every", "val_n"):
             if getattr(self.train, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1")
         if self.grpo.n < 1:

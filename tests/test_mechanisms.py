@@ -230,3 +230,24 @@ def test_default_thresholds() -> None:
                                     share_window=5, share_shrink=0.25, gap_close=0.25, terse_drop=0.2,
                                     rate_floor=0.5, fence_rate=0.2, trunc_rate=0.2, jaccard_high=0.9,
                                     jaccard_low=0.7)
+
+
+def test_the_sp_signature_alone_is_the_drift_toward_the_dominant_role() -> None:
+    # Voting-SP: the generator owns 99% of the gradient throughout (no share taken: the
+    # alert's share test fails), and the aggregator's terse rate falls 100% -> 90% -> 10%
+    # while its length moves 6 -> 6 -> 30 tokens (the generator's 19): the signature holds at
+    # the step-6 validation (a 90-point terse fall), not at step 3 (10 points, under the
+    # default terse_drop of 20), and the alert never fires.
+    from gridrun.mechanisms import signature_steps
+
+    rows: list[dict] = []
+    for step, terse, length in ((0, 1.0, 6.0), (3, 0.9, 6.0), (6, 0.1, 30.0)):
+        if step:
+            rows += [{"step": s, "split": "train", "role/generator/grad_share": 0.99, "role/aggregator/grad_share": 0.01}
+                     for s in range(step - 2, step + 1)]
+        rows.append({"step": step, "split": "val", "val/role/aggregator/terse_rate": terse,
+                     "val/role/aggregator/len_mean": length, "val/role/generator/len_mean": 19.0})
+    assert signature_steps(rows, "voting", "shared") == [6]
+    assert firings(alert_history(rows, "voting", "shared"), "sp_role_capture") == []
+    # Under IP there is no shared adapter to capture.
+    assert signature_steps(rows, "voting", "isolated") == []

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from gridrun.accuracy import val_accuracy
 from gridrun.cellrun import model_files, run_cell
 from gridrun.runconfig import load_config
 from gridrun.rundir import RunDir
@@ -490,3 +491,37 @@ def test_a_run_whose_cell_was_queued_again_meanwhile_stops_without_touching_the_
     assert code == 1, state
     assert (state["state"], state["attempt"], state["error"]) == ("queued", 1, None)
     assert "queued again" in caplog.text and "Traceback" not in caplog.text
+
+
+@pytest.mark.parametrize("action", ["stop", "export_peak"])
+def test_an_alert_that_acts_exports_the_peak_and_stop_ends_the_cell(tmp_path: Path, monkeypatch, action: str) -> None:
+    # As above, Voting-IP's eager perplexity test fires from step 1 on. Under stop the cell
+    # ends cleanly after step 1 (state `stopped`, exit 0) with the alert, its step and the
+    # peak's adapters exported; under export_peak the same export happens and training goes on.
+    from gridrun.mechanisms import MechanismWatch, Thresholds
+    from gridrun.train import trainer as trainer_module
+
+    eager = Thresholds(ppl_factor=0.0)
+    monkeypatch.setattr(trainer_module, "MechanismWatch", lambda w, p, groups=None: MechanismWatch(w, p, eager, groups))
+    if action == "stop":
+        # This cell's step-1 validation does not beat step 0's; read the newest validation as
+        # the peak, so the peak is a trained checkpoint (saved as a peak is) and is exported.
+        monkeypatch.setattr(trainer_module, "first_peak", lambda accs: (max(accs), accs[max(accs)]) if accs else None)
+    cell = make_cell(tmp_path, workflow={"name": "voting"}, policy={"name": "isolated"},
+                     train={"total_steps": 3, "val_every": 1, "on_alert": action})
+    assert run_cell(cell) == 0, RunDir(cell).read_state().to_json().get("error")
+    state = RunDir(cell).read_state()
+    assert state.on_alert == action and state.alert_step == 1
+    assert state.alert is not None and state.alert.startswith("gradient_amplification: generator ")
+    steps = sorted({r["step"] for r in RunDir(cell).read_metrics()})
+    if action == "stop":
+        assert state.state == "stopped" and state.step == 1 and steps == [0, 1]
+        # The peak's adapters (one per role under IP), as `gridrun export` writes them.
+        exported = Path(str(state.peak_export))
+        assert exported == RunDir(cell).export(1) and (exported / "roles.json").is_file()
+        assert {p.name for p in exported.iterdir() if p.is_dir()} == {"generator", "aggregator"}
+    else:
+        assert state.state == "done" and state.step == 3 and steps == [0, 1, 2, 3]
+        # The peak at the alert was the base model (step 1 did not beat step 0): nothing to export.
+        accs = val_accuracy(RunDir(cell).read_metrics())
+        assert accs[1] <= accs[0] and state.peak_export == "base model"

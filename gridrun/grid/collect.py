@@ -14,6 +14,9 @@ sweeps) and writes, under results/<sweep>/:
                       cell, as md, csv and tex: grid/analysis/findings.py
     early_warning     per alert, its recall on cliff cells and false-alarm rate on the others
                       (grid/analysis/warning.py; the per-cell cliff and leads are in cells.parquet)
+    noise_floor       per trained cell, its validation SE, noise floor and largest fall in SEs
+    alert_actions     cells whose train.on_alert acted: steps a stop saved, the peak it kept
+                      against the would-be end (its own final, or a twin's that ran on)
     early_warning_calibration, early_warning_search, mechanism_shown   with an early_warning
                       plan in sweep.json: thresholds chosen on its fit seeds and reported on
                       its held-out seeds (grid/analysis/calibration.py)
@@ -37,7 +40,9 @@ curves so far are drawn), but only `done` cells give numbers in the tables.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
+import json
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -51,14 +56,22 @@ import yaml
 
 from gridrun import registry
 from gridrun.adapters import peak_checkpoint
-from gridrun.cellstate import CellState
+from gridrun.cellstate import FINISHED_STATES, CellState
 from gridrun.grid.analysis.calibration import calibration_tables
 from gridrun.grid.analysis.findings import alerts_table, findings_table
 from gridrun.grid.analysis.summary import MetricColumns, alert_summary, cell_grouping, cell_hours, cell_summary
 from gridrun.grid.analysis.tables import Table, base_mismatch_notes, flags, signature_tables, table1, table2, table3
-from gridrun.grid.analysis.warning import early_warning_jobs, early_warning_table, warning_columns
+from gridrun.grid.analysis.warning import (
+    CLIFF_SE,
+    alert_actions_table,
+    early_warning_jobs,
+    early_warning_table,
+    noise_table,
+    warning_columns,
+)
 from gridrun.grid.cells import base_control
 from gridrun.grid.console import track
+from gridrun.grid.spec import EarlyWarningPlan
 from gridrun.grid.status import sweep_rows
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.mechanisms import ALERTS
@@ -80,14 +93,16 @@ class SweepData:
     columns: dict[str, MetricColumns]
 
 
-def read_cell(root: str, workflow: str | None = None, policy: str | None = None) -> tuple[MetricColumns, dict[str, Any], str | None]:
+def read_cell(root: str, workflow: str | None = None, policy: str | None = None,
+              cliff_se: float = CLIFF_SE) -> tuple[MetricColumns, dict[str, Any], str | None]:
     """One cell's metric columns, summary (the mechanism alerts replayed for its workflow and
-    policy included) and metrics.jsonl damage (a top-level function: worker processes run it)."""
+    policy included, its cliff against `cliff_se` standard errors) and metrics.jsonl damage (a
+    top-level function: worker processes run it)."""
     _load_workflow_plugin(RunDir(root), workflow)
     rows, damage = RunDir(root).read_metrics_checked()
     columns = MetricColumns.from_rows(rows)
     alerts = alert_summary(rows, workflow, policy, groups=cell_grouping(RunDir(root), policy))
-    warning = warning_columns(columns.series("val", "val/acc"), alerts)
+    warning = warning_columns(columns.series("val", "val/acc"), alerts, columns.series("val", "val/acc_se"), cliff_se)
     return columns, {**cell_summary(columns), **alerts, **warning}, damage
 
 
@@ -111,7 +126,8 @@ def _workers(cells: int) -> int:
     return min(cells // PARALLEL_FROM_CELLS, os.cpu_count() or 1, 8)
 
 
-def _read_all(cells: Sequence[tuple[str, str | None, str | None]], description: str) -> list[tuple[MetricColumns, dict[str, Any], str | None]]:
+def _read_all(cells: Sequence[tuple[str, str | None, str | None, float]],
+              description: str) -> list[tuple[MetricColumns, dict[str, Any], str | None]]:
     """read_cell of each (root, workflow, policy)."""
     workers = _workers(len(cells))
     if workers < 2:
@@ -128,10 +144,14 @@ def base_id(kind: str, coords: dict[str, Any]) -> str | None:
 
 def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
     """Every cell of the sweep, finished or not, with its statistics."""
-    plan = sweep.read().entries()
+    recorded = sweep.read()
+    plan = recorded.entries()
     rows = sweep_rows(sweep)
+    # The cliff's k: the sweep file's early_warning.cliff_se, else the default.
+    early = EarlyWarningPlan.parse(recorded.early_warning, str(sweep.sweep_json)) if recorded.early_warning else None
+    k = CLIFF_SE if early is None or early.cliff_se is None else early.cliff_se
     read = _read_all(
-        [(str(sweep.cell(row["cell"]).root), plan[row["cell"]].coords.get("workflow"), plan[row["cell"]].coords.get("policy"))
+        [(str(sweep.cell(row["cell"]).root), plan[row["cell"]].coords.get("workflow"), plan[row["cell"]].coords.get("policy"), k)
          for row in rows],
         f"reading {len(rows)} cells of {sweep.name}",
     )
@@ -151,6 +171,9 @@ def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
             "step": row["step"], "total_steps": row["total_steps"], "attempt": row["attempt"],
             "wall_h": wall_h, "gpu_h": wall_h * int(resources.get("gpus") or 0) * int(resources.get("nodes") or 1),
             "alerts": "; ".join(row["alerts"]),
+            # train.on_alert's action, where it acted (export_peak, stop).
+            "on_alert": row["on_alert"], "alert": row["alert"], "alert_step": row["alert_step"],
+            "peak_export": row["peak_export"],
             **summary,
         })
     frame = pd.DataFrame.from_records(records)
@@ -162,6 +185,32 @@ def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
         if column in frame:
             frame[column] = pd.array([None if pd.isna(v) else int(v) for v in frame[column]], dtype="Int64")
     return SweepData(frame, columns)
+
+
+def twin_ran_on(sweep: SweepDir, cells: pd.DataFrame, cell: str) -> str | None:
+    """A done cell whose config is `cell`'s but for train.on_alert (and its id and variant):
+    where the stopped `cell` would have ended. None without one."""
+    own = _alike(str(sweep.cell(cell).config_yaml))
+    if own is None:
+        return None
+    done = cells[(cells["state"] == CellState.DONE) & (cells["cell"] != cell)]
+    return next((c for c in done["cell"] if _alike(str(sweep.cell(c).config_yaml)) == own), None)
+
+
+@functools.lru_cache(maxsize=4096)
+def _alike(config_yaml: str) -> str | None:
+    """A cell's config.yaml without its `cell` node and train.on_alert, as canonical JSON
+    (what twins share); None when it does not read."""
+    try:
+        tree = yaml.safe_load(Path(config_yaml).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(tree, dict):
+        return None
+    tree.pop("cell", None)
+    if isinstance(tree.get("train"), dict):
+        tree["train"].pop("on_alert", None)
+    return json.dumps(tree, sort_keys=True, default=str)
 
 
 def _peak_where(run_dir: RunDir, kind: str, peak_step: Any) -> str | None:
@@ -260,7 +309,7 @@ def export_peaks(sweep: SweepDir, cells: pd.DataFrame, out: Path, console: Any) 
     from gridrun.export import ExportError, export
 
     written, kept, missing = [], 0, []
-    done = cells[(cells["state"] == CellState.DONE) & cells["peak_checkpoint"].notna()]
+    done = cells[cells["state"].isin(FINISHED_STATES) & cells["peak_checkpoint"].notna()]
     for cell, step in zip(done["cell"], done["peak_step"]):
         peak = peak_checkpoint(sweep.cell(cell), int(step))
         if peak.base_model:
@@ -292,6 +341,7 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0, export_to:
 
     data = read_sweep(sweep, tolerance_pp)
     cells = data.cells
+    _alike.cache_clear()  # a config read by an earlier collect in this process may have changed
 
     def signatures(cell: str) -> dict[str, dict[int, float]]:
         columns = data.columns[cell]
@@ -304,7 +354,8 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0, export_to:
         tables += [for_variant(t, variant) for t in [
             peak, table1(part, "final_val_acc"), table2(part), table3(part), *signature_tables(part, signatures),
             alerts_table(part)]]
-    tables += [findings_table(cells), early_warning_table(cells), *calibration_tables(sweep, cells)]
+    tables += [findings_table(cells), early_warning_table(cells), noise_table(cells),
+               alert_actions_table(cells, functools.partial(twin_ran_on, sweep, cells)), *calibration_tables(sweep, cells)]
     sweep.root.mkdir(parents=True, exist_ok=True)
     write_parquet(_parquet_ready(cells), sweep.cells_parquet)
     write_parquet(metrics_frame(data.columns), sweep.metrics_parquet)

@@ -236,7 +236,7 @@ def _selected(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]
 
 
 def _resubmit(args: argparse.Namespace) -> int:
-    from gridrun.cellstate import ACTIVE_STATES, UNREADABLE_STATES, CellState
+    from gridrun.cellstate import ACTIVE_STATES, FINISHED_STATES, UNREADABLE_STATES
     from gridrun.grid.launchers.base import make_launcher
     from gridrun.grid.launchers.dispatch import queue
     from gridrun.grid.status import sweep_rows
@@ -250,11 +250,11 @@ def _resubmit(args: argparse.Namespace) -> int:
     rows = {row["cell"]: row for row in sweep_rows(sweep)}
     ids = _selected(list(rows.values()), args)
     console = make_console()
-    kept = (CellState.DONE, *ACTIVE_STATES, *UNREADABLE_STATES)
+    kept = (*FINISHED_STATES, *ACTIVE_STATES, *UNREADABLE_STATES)
     for cell_id in ids:
         state = rows[cell_id]["state"]
         if state in kept:
-            why = " (to run it again, re-plan it with --replace)" if state == CellState.DONE else ""
+            why = " (to run it again, re-plan it with --replace)" if state in FINISHED_STATES else ""
             if state in UNREADABLE_STATES:
                 why = f": {rows[cell_id]['error']}"
             console.print(f"skip {cell_id}: {state}" + why, highlight=False)

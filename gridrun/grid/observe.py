@@ -23,7 +23,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from gridrun.cellstate import BLOCKING_STATES, CellState, StateRecord
+from gridrun.cellstate import BLOCKING_STATES, FINISHED_STATES, CellState, StateRecord
 from gridrun.grid.launchers.base import LAUNCHERS, launcher_class
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def _held(observed: dict[str, StateRecord], needs: Mapping[str, list[str]]) -> d
         for need in required:
             need_record = observed.get(need)
             need_state = CellState.PLANNED if need_record is None else need_record.state
-            if need_state == CellState.DONE:
+            if need_state in FINISHED_STATES:
                 continue
             if need_state in BLOCKING_STATES:
                 observed[cell_id] = record.with_(

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -120,10 +121,15 @@ class EarlyWarningPlan:
     fit_seeds: tuple[int, ...]
     held_out_seeds: tuple[int, ...]
     search: dict[str, tuple[float, ...]]
+    # A cliff's fall in standard errors (warning.CLIFF_SE where the file gives none).
+    cliff_se: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"fit_seeds": list(self.fit_seeds), "held_out_seeds": list(self.held_out_seeds),
-                "search": {name: list(values) for name, values in self.search.items()}}
+        out: dict[str, Any] = {"fit_seeds": list(self.fit_seeds), "held_out_seeds": list(self.held_out_seeds),
+                               "search": {name: list(values) for name, values in self.search.items()}}
+        if self.cliff_se is not None:
+            out["cliff_se"] = self.cliff_se
+        return out
 
     @classmethod
     def parse(cls, data: Any, where: str) -> EarlyWarningPlan:
@@ -131,8 +137,13 @@ class EarlyWarningPlan:
         from gridrun.mechanisms import Thresholds
 
         example = "{fit_seeds: [0, 1], held_out_seeds: [2], search: {chi2_factor: [2.0, 3.0]}}"
-        if not isinstance(data, dict) or set(data) != {"fit_seeds", "held_out_seeds", "search"}:
-            raise GridError(f"{where}: 'early_warning' must hold fit_seeds, held_out_seeds and search, e.g. {example}")
+        if not isinstance(data, dict) or not {"fit_seeds", "held_out_seeds", "search"} <= set(data) <= {
+                "fit_seeds", "held_out_seeds", "search", "cliff_se"}:
+            raise GridError(f"{where}: 'early_warning' must hold fit_seeds, held_out_seeds and search (and may hold "
+                            f"cliff_se), e.g. {example}")
+        k = data.get("cliff_se")
+        if k is not None and (not isinstance(k, (int, float)) or isinstance(k, bool) or not 0 <= k < math.inf):
+            raise GridError(f"{where}: early_warning.cliff_se must be a number of standard errors >= 0, e.g. 2.0")
         seeds = {}
         for key in ("fit_seeds", "held_out_seeds"):
             values = data[key]
@@ -161,7 +172,7 @@ class EarlyWarningPlan:
                 raise GridError(f"{where}: early_warning.search.{name} must be a non-empty list of "
                                 f"{'whole numbers' if whole else 'numbers'}")
             out[name] = tuple(values)
-        return cls(seeds["fit_seeds"], seeds["held_out_seeds"], out)
+        return cls(seeds["fit_seeds"], seeds["held_out_seeds"], out, None if k is None else float(k))
 
     def check_seeds(self, planned: list[Any], where: str) -> None:
         """Every fit and held-out seed is one the sweep plans (else it has no cells to score)."""

@@ -31,6 +31,7 @@ STATE_STYLES = {
     "queued": "cyan",
     "running": "blue",
     CellState.DONE: "green",
+    CellState.STOPPED: "green",
     "failed": "red",
     "preempted": "magenta",
     "cancelled": "yellow",
@@ -75,6 +76,11 @@ def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
                 "peak_step": state.peak_step,
                 "elapsed_s": elapsed,
                 "alerts": list(state.alerts),
+                # What train.on_alert did (export_peak, stop): the alert, its step, the peak's export.
+                "on_alert": state.on_alert,
+                "alert": state.alert,
+                "alert_step": state.alert_step,
+                "peak_export": state.peak_export,
                 # A reader's message says conf=<sweep> (a run dir knows no sweep): name it.
                 "error": state.error.replace("conf=<sweep>", f"conf={sweep.name}") if state.error else None,
                 "lost": state.lost,
@@ -187,6 +193,9 @@ def tables(rows: list[dict[str, Any]]) -> list[Any]:
                 peak += f" @{row['peak_step']}"
             alerts = row["alerts"]
             alert = "" if not alerts else alerts[-1] + (f" (+{len(alerts) - 1})" if len(alerts) > 1 else "")
+            if row["alert"]:  # train.on_alert acted: what, where, and the peak it kept
+                alert = (f"{row['on_alert']} at step {row['alert_step']}: {row['alert']}; peak exported: "
+                         f"{row['peak_export']}")
             table.add_row(
                 row["cell"],
                 row["kind"],

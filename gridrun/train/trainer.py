@@ -34,7 +34,8 @@ import torch
 from gridrun import cellstate
 from gridrun.accuracy import first_peak, val_accuracy
 from gridrun.adapters import AdapterSourceError
-from gridrun.mechanisms import RESPONSE_CAP, MechanismWatch, alert_flags
+from gridrun.export import export
+from gridrun.mechanisms import MECHANISMS, RESPONSE_CAP, MechanismWatch, alert_flags
 from gridrun.metric_keys import VAL_ROLE
 from gridrun.runconfig import ModelSpec, RunConfig, load_config
 from gridrun.rundir import RANK_STEPS_KEPT, RUN_DISK_FIXES, NotARunDir, RunDir, atomic_write_text, disk_error
@@ -120,13 +121,17 @@ class Trainer:
         grouping = config.adapter_groups() if config.policy.name == "grouped" else None
         self.watch = MechanismWatch(config.workflow.name, config.policy.name, groups=grouping)
         self.mechanism_alerts: list[str] = []
+        # Whether train.on_alert has acted (once per cell; a resume reads it from state.json).
+        self.alert_acted = run_dir.read_state().alert_step is not None if self.dist.is_main else False
         self.val_acc: dict[int, float] = {}
         self.pad_id = self.tokenizer.pad_token_id
         self.total_steps = config.steps_to_train
         self.dist.decorrelate_rng(seed, 0)
 
     # --- the loop -------------------------------------------------------------------------
-    def fit(self) -> None:
+    def fit(self) -> cellstate.Transition | None:
+        """Train to the end (None), or until train.on_alert=stop ends the cell: the
+        `stopped` transition to record instead of `done`."""
         start = self.resume()
         main = self.dist.is_main
         self.metrics = MetricsLog(self.run_dir, self.config, enabled=main)
@@ -150,10 +155,16 @@ class Trainer:
                     self.save(step)
                 if main:
                     self.run_dir.record(cellstate.progressed(step=step, alerts=self.alerts()))
+                stop = self.act_on_alerts(step)
+                if stop is not None:
+                    if not saved:
+                        self.save(step)
+                    return stop
                 if step < self.total_steps and self.dist.should_stop():
                     if not saved:
                         self.save(step)
                     raise Preempted(f"stopped after step {step} on SIGUSR2, checkpointed")
+            return None
         finally:
             self.metrics.close()
             self.engine.close()
@@ -299,6 +310,40 @@ class Trainer:
         if self.dist.is_main:
             self.run_dir.record(cellstate.progressed(skipped_nonfinite=self.skipped_nonfinite))
 
+    def act_on_alerts(self, step: int) -> cellstate.Transition | None:
+        """train.on_alert's action, once, when a mechanism alert (gridrun/mechanisms.py's
+        MECHANISMS: the ones the early warning calibrates) first holds after `step`:
+        export_peak exports the peak validation's adapters and trains on; stop exports them
+        and returns the transition that ends the cell. Every rank decides alike (rank 0's
+        alerts, summed across ranks), so all of them leave the loop at the same step."""
+        action = self.config.train.on_alert
+        if action == "warn" or self.alert_acted:
+            return None
+        fired = [a for a in self.mechanism_alerts if a.split(":", 1)[0] in MECHANISMS] if self.dist.is_main else []
+        firing = bool(fired) if self.dist.world == 1 else self.dist.all_reduce_sum([float(bool(fired))])[0] > 0
+        if not firing:
+            return None
+        self.alert_acted = True
+        if not self.dist.is_main:
+            return cellstate.stopped("", step, None) if action == "stop" and step < self.total_steps else None
+        exported = self.export_peak()
+        log.warning("step %d: %s; train.on_alert=%s: peak exported to %s", step, fired[0], action, exported)
+        if action == "stop" and step < self.total_steps:
+            return cellstate.stopped(fired[0], step, exported)
+        # export_peak, or a stop at the last step: nothing is left to save, the cell ends done.
+        self.run_dir.record(cellstate.alert_acted(action, fired[0], step, exported))
+        return None
+
+    def export_peak(self) -> str:
+        """The peak validation's adapters exported (gridrun export's folder for its step), or
+        "base model" when the peak is step 0 (no update beat it: nothing trained to keep)."""
+        peak = self.peak_step()
+        if not peak:
+            return "base model"
+        out = self.run_dir.export(peak)
+        # A resumed run may have exported it before it stopped: that folder is the same checkpoint's.
+        return str(out if out.exists() else export(self.run_dir, peak))
+
     def alerts(self) -> list[str]:
         """state.json's alerts: what the metric rows so far say (gridrun/mechanisms.py)."""
         return self.mechanism_alerts
@@ -314,7 +359,7 @@ class Trainer:
         # cell's step 0 agree exactly), and validating does not perturb training.
         with torch.random.fork_rng(devices=[self.dist.device] if self.dist.device.type == "cuda" else []):
             torch.manual_seed(derive(cfg.cell.seed, Stream.VALIDATION))
-            episodes = self.rollout(self.dist.shard(problems), 1, cfg.sampling.val_temperature)
+            episodes = self.rollout(self.dist.shard(problems), cfg.train.val_n, cfg.sampling.val_temperature)
         episodes, _ = self.dist.gather(episodes)
         if not self.dist.is_main:
             return
@@ -482,7 +527,7 @@ def run_under_lock(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int
         try:
             require_gpus(run_dir.planned_count("gpus") or 0)
             with usr2_stops(dist):
-                Trainer(config, run_dir, resolve_model(config.model), dist).fit()
+                stopped = Trainer(config, run_dir, resolve_model(config.model), dist).fit()
         except Cancelled as stop:
             other = run_dir.ranks_failure(started) if dist.is_main else None
             if other is not None:
@@ -514,7 +559,7 @@ def run_under_lock(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int
                 signal.signal(sig, handler)
             dist.close()
         try:
-            record(cellstate.done())
+            record(stopped if stopped is not None else cellstate.done())
         except cellstate.IllegalTransition as moved:
             return _superseded(moved)
         return 0

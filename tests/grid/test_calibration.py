@@ -43,15 +43,15 @@ def factor(chi2: float) -> Thresholds:
 
 def test_score_counts_warned_cliffs_and_false_alarms() -> None:
     curves = [curve("a", 0, FALLS, RISING), curve("b", 0, CALM, SPIKE)]
-    # Factor 5: a fires at 3 (10x), 2 validations ahead; b fires at 3 (6x): a false alarm.
-    assert score(curves, GRADIENT_AMPLIFICATION, factor(5.0)) == Score(cliffs=1, warned=1, calm=1, false=1)
+    # Factor 5: a fires at 3 (10x), 2 validations ahead (its lead); b fires at 3 (6x): a false alarm.
+    assert score(curves, GRADIENT_AMPLIFICATION, factor(5.0)) == Score(cliffs=1, warned=1, calm=1, false=1, leads=(2,))
     # Factor 10: a still warned (10 >= 10), b silent (6 < 10).
-    assert score(curves, GRADIENT_AMPLIFICATION, factor(10.0)) == Score(cliffs=1, warned=1, calm=1, false=0)
+    assert score(curves, GRADIENT_AMPLIFICATION, factor(10.0)) == Score(cliffs=1, warned=1, calm=1, false=0, leads=(2,))
     # Factor 20: nothing fires, the cliff goes unwarned.
     assert score(curves, GRADIENT_AMPLIFICATION, factor(20.0)) == Score(cliffs=1, warned=0, calm=1, false=0)
-    # A rise one step later (step 5) leads the fall by one validation only: missed.
+    # A rise one step later (step 5) leads the fall by one validation only: missed (lead 1).
     late = curve("c", 0, FALLS, [0.0, 0.01, 0.01, 0.01, 0.1, 0.1, 0.1, 0.1])
-    assert score([late], GRADIENT_AMPLIFICATION, factor(5.0)) == Score(cliffs=1, warned=0)
+    assert score([late], GRADIENT_AMPLIFICATION, factor(5.0)) == Score(cliffs=1, warned=0, leads=(1,))
 
 
 def test_choose_takes_the_best_recall_under_the_false_alarm_cap() -> None:
@@ -83,11 +83,12 @@ def test_calibrate_chooses_on_fit_seeds_and_reports_the_held_out_seed() -> None:
     amplification = next(r for r in calibrate(curves, plan) if r.mechanism == GRADIENT_AMPLIFICATION)
     # Seed 0: factor 5 cries wolf on b0 (100%), 10 warns a0 without a false alarm, 20 misses.
     assert amplification.chosen.chi2_factor == 10.0
-    assert amplification.fit == Score(1, 1, 1, 0)
+    assert amplification.fit == Score(1, 1, 1, 0, leads=(2,))
     # Seed 1 was not looked at: its calm cell's 30x spike is a false alarm even at 10.
-    assert amplification.held_out == Score(1, 1, 1, 1)
+    assert amplification.held_out == Score(1, 1, 1, 1, leads=(2,))
+    assert amplification.held_out.mean_lead == 2.0
     # The defaults (2x, perplexity 1.2x) on seed 1: the same counts here.
-    assert amplification.held_out_default == Score(1, 1, 1, 1)
+    assert amplification.held_out_default == Score(1, 1, 1, 1, leads=(2,))
 
 
 @pytest.mark.parametrize(("data", "message"), [
@@ -106,3 +107,9 @@ def test_the_plan_round_trips_through_sweep_json() -> None:
     plan = EarlyWarningPlan.parse({"fit_seeds": [0, 1], "held_out_seeds": [2],
                                    "search": {"chi2_factor": [2.0, 3.0], "ppl_factor": [math.inf]}}, "x")
     assert EarlyWarningPlan.parse(plan.to_dict(), "sweep.json") == plan
+    # cliff_se is optional: a plan without it writes sweep.json as before; one with it keeps it.
+    assert "cliff_se" not in plan.to_dict()
+    scaled = EarlyWarningPlan.parse({**plan.to_dict(), "cliff_se": 3}, "x")
+    assert scaled.cliff_se == 3.0 and EarlyWarningPlan.parse(scaled.to_dict(), "sweep.json") == scaled
+    with pytest.raises(GridError, match="cliff_se must be a number of standard errors"):
+        EarlyWarningPlan.parse({**plan.to_dict(), "cliff_se": "two"}, "x")

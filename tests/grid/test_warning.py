@@ -16,6 +16,34 @@ from tests.grid.conftest import Gridrun
 from tests.grid.test_collect import add_cell, coords
 
 
+def test_the_cliff_is_a_fall_of_k_standard_errors_and_the_points() -> None:
+    accs = {0: 0.30, 2: 0.40, 4: 0.29}
+    # An 11-point fall; without standard errors (rows from before val/acc_se) the points decide.
+    plain = peak_drop(accs)
+    assert plain is not None and plain.se_pp is None and plain.cliff
+    # SE 5 points per validation: the fall's SE is hypot(5, 5) = 7.07 points, and 11 points
+    # are 1.56 of them, under k = 2: noise, not a cliff.
+    noisy = peak_drop(accs, {s: 0.05 for s in accs}, k=2.0)
+    assert noisy is not None and noisy.se_pp == pytest.approx(100 * math.hypot(0.05, 0.05))
+    assert noisy.drop_pp == pytest.approx(11.0) and not noisy.cliff
+    # SE 2 points: the fall's SE 2.83, 11 points are 3.9 of them: a cliff.
+    precise = peak_drop(accs, {s: 0.02 for s in accs}, k=2.0)
+    assert precise is not None and precise.cliff
+    # 9 points of a precise validation are not a cliff either: both tests must hold.
+    assert not peak_drop({0: 0.40, 2: 0.31}, {0: 0.001, 2: 0.001}).cliff  # type: ignore[union-attr]
+    # The onset: a validation within k SEs of the peak is still at it. Falls of 6 and 7
+    # points with SE 2.5 (the difference's SE 3.54, k x SE 7.07) are noise; the fall shows
+    # at step 6 (points alone: at step 2, the first more than ONSET_PP below).
+    slide = {0: 0.40, 2: 0.34, 4: 0.33, 6: 0.25}
+    assert peak_drop(slide).onset_step == 2  # type: ignore[union-attr]
+    assert peak_drop(slide, {s: 0.025 for s in slide}, k=2.0).onset_step == 6  # type: ignore[union-attr]
+    # The cell's noise floor: k x sqrt(2) x its mean SE (2 x 1.414 x 2.5 = 7.07 points).
+    columns = warning_columns(slide, {}, {s: 0.025 for s in slide}, k=2.0)
+    assert columns["val_acc_se_pp"] == pytest.approx(2.5)
+    assert columns["noise_floor_pp"] == pytest.approx(2 * math.sqrt(2) * 2.5)
+    assert columns["peak_drop_cliff"] is True and columns["peak_drop_se_pp"] == pytest.approx(100 * math.hypot(0.025, 0.025))
+
+
 def test_the_cliff_is_the_largest_drop_below_the_running_peak() -> None:
     # Peak 0.60 at step 10; below it 15 points at 15, 10 at 20, 30 at 25: the cliff is 30
     # points at step 25, measured from step 10, and the fall shows first at step 15.
@@ -182,3 +210,54 @@ def test_findings_e_measures_a_remedy_on_the_injection_against_injected() -> Non
     assert kept.name == "injected_credit keeps the peak in most blocks"
     assert kept.rows[0].measurement == "injected_credit peak − injected peak (+2 pt margin)"
     assert kept.rows[0].values == pytest.approx([3.0, 3.0]) and shrunk.rows[0].values == pytest.approx([20.0, 20.0])
+
+
+def test_a_stopped_cell_shows_in_status_and_its_saving_in_the_report(gridrun: Gridrun, results: Path) -> None:
+    # Two Voting-IP cells alike but for train.on_alert: `stop` ended at step 10 when
+    # gradient_amplification fired (its peak 0.55 at step 10 exported); its `warn` twin ran
+    # all 20 steps and ended at 0.30. The stop saved 10 steps and kept 25 points more.
+    sweep = SweepDir(results, "acts")
+    data: dict = {"name": "acts", "cells": [], "plans": []}
+    for cell_id, state, accs, on_alert in (("stop", "stopped", {0: 0.40, 5: 0.50, 10: 0.55}, "stop"),
+                                           ("warn", "done", {0: 0.40, 5: 0.50, 10: 0.55, 15: 0.45, 20: 0.30}, "warn")):
+        add_cell(sweep, data, cell_id, "train", coords("voting", "isolated"), state, accs)
+        config = f"cell:\n  id: {cell_id}\nworkflow:\n  name: voting\ntrain:\n  total_steps: 20\n"
+        sweep.cell(cell_id).config_yaml.write_text(config + ("  on_alert: stop\n" if on_alert == "stop" else ""))
+    sweep.write(data)
+    from tests.states import put_state
+    put_state(sweep.cell("stop"), on_alert="stop", alert="gradient_amplification: generator chi2 peak/first 30.00 vs aggregator 1.00",
+              alert_step=10, peak_export="/x/exports/step_000010", peak_step=10, peak_val_acc=0.55)
+    status = gridrun("status", "conf=acts")
+    assert status.code == 0 and "stopped" in status.out
+    assert "stop at step 10: gradient_amplification" in " ".join(status.out.split())
+    assert gridrun("collect", "conf=acts").code == 0
+    table = (sweep.root / "alert_actions.csv").read_text().splitlines()
+    assert table[0].startswith("cell,on_alert,alert,alert_step,steps_saved,total_steps,kept_pct,twin,twin_final_pct,"
+                               "kept_minus_end_pp")
+    assert table[1].startswith("stop,stop,gradient_amplification,10,10,20,55.0,warn,30.0,25.0")
+    assert "Alerts that acted" in (sweep.root / "report.md").read_text()
+
+
+def test_collect_reports_the_calibration_with_held_out_leads_and_the_noise(gridrun: Gridrun, results: Path) -> None:
+    # A sweep whose sweep.json holds an early_warning plan (fit seed 0, held-out seed 1,
+    # cliff_se 2): collect writes the calibration with the held-out lead columns, the
+    # signature column of mechanism_shown and each cell's noise floor. Seed 1's cell falls
+    # 20 points with an SE of 2 points per validation (its noise floor 2 x 1.414 x 2 = 5.7).
+    sweep = SweepDir(results, "calib")
+    data: dict = {"name": "calib", "cells": [], "plans": [],
+                  "early_warning": {"fit_seeds": [0], "held_out_seeds": [1], "cliff_se": 2.0,
+                                    "search": {"chi2_factor": [2.0, 10.0]}}}
+    for seed in (0, 1):
+        cell = f"voting-ip-s{seed}"
+        add_cell(sweep, data, cell, "train", {**coords("voting", "isolated", seed=seed), "variant": "natural"}, "done",
+                 {0: 0.40, 5: 0.50, 10: 0.30})
+        sweep.cell(cell).append_metrics([{"step": s, "split": "val", "val/acc": a, "val/acc_se": 0.02}
+                                         for s, a in ((0, 0.40), (5, 0.50), (10, 0.30))])
+    sweep.write(data)
+    assert gridrun("collect", "conf=calib").code == 0
+    header = (sweep.root / "early_warning_calibration.csv").read_text().splitlines()[0]
+    assert "held_mean_lead" in header and "default_held_mean_lead" in header
+    assert "signature" in (sweep.root / "mechanism_shown.csv").read_text().splitlines()[0]
+    noise = pd.read_csv(sweep.root / "noise_floor.csv")
+    assert noise["noise_floor_pp"].tolist() == pytest.approx([5.7, 5.7])
+    assert noise["cliff"].tolist() == ["yes", "yes"]

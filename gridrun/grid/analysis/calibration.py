@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -42,6 +43,7 @@ from gridrun.grid.analysis.summary import cell_grouping
 from gridrun.grid.analysis.tables import Table, number
 from gridrun.grid.analysis.warning import (
     CLIFF_PP,
+    CLIFF_SE,
     LEAD_VALIDATIONS,
     alert_counts,
     peak_drop,
@@ -59,6 +61,7 @@ from gridrun.mechanisms import (
     alert_history,
     applies,
     firings,
+    signature_steps,
 )
 from gridrun.runconfig import TRAINED_KINDS, CellKind
 from gridrun.rundir import RunDir
@@ -85,6 +88,8 @@ class CellCurve:
     val_acc: dict[int, float]
     # A grouped cell's adapters and their roles (summary.cell_grouping); None: read `policy`.
     groups: Groups | None = None
+    # step -> val/acc_se (empty: rows without it; the cliff is then points alone).
+    val_se: dict[int, float] = field(default_factory=dict)
 
     def applies(self, mechanism: str) -> bool:
         return applies(mechanism, self.workflow, self.policy, self.groups)
@@ -94,14 +99,26 @@ class CellCurve:
         return fired[0] if fired else None
 
 
+def val_se(rows: Sequence[Mapping[str, Any]]) -> dict[int, float]:
+    """step -> val/acc_se of a cell's validation rows (none before validations recorded it)."""
+    return {int(r["step"]): float(r["val/acc_se"]) for r in rows
+            if r.get("split") == "val" and isinstance(r.get("val/acc_se"), (int, float)) and math.isfinite(r["val/acc_se"])}
+
+
 @dataclass(frozen=True)
 class Score:
-    """An alert's early-warning counts on some cells."""
+    """An alert's early-warning counts on some cells, and its lead on each cliff it fired on
+    (validations before the onset; negative: after it)."""
 
     cliffs: int = 0
     warned: int = 0
     calm: int = 0
     false: int = 0
+    leads: tuple[int, ...] = ()
+
+    @property
+    def mean_lead(self) -> float | None:
+        return sum(self.leads) / len(self.leads) if self.leads else None
 
     @property
     def recall(self) -> float | None:
@@ -112,7 +129,7 @@ class Score:
         return self.false / self.calm if self.calm else None
 
 
-def score(curves: Sequence[CellCurve], mechanism: str, thresholds: Thresholds) -> Score:
+def score(curves: Sequence[CellCurve], mechanism: str, thresholds: Thresholds, k: float = CLIFF_SE) -> Score:
     """Recall and false alarms of `mechanism`'s alert under `thresholds` on `curves`: each
     curve's cliff and lead as collect writes them (`warning_columns`), counted as the early
     warning table counts them (`alert_counts`)."""
@@ -123,9 +140,12 @@ def score(curves: Sequence[CellCurve], mechanism: str, thresholds: Thresholds) -
         # Steps replayed: none (no training row) leaves the cell out, as collect's alert_summary does.
         trained = sum(row.get("split") == "train" for row in curve.rows) or None
         records.append({"kind": CellKind.TRAIN.value, "state": CellState.DONE.value, f"alert/{mechanism}/steps": trained, first: fired,
-                        **warning_columns(curve.val_acc, {first: fired})})
-    counts = alert_counts(pd.DataFrame.from_records(records), mechanism)
-    return Score(counts["cliffs"], counts["warned"], counts["calm"], counts["false"])
+                        **warning_columns(curve.val_acc, {first: fired}, curve.val_se, k)})
+    frame = pd.DataFrame.from_records(records)
+    counts = alert_counts(frame, mechanism)
+    leads = tuple(int(r[f"alert/{mechanism}/lead"]) for r in records
+                  if r["peak_drop_cliff"] and r[f"alert/{mechanism}/lead"] is not None)
+    return Score(counts["cliffs"], counts["warned"], counts["calm"], counts["false"], leads)
 
 
 def candidates(mechanism: str, search: Mapping[str, Sequence[float]]) -> list[Thresholds]:
@@ -167,7 +187,7 @@ def read_curves(sweep: SweepDir, cells: pd.DataFrame) -> list[CellCurve]:
         variant = record.get("variant")
         curves.append(CellCurve(record["cell"], int(record["seed"]), str(record["workflow"]), record.get("policy"),
                                 None if variant is None or pd.isna(variant) else str(variant), rows, val_accuracy(rows),
-                                cell_grouping(run_dir, record.get("policy"))))
+                                cell_grouping(run_dir, record.get("policy")), val_se(rows)))
     return curves
 
 
@@ -178,10 +198,11 @@ def calibrate(curves: Sequence[CellCurve], plan: EarlyWarningPlan) -> list[Calib
         own = [c for c in curves if c.applies(mechanism)]
         fit = [c for c in own if c.seed in plan.fit_seeds]
         held = [c for c in own if c.seed in plan.held_out_seeds]
-        searched = [(t, score(fit, mechanism, t)) for t in candidates(mechanism, plan.search) or [THRESHOLDS]]
+        k = CLIFF_SE if plan.cliff_se is None else plan.cliff_se
+        searched = [(t, score(fit, mechanism, t, k)) for t in candidates(mechanism, plan.search) or [THRESHOLDS]]
         chosen, fit_score = choose(searched)
-        out.append(Calibration(mechanism, chosen, fit_score, score(held, mechanism, chosen),
-                               score(held, mechanism, THRESHOLDS), searched))
+        out.append(Calibration(mechanism, chosen, fit_score, score(held, mechanism, chosen, k),
+                               score(held, mechanism, THRESHOLDS, k), searched))
     return out
 
 
@@ -197,28 +218,38 @@ def _counts(s: Score) -> tuple[str, str]:
 
 def calibration_table(results: Sequence[Calibration], plan: EarlyWarningPlan) -> Table:
     columns = ["mechanism", "thresholds", "fit_cliffs", "fit_warned", "fit_calm", "fit_false", "held_cliffs",
-               "held_warned", "held_calm", "held_false", "default_held_warned", "default_held_false"]
+               "held_warned", "held_calm", "held_false", "held_mean_lead", "default_held_warned", "default_held_false",
+               "default_held_mean_lead"]
     rows, shown = [], []
     for r in results:
         rows.append([r.mechanism, _thresholds_text(r.mechanism, r.chosen),
                      *(str(v) for v in (r.fit.cliffs, r.fit.warned, r.fit.calm, r.fit.false, r.held_out.cliffs,
-                                        r.held_out.warned, r.held_out.calm, r.held_out.false,
-                                        r.held_out_default.warned, r.held_out_default.false))])
+                                        r.held_out.warned, r.held_out.calm, r.held_out.false)),
+                     number(r.held_out.mean_lead, 2), str(r.held_out_default.warned), str(r.held_out_default.false),
+                     number(r.held_out_default.mean_lead, 2)])
         shown.append([r.mechanism, _thresholds_text(r.mechanism, r.chosen), *_counts(r.fit), *_counts(r.held_out),
-                      *_counts(r.held_out_default)])
+                      _lead(r.held_out), *_counts(r.held_out_default), _lead(r.held_out_default)])
     seeds = ", ".join(str(s) for s in plan.held_out_seeds)
+    k = CLIFF_SE if plan.cliff_se is None else plan.cliff_se
     return Table(
-        name="early_warning_calibration", title="Early warning — thresholds chosen on the fit seeds, held-out seed reported",
+        name="early_warning_calibration", title="Early warning — thresholds chosen on the fit seeds, held-out seeds reported",
         caption=(f"Chosen on seeds {', '.join(str(s) for s in plan.fit_seeds)} (the highest recall with false alarms "
                  f"under {FALSE_ALARM_CAP:.0%}), reported on seed{'s' if len(plan.held_out_seeds) > 1 else ''} {seeds}. "
-                 f"Recall: cliff cells ({CLIFF_PP:.0f}+ points) warned {LEAD_VALIDATIONS}+ validations ahead. False "
-                 "alarms: cells without such a cliff where the alert fired. The last two columns: the held-out "
-                 "cells under the default thresholds."),
+                 f"Recall: cliff cells ({CLIFF_PP:.0f}+ points and {k:g}+ standard errors below the running peak) "
+                 f"warned {LEAD_VALIDATIONS}+ validations ahead. False alarms: cells without such a cliff where the "
+                 "alert fired. Lead: the mean, over the cliff cells it fired on, of the validations from its first "
+                 "firing to the fall's onset (negative: after it). The last three columns: the held-out cells under "
+                 "the default thresholds."),
         columns=columns,
         headers=["Mechanism", "Thresholds", "Fit recall", "Fit false alarms", "Held-out recall",
-                 "Held-out false alarms", "Held-out recall (defaults)", "Held-out false alarms (defaults)"],
+                 "Held-out false alarms", "Held-out lead", "Held-out recall (defaults)",
+                 "Held-out false alarms (defaults)", "Held-out lead (defaults)"],
         rows=rows, shown=shown, left=2,
     )
+
+
+def _lead(s: Score) -> str:
+    return "n/a" if s.mean_lead is None else f"{number(s.mean_lead, 1)} (n={len(s.leads)})"
 
 
 def search_table(results: Sequence[Calibration]) -> Table:
@@ -237,7 +268,7 @@ def search_table(results: Sequence[Calibration]) -> Table:
     )
 
 
-def shown_table(curves: Sequence[CellCurve], results: Sequence[Calibration]) -> Table:
+def shown_table(curves: Sequence[CellCurve], results: Sequence[Calibration], k: float = CLIFF_SE) -> Table:
     """Per workflow x policy x variant: seeds with a cliff, seeds whose mechanism alert fired."""
     chosen = {r.mechanism: r.chosen for r in results}
     groups: dict[tuple[str, str, str], list[CellCurve]] = {}
@@ -247,19 +278,30 @@ def shown_table(curves: Sequence[CellCurve], results: Sequence[Calibration]) -> 
     rows = []
     for (workflow, policy, variant), members in groups.items():
         mechanism = next((m for m in MECHANISMS if members[0].applies(m)), None)
-        drops = [c.drop_pp for m in members if (c := peak_drop(m.val_acc)) is not None]
-        cliffs = sum(d >= CLIFF_PP for d in drops)
+        found = [c for m in members if (c := peak_drop(m.val_acc, m.val_se, k)) is not None]
+        drops = [c.drop_pp for c in found]
+        cliffs = sum(c.cliff for c in found)
         fired = (sum(m.first_firing(mechanism, chosen[mechanism]) is not None for m in members)
                  if mechanism is not None else None)
+        # SP: seeds where the paper's signature showed (a role's length or terse rate pulled
+        # toward the dominant role's), whatever the alert's share test said.
+        signed = (sum(bool(signature_steps(m.rows, m.workflow, m.policy, THRESHOLDS, m.groups)) for m in members)
+                  if mechanism == SP_ROLE_CAPTURE else None)
         rows.append([workflow, policy, variant, mechanism or "", str(len(members)), str(cliffs),
-                     "" if fired is None else str(fired), number(sum(drops) / len(drops) if drops else None, 1)])
+                     "" if fired is None else str(fired), "" if signed is None else str(signed),
+                     number(sum(drops) / len(drops) if drops else None, 1)])
     return Table(
         name="mechanism_shown", title="Does the injected mechanism show? Seeds with a cliff or the alert",
         caption=(f"Per workflow, policy and variant: seeds (done cells), seeds with a cliff of {CLIFF_PP:.0f}+ points "
-                 "below the running peak, seeds where the mechanism's alert fired (the calibrated thresholds), and "
+                 "below the running peak, seeds where the mechanism's alert fired (the calibrated thresholds), under "
+                 "SP the seeds showing the paper's signature at some validation (a role's mean length closed a "
+                 "quarter of the gap to the dominant role's, or its terse rate fell 20 points, since the first "
+                 "validation: sp_role_capture's drift test at the default thresholds, without its share test), and "
                  "the mean cliff in points."),
-        columns=["workflow", "policy", "variant", "mechanism", "seeds", "cliffs", "alerted", "mean_cliff_pp"],
-        headers=["Workflow", "Policy", "Variant", "Mechanism", "Seeds", "Cliffs", "Alerted", "Mean cliff (pp)"],
+        columns=["workflow", "policy", "variant", "mechanism", "seeds", "cliffs", "alerted", "signature",
+                 "mean_cliff_pp"],
+        headers=["Workflow", "Policy", "Variant", "Mechanism", "Seeds", "Cliffs", "Alerted", "SP signature",
+                 "Mean cliff (pp)"],
         rows=rows, left=4,
     )
 
@@ -272,4 +314,5 @@ def calibration_tables(sweep: SweepDir, cells: pd.DataFrame) -> list[Table]:
     plan = EarlyWarningPlan.parse(recorded, str(sweep.sweep_json))
     curves = read_curves(sweep, cells)
     results = calibrate(curves, plan)
-    return [calibration_table(results, plan), search_table(results), shown_table(curves, results)]
+    k = CLIFF_SE if plan.cliff_se is None else plan.cliff_se
+    return [calibration_table(results, plan), search_table(results), shown_table(curves, results, k)]

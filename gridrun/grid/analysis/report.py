@@ -122,7 +122,8 @@ def report_markdown(sweep: SweepDir, cells: pd.DataFrame, tables: list[Table], f
     for name in ("findings", "findings_alerts"):
         lines += [line for t in by_name.get(name, []) for line in (t.markdown(heading="###"), "")]
     lines += ["## Early warning", ""]
-    for name in ("early_warning", "early_warning_calibration", "mechanism_shown", "early_warning_search"):
+    for name in ("early_warning", "early_warning_calibration", "mechanism_shown", "alert_actions", "noise_floor",
+                 "early_warning_search"):
         lines += [line for t in by_name.get(name, []) for line in (t.markdown(heading="###"), "")]
     for path in (p for p in figures if _stem(p) == "early_warning"):
         lines += _figure_lines(path, sweep.root)

@@ -3,12 +3,20 @@
 Per cell (cells.parquet's columns, from its validation accuracy and the alerts replayed on
 its rows, gridrun/mechanisms.py):
 
+    val_acc_se_pp         the cell's noise: the mean standard error of its validations
+                          (`val/acc_se`, over problems and samples), in points
+    noise_floor_pp        the smallest fall told from noise: k x the SE of a difference of two
+                          such validations (k x sqrt(2) x val_acc_se_pp); k is `cliff_se`
     peak_drop_pp          the cliff: the largest drop of validation accuracy below its running
                           peak (the best so far), in points (0.0 when it never fell)
+    peak_drop_se_pp       that drop's standard error: sqrt(SE(peak)^2 + SE(low)^2), in points
+    peak_drop_cliff       whether it is a cliff: at least CLIFF_PP points AND at least k of its
+                          standard errors (points alone for rows without `val/acc_se`)
     peak_drop_step        the validation where that drop is reached
     peak_drop_peak_step   the running peak it is measured from (the first step reaching it)
-    peak_drop_onset_step  where the fall shows: the validation after the last one within
-                          ONSET_PP points of the peak before the cliff's lowest point (the
+    peak_drop_onset_step  where the fall shows: the validation after the last one still at the
+                          peak before the cliff's lowest point: within ONSET_PP points of it or
+                          within k standard errors of the difference (the
                           first one below the peak would be a validation's noise, often the
                           very next validation, and no alert could lead it)
     alert/<a>/lead        validations before the onset at which alert <a> first fired: the
@@ -17,10 +25,14 @@ its rows, gridrun/mechanisms.py):
                           fall; 0: in the onset's step; negative: after it). None without a
                           cliff or a firing.
 
+Per cell, `noise_table` (noise_floor): the validation SE, the noise floor, the largest fall in
+points and in its standard errors; `alert_actions_table` (alert_actions): where train.on_alert
+acted, the steps a stop saved and the peak kept against the would-be end.
+
 Per alert (`early_warning_table`): among the training cells it applies to (train, sa_rl and
 shuffled cells, done), recall = cliff cells (a drop of at least CLIFF_PP points) warned at
-least LEAD_VALIDATIONS validations ahead / cliff cells; false-alarm rate = cells without such
-a cliff (shuffled twins included) where it fired at all / those cells. The report's "Early
+least LEAD_VALIDATIONS validations ahead / cliff cells (`peak_drop_cliff`); false-alarm rate =
+cells without such a cliff (shuffled twins included) where it fired at all / those cells. The report's "Early
 warning" figure draws each cell's validation curve with its alerts' first firings and its
 cliff marked. What this leaves out: significance, and choosing thresholds (the alerts'
 `Thresholds` are replayable: collect with others to compare).
@@ -29,6 +41,7 @@ cliff marked. What this leaves out: significance, and choosing thresholds (the a
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,8 +57,11 @@ from gridrun.grid.sweepdir import SweepDir
 from gridrun.mechanisms import ALERTS
 from gridrun.runconfig import TRAINED_KINDS
 
-# A cliff worth warning about: at least this many points below the running peak.
+# A cliff worth warning about: at least this many points below the running peak...
 CLIFF_PP = 10.0
+# ...and at least this many standard errors of the fall (a sweep file's early_warning.cliff_se
+# replaces it): z = 2 makes a fall of pure noise one in ~44 between two given validations.
+CLIFF_SE = 2.0
 # A validation within this many points of the peak is still at it (a 200 x 4 validation's
 # noise is ~2-3 points): the fall starts after the last such one.
 ONSET_PP = 5.0
@@ -62,25 +78,58 @@ class PeakDrop:
     step: int | None = None
     peak_step: int | None = None
     onset_step: int | None = None
+    # The drop's standard error in points (None: the rows carry no val/acc_se).
+    se_pp: float | None = None
+    k: float = CLIFF_SE
+
+    @property
+    def cliff(self) -> bool:
+        """At least CLIFF_PP points and (where the noise is known) k standard errors."""
+        return self.drop_pp >= CLIFF_PP and (self.se_pp is None or self.drop_pp >= self.k * self.se_pp)
 
 
-def peak_drop(val_acc: Mapping[int, float]) -> PeakDrop | None:
-    """The largest drop below the running peak of a step -> accuracy (0-1) series; None
-    without validations. Ties keep the earlier step (of the peak and of the drop)."""
+def _diff_se_pp(val_se: Mapping[int, float] | None, a: int, b: int) -> float | None:
+    """The SE of the difference of validations `a` and `b` in points (independent draws)."""
+    if not val_se or a not in val_se or b not in val_se:
+        return None
+    return 100 * math.hypot(val_se[a], val_se[b])
+
+
+def _at_peak(val_acc: Mapping[int, float], val_se: Mapping[int, float] | None, k: float, peak: int, step: int) -> bool:
+    """Whether validation `step` is still at the peak: within ONSET_PP points, or within k
+    standard errors of the difference."""
+    fall, se = 100 * (val_acc[peak] - val_acc[step]), _diff_se_pp(val_se, peak, step)
+    return fall <= ONSET_PP + 1e-9 or (se is not None and fall < k * se)
+
+
+def peak_drop(val_acc: Mapping[int, float], val_se: Mapping[int, float] | None = None,
+              k: float = CLIFF_SE) -> PeakDrop | None:
+    """The largest drop below the running peak of a step -> accuracy (0-1) series, with its
+    standard error where `val_se` (step -> val/acc_se) has both ends; None without
+    validations. Ties keep the earlier step (of the peak and of the drop)."""
     steps = sorted(val_acc)
     if not steps:
         return None
-    best = PeakDrop(0.0)
+    best = PeakDrop(0.0, k=k)
     peak = steps[0]
     for step in steps:
         if val_acc[step] > val_acc[peak]:
             peak = step
         drop = 100 * (val_acc[peak] - val_acc[step])
         if drop > best.drop_pp:
-            near = [s for s in steps if peak <= s < step and 100 * (val_acc[peak] - val_acc[s]) <= ONSET_PP + 1e-9]
+            near = [s for s in steps if peak <= s < step and _at_peak(val_acc, val_se, k, peak, s)]
             onset = next(s for s in steps if s > near[-1])
-            best = PeakDrop(drop, step, peak, onset)
+            best = PeakDrop(drop, step, peak, onset, _diff_se_pp(val_se, peak, step), k)
     return best
+
+
+def noise(val_se: Mapping[int, float], k: float = CLIFF_SE) -> tuple[float | None, float | None]:
+    """(mean validation SE, noise floor), in points: the floor is the fall k standard errors
+    of a difference of two validations of that SE make; (None, None) without SEs."""
+    if not val_se:
+        return None, None
+    mean = 100 * sum(val_se.values()) / len(val_se)
+    return mean, k * math.sqrt(2) * mean
 
 
 def lead(val_steps: Sequence[int], onset: int | None, fired: int | None) -> int | None:
@@ -93,12 +142,19 @@ def lead(val_steps: Sequence[int], onset: int | None, fired: int | None) -> int 
     return -sum(onset < s <= fired for s in val_steps)
 
 
-def warning_columns(val_acc: Mapping[int, float], summary: Mapping[str, Any]) -> dict[str, Any]:
-    """A cell's drop below its running peak and each alert's lead (the module docstring); `summary` holds the
-    replayed alerts' `alert/<a>/first_step`."""
-    drop = peak_drop(val_acc)
+def warning_columns(val_acc: Mapping[int, float], summary: Mapping[str, Any], val_se: Mapping[int, float] | None = None,
+                    k: float = CLIFF_SE) -> dict[str, Any]:
+    """A cell's noise, its drop below its running peak and each alert's lead (the module
+    docstring); `summary` holds the replayed alerts' `alert/<a>/first_step`, `val_se` the
+    validations' val/acc_se."""
+    drop = peak_drop(val_acc, val_se, k)
+    se, floor = noise(val_se or {}, k)
     out: dict[str, Any] = {
+        "val_acc_se_pp": se,
+        "noise_floor_pp": floor,
         "peak_drop_pp": None if drop is None else drop.drop_pp,
+        "peak_drop_se_pp": None if drop is None else drop.se_pp,
+        "peak_drop_cliff": None if drop is None else drop.cliff,
         "peak_drop_step": None if drop is None else drop.step,
         "peak_drop_peak_step": None if drop is None else drop.peak_step,
         "peak_drop_onset_step": None if drop is None else drop.onset_step,
@@ -118,7 +174,9 @@ def alert_counts(cells: pd.DataFrame, alert: str) -> dict[str, int]:
         return {"cells": 0, "cliffs": 0, "warned": 0, "calm": 0, "calm_shuffled": 0, "false": 0}
     eligible = cells[cells["kind"].isin(TRAINED_KINDS) & (cells["state"] == CellState.DONE) & cells[steps].notna()
                      & cells["peak_drop_pp"].notna()]
-    cliff = eligible["peak_drop_pp"] >= CLIFF_PP
+    # A frame from before the noise-scaled cliff (no peak_drop_cliff): points alone.
+    cliff = (eligible["peak_drop_cliff"].astype(bool) if "peak_drop_cliff" in eligible
+             else eligible["peak_drop_pp"] >= CLIFF_PP)
     leads = eligible[f"alert/{alert}/lead"]
     fired = eligible[f"alert/{alert}/first_step"].notna()
     calm = eligible[~cliff]
@@ -152,7 +210,9 @@ def early_warning_table(cells: pd.DataFrame, name: str = "early_warning") -> Tab
     return Table(
         name=name, title="Early warning — did the alert fire before the cliff?",
         caption=(f"Training cells (done) each alert applies to. A cliff: accuracy at least {CLIFF_PP:.0f} points "
-                 f"below its running peak. Recall: cliff cells whose alert first fired at least {LEAD_VALIDATIONS} "
+                 "below its running peak and at least k standard errors of that fall (cells.parquet's "
+                 "peak_drop_cliff; k: the sweep's early_warning.cliff_se, else "
+                 f"{CLIFF_SE:g}). Recall: cliff cells whose alert first fired at least {LEAD_VALIDATIONS} "
                  "validations before the fall showed. False alarms: cells without such a cliff (shuffled-reward "
                  "twins included) where it fired at all. Thresholds: gridrun/mechanisms.py's, provisional."),
         columns=columns, headers=["Alert", "Cells", "Recall (warned / cliffs)", "False alarms (fired / calm)"],
@@ -206,8 +266,8 @@ def early_warning_png(records: list[dict[str, Any]], accuracy: Callable[[str], d
                     y = 100 * float(np.interp(fired, steps, [series[s] for s in steps]))
                     ax.scatter([fired], [y], marker=marker, color=colours[label], s=30, zorder=3)
             bottom = cell.get("peak_drop_step")
-            drop = cell.get("peak_drop_pp")
-            if bottom is not None and not pd.isna(bottom) and drop is not None and drop >= CLIFF_PP:
+            cliff = cell.get("peak_drop_cliff")
+            if bottom is not None and not pd.isna(bottom) and cliff is not None and not pd.isna(cliff) and bool(cliff):
                 ax.scatter([bottom], [100 * series[int(bottom)]], marker="x", color="black", s=40, zorder=4)
         for alert, marker in MARKERS.items():
             ax.scatter([], [], marker=marker, color="grey", label=alert)
@@ -236,3 +296,72 @@ def early_warning_jobs(sweep: SweepDir, cells: pd.DataFrame, columns: dict[str, 
         jobs.append((sweep.figure("early_warning", task, scale), functools.partial(
             early_warning_png, block, accuracy, f"Early warning — {task} · {scale} · sweep {sweep.name}")))
     return jobs
+
+
+# --- each cell's noise, and what acting alerts saved ---------------------------------------------
+def noise_table(cells: pd.DataFrame) -> Table:
+    """Per trained cell with validations: its validation's standard error, its noise floor and
+    its largest fall in those units (is the fall told from noise?)."""
+    rows = []
+    if "val_acc_se_pp" in cells:
+        trained = cells[cells["kind"].isin(TRAINED_KINDS) & cells["peak_drop_pp"].notna()]
+        for r in trained.to_dict("records"):
+            se, drop_se = r.get("val_acc_se_pp"), r.get("peak_drop_se_pp")
+            z = None if drop_se is None or pd.isna(drop_se) or not drop_se else r["peak_drop_pp"] / drop_se
+            cliff = r.get("peak_drop_cliff")
+            rows.append([r["cell"], str(r["state"]), number(None if se is None or pd.isna(se) else se, 2),
+                         number(r.get("noise_floor_pp"), 1), number(r["peak_drop_pp"], 1), number(z, 1),
+                         "" if cliff is None or pd.isna(cliff) else ("yes" if bool(cliff) else "no")])
+    return Table(
+        name="noise_floor", title="Noise — each cell's validation standard error and its largest fall against it",
+        caption=("Validation SE: the mean over the cell's validations of val/acc_se (over problems and samples; "
+                 "samples of one problem clustered). Noise floor: k x sqrt(2) x that SE, the smallest fall of one "
+                 "validation below another told from noise (k: the sweep's early_warning.cliff_se, else "
+                 f"{CLIFF_SE:g}). Largest fall: below the running peak, in points and in standard errors of the "
+                 f"fall. Cliff: at least {CLIFF_PP:.0f} points and k standard errors."),
+        columns=["cell", "state", "val_acc_se_pp", "noise_floor_pp", "peak_drop_pp", "peak_drop_z", "cliff"],
+        headers=["Cell", "State", "Validation SE (pp)", "Noise floor (pp)", "Largest fall (pp)", "Fall (SEs)",
+                 "Cliff"],
+        rows=rows, left=2,
+        notes=[] if rows else [("No cell has validations with a standard error (val/acc_se): cells trained before "
+                               "it was recorded.")],
+    )
+
+
+def alert_actions_table(cells: pd.DataFrame, twin_of: Callable[[str], str | None]) -> Table:
+    """Per cell whose train.on_alert acted (export_peak, stop): the steps its stop saved and
+    the accuracy it kept (its peak at the alert) against the would-be end: its own final
+    validation where it trained on (export_peak), else its twin's (`twin_of`: a cell alike
+    but for train.on_alert that ran to the end)."""
+    rows, shown = [], []
+    acted = cells[cells["alert_step"].notna()] if "alert_step" in cells else cells.iloc[0:0]
+    finals = dict(zip(cells["cell"], cells.get("final_val_acc", [None] * len(cells))))
+    for r in acted.to_dict("records"):
+        stopped = r["state"] == CellState.STOPPED
+        total = r.get("total_steps")
+        saved = int(total) - int(r["step"]) if stopped and total is not None and not pd.isna(total) else 0
+        twin = twin_of(r["cell"]) if stopped else r["cell"]
+        end = finals.get(twin) if twin else None
+        kept = r.get("peak_val_acc")
+        known = kept is not None and not pd.isna(kept) and end is not None and not pd.isna(end)
+        diff = 100 * (kept - end) if known else None
+        rows.append([r["cell"], str(r["on_alert"]), str(r["alert"]).split(":", 1)[0], str(int(r["alert_step"])),
+                     str(saved), "" if total is None or pd.isna(total) else str(int(total)),
+                     number(None if kept is None or pd.isna(kept) else 100 * kept, 1), twin or "",
+                     number(None if end is None or pd.isna(end) else 100 * end, 1), number(diff, 1),
+                     str(r.get("peak_export") or "")])
+        shown.append(rows[-1][:10])
+    return Table(
+        name="alert_actions", title="Alerts that acted — the compute a stop saved and the accuracy it kept",
+        caption=("Cells whose train.on_alert acted on a mechanism alert's first firing. Steps saved: the steps a stop "
+                 "left untrained (0 under export_peak, which trains on). Kept: the peak validation accuracy up to the "
+                 "alert (its adapters exported). Would-be end: the final validation of the cell itself (export_peak) "
+                 "or of its twin, the cell alike but for train.on_alert that ran to the end (none: no such cell in the "
+                 "sweep). Kept − end > 0: the alert kept a better model than running on would have ended with."),
+        columns=["cell", "on_alert", "alert", "alert_step", "steps_saved", "total_steps", "kept_pct", "twin",
+                 "twin_final_pct", "kept_minus_end_pp", "peak_export"],
+        headers=["Cell", "Action", "Alert", "Alert step", "Steps saved", "Steps", "Kept (%)", "Ran on (twin)",
+                 "Would-be end (%)", "Kept − end (pp)"],
+        rows=rows, shown=shown, left=3,
+        notes=[] if rows else ["No cell's alert acted (train.on_alert is warn, or no mechanism alert fired)."],
+    )

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from gridrun import cellstate
-from gridrun.cellstate import ACTIVE_STATES, UNREADABLE_STATES, CellState, StateRecord
+from gridrun.cellstate import ACTIVE_STATES, FINISHED_STATES, UNREADABLE_STATES, CellState, StateRecord
 from gridrun.grid.errors import GridError
 from gridrun.grid.launchers.base import Launcher, PartlySubmitted
 from gridrun.grid.observe import needs_of, observe_cells
@@ -38,7 +38,7 @@ def runnable(sweep: SweepDir, ids: list[str]) -> list[str]:
     """The cells a (re-run) sweep dispatches: all but those done, queued, running, damaged or
     missing (an unreadable cell waits for its files to be fixed: its message says how)."""
     states = observe_cells(sweep, ids)
-    return [cell_id for cell_id in ids if states[cell_id].state not in (CellState.DONE, *UNREADABLE_STATES, *ACTIVE_STATES)]
+    return [cell_id for cell_id in ids if states[cell_id].state not in (*FINISHED_STATES, *UNREADABLE_STATES, *ACTIVE_STATES)]
 
 
 def queue(sweep: SweepDir, ids: list[str], launcher: Launcher) -> list[str]:
@@ -102,7 +102,7 @@ def _needs_first(
             continue
         stuck = [
             need for need in needs[cell_id]
-            if need not in free and _state_of(states, need) not in (CellState.DONE, *ACTIVE_STATES)
+            if need not in free and _state_of(states, need) not in (*FINISHED_STATES, *ACTIVE_STATES)
         ]
         if stuck:
             state = _state_of(states, stuck[0])

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gridrun import cellstate
-from gridrun.cellstate import BLOCKING_STATES, CellState, StateRecord
+from gridrun.cellstate import BLOCKING_STATES, FINISHED_STATES, CellState, StateRecord
 from gridrun.grid.console import console
 from gridrun.grid.errors import GridError
 from gridrun.grid.launchers.base import Accepted, Launcher, LauncherSettings
@@ -255,7 +255,7 @@ class _Pool:
                 signal.signal(sig, handler)
         if self.stopping:
             return 128 + self.stop_signal  # the shell's code for it: 130 Ctrl-C, 143 SIGTERM
-        return 0 if all(state == CellState.DONE for state in self.outcomes.values()) else 1
+        return 0 if all(state in FINISHED_STATES for state in self.outcomes.values()) else 1
 
     def _on_stop(self, signum: int, frame: Any) -> None:
         self.killing = self.stopping
@@ -274,7 +274,7 @@ class _Pool:
                 self.pending.remove(cell_id)
                 need = given_up[0]
                 self._finished(cell_id, StateRecord.derived(CellState.BLOCKED, f"{need} is {states[need]}: resubmit it"))
-            elif all(state == CellState.DONE for state in states.values()):
+            elif all(state in FINISHED_STATES for state in states.values()):
                 self.pending.remove(cell_id)
                 return cell_id
         return None
@@ -331,12 +331,14 @@ class _Pool:
         line = f"{outcome:<9} {cell_id}"
         if record.peak_val_acc is not None:
             line += f"  peak val acc {100 * record.peak_val_acc:.1f}% @ step {record.peak_step}"
-        if outcome != CellState.DONE and record.error:
+        if outcome == CellState.STOPPED and record.alert:
+            line += f"  stopped at step {record.alert_step} by {record.alert.split(':', 1)[0]}"
+        if outcome not in FINISHED_STATES and record.error:
             # The cell's folder is on its line already: its message goes on without it.
             error = record.error.replace(str(self.sweep.cell(cell_id).root), "its folder")
             error = error.replace("conf=<sweep>", f"conf={self.sweep.name}")
             line += f"  {error.strip().splitlines()[-1][:160]}"
-        colors: dict[str, str] = {CellState.DONE: "green", CellState.FAILED: "red", CellState.MISSING: "red",
+        colors: dict[str, str] = {CellState.DONE: "green", CellState.STOPPED: "green", CellState.FAILED: "red", CellState.MISSING: "red",
                                   CellState.DAMAGED: "red"}
         color = colors.get(outcome, "yellow")
         self.progress.console.print(f"[{color}]{line}[/]", highlight=False)

@@ -35,7 +35,7 @@ import submitit
 from submitit.core.utils import UncompletedJobError
 
 from gridrun import cellstate
-from gridrun.cellstate import CellState
+from gridrun.cellstate import FINISHED_STATES, CellState
 from gridrun.grid.launchers.process import GpuBindingError, bind_gpu, cell_env, log_tail, start_cell
 from gridrun.rundir import RunDir
 
@@ -222,7 +222,7 @@ class CellJob(submitit.helpers.Checkpointable):
             if not _wait_exit(child.pid, TERM_WAIT_S):
                 os.kill(child.pid, signal.SIGKILL)
         final = RunDir(self.run_dir).read_state().state
-        if final in (CellState.DONE, CellState.FAILED):
+        if final in (*FINISHED_STATES, CellState.FAILED):
             self._finished_state = final
             return None
         return submitit.helpers.DelayedSubmission(CellJob(self.run_dir, self.time_min, self.signal_delay_s))
@@ -235,8 +235,8 @@ class CellJob(submitit.helpers.Checkpointable):
         if state.job_id not in (None, job_id):
             print(f"gridrun: cell now belongs to job {state.job_id}, not {job_id}: exiting", flush=True)
             return False
-        if state.state == CellState.DONE:
-            print("gridrun: cell is done: nothing to run", flush=True)
+        if state.state in FINISHED_STATES:
+            print(f"gridrun: cell is {state.state}: nothing to run", flush=True)
             return False
         if restart > state.slurm_restarts:
             if record:
@@ -250,7 +250,7 @@ class CellJob(submitit.helpers.Checkpointable):
     def _record_requeue(self, run_dir: RunDir, restart: int, why: str) -> None:
         """Open the next attempt of a job that SLURM requeued (its restart `restart` + 1)."""
         state = run_dir.read_state()
-        if state.slurm_restarts > restart or state.state == CellState.DONE:
+        if state.slurm_restarts > restart or state.state in FINISHED_STATES:
             return  # recorded already, or nothing left to run
         # The attempt SLURM ended goes to the history as preempted, whatever it last recorded.
         ended = state.with_(state=CellState.PREEMPTED, error=why, finished_at=time.time())
@@ -277,7 +277,7 @@ class CellJob(submitit.helpers.Checkpointable):
                 # SIGTERM of a requeue (scontrol requeue, preemption), not of scancel.
                 self._record_requeue(run_dir, restart, "requeued by the scheduler (SIGTERM); resumes from its checkpoint")
             return code
-        if state.state in (CellState.DONE, CellState.PREEMPTED):
+        if state.state in (*FINISHED_STATES, CellState.PREEMPTED):
             return code
         if state.state == CellState.RUNNING:
             how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
