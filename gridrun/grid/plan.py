@@ -181,10 +181,10 @@ def make_plan(spec: SweepSpec, composer: Composer, measured: MeasuredStep | None
             grid = this_grid
         elif this_grid != grid:
             raise GridError(f"cell {cell.id} has another launcher or cluster than the sweep's first cell: set them once")
-        hours, step_s, source = _cost(root.spec, config, measured)
+        hours, step_s, rate_source = _cost(root.spec, config, measured)
         cells.append(
             PlannedCell(cell, config, fingerprint(config), _resources(root.spec), hours,
-                        _fits(cell.id, config, root.spec.gpu), step_s, source,
+                        _fits(cell.id, config, root.spec.gpu), step_s, rate_source,
                         cell_disk(config, max(1, root.spec.gpu.gpus_per_cell)))
         )
     if unused:
