@@ -310,6 +310,21 @@ def test_dry_run_prints_the_plan_and_writes_nothing(gridrun: Gridrun, results: P
     assert "[~] 0.6b/l40s: modelled: " in out and "rollouts everywhere: modelled" in out
 
 
+def test_the_dry_run_takes_the_last_canarys_step_for_its_shape(gridrun: Gridrun, results: Path) -> None:
+    from gridrun.cost import write_measured_step
+
+    composer = Composer()
+    (cell,) = make_plan(load_spec("canary", [], composer), composer).cells
+    write_measured_step(results / "canary" / "measured-step.json", cell.config, "h100", 40.0, cell.id)
+    result = gridrun("plan", "conf=canary", "--dry-run")
+    assert result.code == 0
+    row = next(line.split("│") for line in result.out.splitlines() if cell.id in line)
+    # The canary's own shape: its measured 40 s, marked c, instead of the model's prediction.
+    assert [c.strip() for c in row[10:12]] == ["40", "c"] and round(cell.est_step_s) != 40
+    assert f"[c] 1.7b/h100: canary: {results / 'canary' / 'measured-step.json'} ({cell.id})" in " ".join(
+        result.out.split())
+
+
 def test_replanning_adds_new_seeds_to_the_sweep(gridrun: Gridrun, results: Path) -> None:
     assert gridrun("plan", "conf=smoke").code == 0
     more = gridrun("plan", "conf=smoke", "seed=0,1", "kind=train")
