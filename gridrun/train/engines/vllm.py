@@ -233,8 +233,10 @@ class VLLMEngine(RolloutEngine):
         else:
             from gridrun.memory import ENGINE_MAX_BATCHED_TOKENS, ENGINE_MAX_SEQS
 
+            # Chunked prefill (as released): a step's token budget below the longest prompt is valid.
             kwargs.update(gpu_memory_utilization=self._gpu_share(), enable_sleep_mode=self.sleep_mode,
-                          max_num_seqs=ENGINE_MAX_SEQS, max_num_batched_tokens=ENGINE_MAX_BATCHED_TOKENS)
+                          enable_chunked_prefill=True, max_num_seqs=ENGINE_MAX_SEQS,
+                          max_num_batched_tokens=ENGINE_MAX_BATCHED_TOKENS)
         set_num_threads = torch.set_num_threads
         try:
             return vllm.LLM(
