@@ -163,6 +163,8 @@ def run_case(args: argparse.Namespace) -> dict:
         "micro_batches": largest["count"], "largest_micro_tokens": largest["tokens"],
         "load_s": round(load_s, 1), "step_s": round(row["time/step_s"], 2),
         "rollout_s": round(row["time/rollout_s"], 2), "update_s": round(row["time/update_s"], 2),
+        # The update's row tokens: gridrun/cost.py fits the update's rate to these.
+        "update_tokens": int(row["time/update_tokens"]),
         "peak_gb": {k: round(v, 2) for k, v in peaks.items()},
         "predicted_gb": {k: round(v, 2) for k, v in predicted.as_gb().items()},
         "predicted_update_gb_at_largest_micro": round(at_largest.as_gb()["update_phase"], 2),

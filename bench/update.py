@@ -80,8 +80,11 @@ def peak_tflops(device: torch.device, dtype: torch.dtype, given: float | None) -
     return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
 
 
-def draw_rows(problems: int, n: int, response: int, vocab: int, seed: int) -> list[TrainSeq]:
-    """One Voting step's rows (the module docstring says how they are drawn)."""
+def draw_rows(problems: int, n: int, response: int, vocab: int, seed: int,
+              prompt_tokens: int | None = None) -> list[TrainSeq]:
+    """One Voting step's rows (the module docstring says how they are drawn); `prompt_tokens`
+    P: each problem's prompt uniform in [P/2, P] instead (long prompts, short responses: the
+    code task's shape)."""
     rng = random.Random(seed)
 
     def tokens(count: int) -> list[int]:
@@ -92,7 +95,8 @@ def draw_rows(problems: int, n: int, response: int, vocab: int, seed: int) -> li
 
     rows = []
     for _ in range(problems):
-        prompt = tokens(rng.randint(response // 8, response // 3))
+        low, high = (prompt_tokens // 2, prompt_tokens) if prompt_tokens else (response // 8, response // 3)
+        prompt = tokens(rng.randint(low, high))
         for _ in range(n):
             answers = []
             for _ in range(3):
@@ -315,6 +319,8 @@ def main() -> None:
     parser.add_argument("--problems", type=int, default=2)
     parser.add_argument("--n", type=int, default=4, help="episodes per problem")
     parser.add_argument("--response-tokens", type=int, default=256, help="R: the longest response")
+    parser.add_argument("--prompt-tokens", type=int, default=None,
+                        help="P: prompts uniform in [P/2, P] (default: [R/8, R/3], the paper's math shape)")
     parser.add_argument("--token-budget", type=int, default=2048, help="tokens per micro-batch (paper: 8 R at 1.7B)")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats after one warm-up")
     parser.add_argument("--device", default="cpu")
@@ -343,7 +349,7 @@ def main() -> None:
     # embedding once); attention's own FLOPs left out, as in the usual MFU.
     n_params = sum(p.numel() for p in base.parameters())
     peak = peak_tflops(device, dtype, args.peak_tflops)
-    rows = draw_rows(args.problems, args.n, args.response_tokens, vocab, args.seed)
+    rows = draw_rows(args.problems, args.n, args.response_tokens, vocab, args.seed, args.prompt_tokens)
     paths = ["packed"] + ([] if args.no_padded else ["padded"])
     model = get_peft_model(base, _lora(), adapter_name=paths[0])
     for name in paths[1:]:

@@ -54,6 +54,13 @@ LAYER_FP32_HIDDEN = 4
 # The released code's vLLM share (it offloaded the actor during rollouts; gridrun's trainer
 # keeps its weights on the GPU, so its share comes off the top first).
 ENGINE_SHARE_CAP = 0.85
+# The released code's vLLM batch limits, as the engine starts on a GPU (engines/vllm.py): the
+# tokens of one engine step (chunked prefill), as released; the sequences decoded at once,
+# vLLM's own H100 default (256 on smaller GPUs such as the L40S). Not the released 2048: the
+# KV share holds a few hundred of the matrix's sequences at once (gridrun/cost.py), and vLLM
+# sizes its profiling run's sampler buffers (sequences x vocabulary) out of that share.
+ENGINE_MAX_BATCHED_TOKENS = 16384
+ENGINE_MAX_SEQS = 1024
 # CUDA context and NCCL buffers of one process, outside PyTorch's allocator: the trainer's
 # and the vLLM engine core's (a spawned process) sit on the same GPU.
 CUDA_CONTEXT_BYTES = 1.0 * GIB

@@ -4,6 +4,7 @@ Slow: about a minute on 2 busy cores (3 steps of 8 problems x 8 rollouts, 4 call
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -29,3 +30,7 @@ def test_the_canary_runs_on_cpu_and_says_go(toy_world: Path, tmp_path: Path) -> 
     assert "adapter check aggregator: " in out and "adapter check generator: " in out
     last = out.strip().splitlines()[-1]
     assert last.startswith("GO: projected ") and "for full_matrix (72 cells; CPU toy world, not a GPU number;" in last
+    # Its step is kept for later plans (the dry run takes it for cells of its shape).
+    kept = json.loads((tmp_path / "results" / "canary" / "measured-step.json").read_text())
+    assert kept["shape"] == {"workflow": "voting", "task": "arith", "model": "toy", "policy": "isolated", "gpu": "cpu",
+                             "engine": "hf"} and kept["batch_problems"] == 8 and kept["step_s"] > 0

@@ -14,8 +14,10 @@ a SLURM profile, else locally), waits for it, and reports from its run directory
 - the live-adapter check per role (metrics.jsonl's `adapter_check/<role>/{served,zero,
   trainer}` where the engine records them, "not run" otherwise);
 - a go/no-go line with the projected node-days of `conf=<sweep>` (default full_matrix):
-  the dry run's cost model (gridrun/grid/plan.py, est_hours per cell) scaled by the
-  canary's measured step time over the model's prediction for the canary cell, per problem.
+  the dry run's cost model (gridrun/cost.py) with the canary's measured step, per problem,
+  in place of the model's for the cells of its shape (workflow, task, model, policy, GPU
+  class, engine); the step is kept in results/canary/measured-step.json, where every later
+  dry run reads it. The report says how far the model's prediction for the canary cell was.
 
 `--cpu` (the default with cluster=local on a machine without an NVIDIA GPU) runs the same
 shape on the toy world (scale=toy, task=arith): on a SLURM profile still as two tasks with
@@ -34,12 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from gridrun.cellstate import ACTIVE_STATES, CellState
+from gridrun.cost import MeasuredStep, node_days, read_measured_step, write_measured_step
 from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError
 from gridrun.grid.plan import PlannedCell, freeze, make_plan
 from gridrun.grid.spec import load_spec
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.runconfig import TrainSpec
 from gridrun.rundir import RunDir
 
 CANARY_SWEEP = "canary"
@@ -108,7 +110,12 @@ def run_canary(results: Path, cluster: str, project: str, overrides: list[str], 
     else:
         launcher.wait(sweep, submitted)
     print(f"canary finished in {time.time() - started:.0f} s")
-    verdict = report(sweep.cell(cell.id), cell, project, _projection_plan(project, cluster, composer), cpu)
+    run_dir = sweep.cell(cell.id)
+    step_s = measured_step_s(run_dir.read_metrics())
+    if step_s is not None and run_dir.read_state().state == CellState.DONE:
+        write_measured_step(sweep.measured_step_json, cell.config, cell.resources["gpu_class"], step_s, cell.id)
+    measured = read_measured_step(sweep.measured_step_json)
+    verdict = report(run_dir, cell, project, _projection_plan(project, cluster, composer, measured), cpu)
     for line in verdict.lines:
         print(line)
     return 0 if verdict.go else 1
@@ -150,8 +157,9 @@ def _watch(sweep: SweepDir, cell_id: str, launcher: Any, timeout_min: float) -> 
         time.sleep(POLL_S)
 
 
-def _projection_plan(project: str, cluster: str, composer: Composer) -> list[PlannedCell]:
-    return make_plan(load_spec(project, [f"cluster={cluster}"], composer), composer).cells
+def _projection_plan(project: str, cluster: str, composer: Composer,
+                     measured: MeasuredStep | None) -> list[PlannedCell]:
+    return make_plan(load_spec(project, [f"cluster={cluster}"], composer), composer, measured).cells
 
 
 # --- the report --------------------------------------------------------------------------
@@ -210,11 +218,9 @@ def measured_step_s(rows: list[dict[str, Any]]) -> float | None:
 
 def projection(canary: PlannedCell, step_s: float, cells: list[PlannedCell]) -> tuple[float, float]:
     """(projected node-days of `cells`, factor): the dry run's hours of every cell (one node
-    each) times measured / predicted step time of the canary, per problem (the cost model's
-    step times are for the paper's batch of TrainSpec.batch_problems)."""
-    predicted = canary.est_step_s * canary.config.train.batch_problems / TrainSpec.batch_problems
-    factor = step_s / predicted
-    return sum(c.est_hours for c in cells) * factor / 24, factor
+    each; `cells` planned with the canary's measured step, which its shape's cells take), and
+    the canary's measured step over the cost model's prediction for the canary cell."""
+    return node_days(c.est_hours for c in cells), step_s / canary.est_step_s
 
 
 def report(run_dir: RunDir, cell: PlannedCell, project_name: str, project: list[PlannedCell], cpu: bool) -> Verdict:
@@ -246,9 +252,10 @@ def report(run_dir: RunDir, cell: PlannedCell, project_name: str, project: list[
         days, factor = projection(cell, step_s, project)
         basis = "CPU toy world, not a GPU number; " if cpu else ""
         lines.append(f"measured step {step_s:.2f} s ({cell.config.train.batch_problems} problems; {factor:.2f}x the "
-                     f"dry run's cost model)")
+                     f"cost model's {cell.est_step_s:.2f} s for this cell)")
+        taken = sum(1 for c in project if c.rate_source.startswith("canary"))
         forecast = (f"projected {days:,.1f} node-days for {project_name} ({len(project)} cells; {basis}"
-                    f"the dry run's model x {factor:.2f})")
+                    f"the dry run's cost model, this step in place of its prediction for {taken} cell(s) of its shape)")
     else:
         forecast = "no step time measured"
     if problems:

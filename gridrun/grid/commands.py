@@ -72,6 +72,8 @@ def _require_conf(conf: str | None, command: str, results: Path) -> str:
 
 # --- plan / sweep ------------------------------------------------------------------------------
 def _plan(args: argparse.Namespace) -> int:
+    from gridrun.cost import read_measured_step
+    from gridrun.grid.canary import CANARY_SWEEP
     from gridrun.grid.compose import Composer
     from gridrun.grid.plan import check, freeze, make_plan, plan_table
     from gridrun.grid.spec import load_spec, split_conf
@@ -82,7 +84,8 @@ def _plan(args: argparse.Namespace) -> int:
     results = results_root(args.results_dir)
     composer = Composer()
     spec = load_spec(conf, overrides, composer)
-    plan = make_plan(spec, composer)
+    # The last canary's step replaces the cost model's for its cell shape.
+    plan = make_plan(spec, composer, read_measured_step(SweepDir(results, CANARY_SWEEP).measured_step_json))
     if getattr(args, "max_parallel", None):
         plan.launcher["max_parallel"] = args.max_parallel
     sweep = SweepDir(results, spec.name)

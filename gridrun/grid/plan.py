@@ -37,8 +37,10 @@ from typing import Any
 
 import yaml
 
-from gridrun import cellstate, registry
+from gridrun import cellstate, cost, registry
 from gridrun.cellstate import StateRecord
+from gridrun.cost import MeasuredStep
+from gridrun.disk import GB, DiskEstimate, cell_disk
 from gridrun.engine_params import HFParams, VLLMParams
 from gridrun.grid import checkout
 from gridrun.grid.cells import TOY_SCALE, Cell, expand
@@ -76,9 +78,12 @@ class PlannedCell:
     # Predicted peak GPU memory per GPU (gridrun/memory.py); None on CPU or for models
     # whose architecture is not shipped.
     gpu_mem_gb: float | None = None
-    # The cost model's seconds of one training step of this cell (what `gridrun canary`
-    # scales by its measured step).
+    # Seconds of one training step of this cell at its own batch (gridrun/cost.py; the
+    # canary's measured step for its shape), and where the update's rate came from.
     est_step_s: float = 0.0
+    rate_source: str = "conf: grid.estimate"
+    # Predicted disk at its worst moment (gridrun/disk.py); None for an unknown architecture.
+    disk: DiskEstimate | None = None
 
     @property
     def id(self) -> str:
@@ -141,8 +146,9 @@ def run_config(tree: dict[str, Any], cell: dict[str, Any]) -> RunConfig:
     return config_from_dict(run_part)
 
 
-def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
-    """Every cell of the sweep, composed and validated; nothing is written."""
+def make_plan(spec: SweepSpec, composer: Composer, measured: MeasuredStep | None = None) -> Plan:
+    """Every cell of the sweep, composed and validated; nothing is written. `measured`: a
+    canary's step (gridrun/cost.py), which replaces the cost model's for its cell shape."""
     composed: dict[tuple[tuple[str, ...], tuple[str, ...]], dict[str, Any]] = {}
     roots: dict[tuple[tuple[str, ...], tuple[str, ...]], GridRoot] = {}
     cells: list[PlannedCell] = []
@@ -175,9 +181,11 @@ def make_plan(spec: SweepSpec, composer: Composer) -> Plan:
             grid = this_grid
         elif this_grid != grid:
             raise GridError(f"cell {cell.id} has another launcher or cluster than the sweep's first cell: set them once")
+        hours, step_s, rate_source = _cost(root.spec, config, measured)
         cells.append(
-            PlannedCell(cell, config, fingerprint(config), _resources(root.spec), _estimate_hours(root.spec, config),
-                        _fits(cell.id, config, root.spec.gpu), _step_seconds(root.spec))
+            PlannedCell(cell, config, fingerprint(config), _resources(root.spec), hours,
+                        _fits(cell.id, config, root.spec.gpu), step_s, rate_source,
+                        cell_disk(config, max(1, root.spec.gpu.gpus_per_cell)))
         )
     if unused:
         raise GridError(_unused_message(min(unused), [pc.config for pc in cells], composer))
@@ -332,16 +340,20 @@ def _resources(grid: GridSpec) -> dict[str, Any]:
     }
 
 
-def _step_seconds(grid: GridSpec) -> float:
-    """Seconds of one training step of a cell at the conf's rates."""
-    return grid.estimate.step_s * grid.estimate.relative_cost
-
-
-def _estimate_hours(grid: GridSpec, config: RunConfig) -> float:
-    """Rough wall-clock hours of one attempt: steps and validations at the conf's rates."""
-    steps = config.steps_to_train
-    validations = 1 + steps // config.train.val_every + (1 if steps % config.train.val_every else 0)
-    return _step_seconds(grid) * (steps + validations * grid.estimate.val_cost) / 3600
+def _cost(grid: GridSpec, config: RunConfig, measured: MeasuredStep | None) -> tuple[float, float, str]:
+    """(hours of one attempt, seconds of a training step, the update rate's source): the cost
+    model's (gridrun/cost.py) with a canary's measured step for its shape; conf's rough rates
+    (grid.estimate) where the model has nothing to go on (the toy world on CPU)."""
+    gpu = grid.gpu
+    predicted = cost.step_cost(config, gpu.name, gpu.gpus_per_cell, gpu.memory_gb)
+    if predicted is None:
+        step_s = grid.estimate.step_s * grid.estimate.relative_cost
+        validations = cost.validations(config)
+        hours = step_s * (config.steps_to_train + validations * grid.estimate.val_cost) / 3600
+        return hours, step_s, "conf: grid.estimate"
+    if measured is not None:
+        predicted = dataclasses.replace(predicted, measured_step=measured.step_for(config, gpu.name))
+    return cost.cell_hours(config, predicted), predicted.step_s, predicted.source
 
 
 # --- freezing --------------------------------------------------------------------------------
@@ -588,24 +600,17 @@ def _provenance() -> dict[str, Any]:
 
 # --- drawing (rich) ------------------------------------------------------------------------
 def plan_table(plan: Plan, preview: Freeze, sweep: SweepDir) -> Any:
-    """The dry run's table: each cell, what planning would do to it, its resources and cost."""
+    """The dry run's table: each cell, what planning would do to it, its resources and cost
+    (s/step at its own batch, the update rate's provenance: m measured, c the canary's step,
+    ~ modelled, conf conf/'s rough rate), and the sweep's node-days under the table."""
     from rich.table import Table
 
-    gpu_hours = sum(pc.est_hours * pc.resources["gpus"] for pc in plan.cells)
-    cpu_hours = sum(pc.est_hours * pc.resources["cpus"] for pc in plan.cells if not pc.resources["gpus"])
-    kinds: dict[str, int] = {}
-    for pc in plan.cells:
-        kinds[pc.cell.kind] = kinds.get(pc.cell.kind, 0) + 1
-    cost = f"~{gpu_hours:,.0f} GPU-hours" if gpu_hours else f"~{cpu_hours:,.1f} CPU-hours"
-    caption = (
-        f"{len(plan.cells)} cells ({', '.join(f'{n} {kind}' for kind, n in kinds.items())}), {cost} "
-        f"for one attempt each (rough: conf/ estimate.*), launcher={plan.launcher['name']}, "
-        f"cluster={plan.cluster['name']}"
-    )
-    table = Table(title=f"plan of sweep {sweep.name} -> {sweep.root}", caption=caption, title_justify="left",
-                  caption_justify="left")
-    numeric = ("cpus", "mem GB", "GPU GB", "hours")
-    for column in ("cell", "kind", "plan", "gpus", "partition", "cpus", "mem GB", "GPU GB", "hours"):
+    table = Table(title=f"plan of sweep {sweep.name} -> {sweep.root}", caption="\n".join(cost_lines(plan)),
+                  title_justify="left", caption_justify="left")
+    numeric = ("cpus", "mem GB", "GPU GB", "disk GB", "s/step", "hours")
+    columns = ("cell", "kind", "plan", "gpus", "partition", "cpus", "mem GB", "GPU GB", "disk GB", "s/step", "rate",
+               "hours")
+    for column in columns:
         table.add_column(column, justify="right" if column in numeric else "left", no_wrap=True)
     for pc in plan.cells:
         if pc.id in preview.replaced:
@@ -626,6 +631,53 @@ def plan_table(plan: Plan, preview: Freeze, sweep: SweepDir) -> Any:
             str(res["cpus"]),
             str(res["mem_gb"]),
             "" if pc.gpu_mem_gb is None else f"{pc.gpu_mem_gb:.1f}/{res['gpu_memory_gb']}",
+            "" if pc.disk is None else f"{pc.disk.results / GB:.1f}",
+            f"{pc.est_step_s:,.0f}" if pc.total_steps() else "-",
+            _rate_mark(pc.rate_source),
             f"{pc.est_hours:.2f}",
         )
     return table
+
+
+def _rate_mark(source: str) -> str:
+    return {"measured": "m", "canary": "c", "modelled": "~"}.get(source.split(":")[0], "conf")
+
+
+def cost_lines(plan: Plan) -> list[str]:
+    """The plan's cost under the dry run's table: cells, node-days and GPU-hours, the mean
+    s/step of the trained cells, and which rates are measured and which modelled."""
+    cells = plan.cells
+    kinds: dict[str, int] = {}
+    for pc in cells:
+        kinds[pc.cell.kind] = kinds.get(pc.cell.kind, 0) + 1
+    gpu_hours = sum(pc.est_hours * pc.resources["gpus"] for pc in cells)
+    days = cost.node_days(pc.est_hours for pc in cells if pc.resources["gpus"])
+    trained = [pc for pc in cells if pc.total_steps()]
+    if gpu_hours:
+        mean = sum(pc.est_step_s for pc in trained) / len(trained) if trained else 0.0
+        total = (f"~{days:,.1f} node-days (~{gpu_hours:,.0f} GPU-hours; {len(trained)} trained cells at "
+                 f"~{mean:,.0f} s/step on average; the paper: ~{cost.PAPER_NODE_DAYS:.0f} node-days, "
+                 f"~{cost.PAPER_STEP_S:.0f} s/step)")
+    else:
+        cpu_hours = sum(pc.est_hours * pc.resources["cpus"] for pc in cells)
+        total = f"~{cpu_hours:,.1f} CPU-hours"
+    head = (f"{len(cells)} cells ({', '.join(f'{n} {kind}' for kind, n in kinds.items())}), {total} for one "
+            f"attempt each, launcher={plan.launcher['name']}, cluster={plan.cluster['name']}")
+    lines = [head]
+    by_source: dict[str, list[str]] = {}
+    for pc in cells:
+        scale = (pc.cell.coords().get("scale") or "?") + f"/{pc.resources['gpu_class']}"
+        if scale not in by_source.setdefault(pc.rate_source, []):
+            by_source[pc.rate_source].append(scale)
+    for source, scales in sorted(by_source.items(), key=lambda item: _rate_mark(item[0])):
+        lines.append(f"  \\[{_rate_mark(source)}] {', '.join(scales)}: {source}")
+    if any(source.split(":")[0] != "conf" for source in by_source):
+        lines.append("  rollouts everywhere: modelled (decode at the GPU's memory bandwidth, gridrun/cost.py) "
+                     "unless a canary measured the cell's shape \\[c]")
+    disks = [pc.disk for pc in cells if pc.disk is not None]
+    if disks:
+        lines.append(f"disk: ~{sum(d.results for d in disks) / GB:,.1f} GB under the results folder with every cell at "
+                     f"its worst moment (disk GB: kept checkpoints + the peak's + a save's temporary copy), up to "
+                     f"{max(d.tmp for d in disks) / GB:,.1f} GB of TMPDIR per node (vLLM's adapter versions; "
+                     f"docs/real-scale.md says where both should live)")
+    return lines

@@ -157,6 +157,11 @@ class SweepDir:
         return self.root / ".lock"
 
     @property
+    def measured_step_json(self) -> Path:
+        """A canary's measured step, which the dry run's cost model takes for its cell shape."""
+        return self.root / "measured-step.json"
+
+    @property
     def cells_dir(self) -> Path:
         return self.root / "cells"
 

@@ -307,6 +307,33 @@ def test_dry_run_prints_the_plan_and_writes_nothing(gridrun: Gridrun, results: P
     assert "72 cells (36 train, 6 sa_rl, 24 base, 6 transfer)" in result.out and "GPU-hours" in result.out
     assert "voting-ip-1.7b-math-s0" in result.out and "2x h100" in result.out
     assert not results.exists()
+    # Each trained cell's predicted s/step (and disk) beside its memory; the sweep's node-days
+    # against the paper's, and which rates are measured.
+    composer = Composer()
+    cells = {pc.id: pc for pc in make_plan(load_spec("full_matrix", [], composer), composer).cells}
+    voting = cells["voting-ip-1.7b-math-s0"]
+    row = next(line.split("│") for line in result.out.splitlines() if "voting-ip-1.7b-math-s0" in line)
+    assert [c.strip() for c in row[9:12]] == [f"{voting.disk.results / 1e9:.1f}", f"{voting.est_step_s:,.0f}", "m"]
+    days = sum(pc.est_hours for pc in cells.values()) / 24
+    out = " ".join(result.out.split())
+    assert f"~{days:,.1f} node-days" in out and "the paper: ~235 node-days, ~967 s/step" in out
+    assert "[m] 1.7b/h100, 4b/h100: measured: bench/measured/gpu-h100-2026-11-22.jsonl" in out
+    assert "[~] 0.6b/l40s: modelled: " in out and "rollouts everywhere: modelled" in out
+
+
+def test_the_dry_run_takes_the_last_canarys_step_for_its_shape(gridrun: Gridrun, results: Path) -> None:
+    from gridrun.cost import write_measured_step
+
+    composer = Composer()
+    (cell,) = make_plan(load_spec("canary", [], composer), composer).cells
+    write_measured_step(results / "canary" / "measured-step.json", cell.config, "h100", 40.0, cell.id)
+    result = gridrun("plan", "conf=canary", "--dry-run")
+    assert result.code == 0
+    row = next(line.split("│") for line in result.out.splitlines() if cell.id in line)
+    # The canary's own shape: its measured 40 s, marked c, instead of the model's prediction.
+    assert [c.strip() for c in row[10:12]] == ["40", "c"] and round(cell.est_step_s) != 40
+    assert f"[c] 1.7b/h100: canary: {results / 'canary' / 'measured-step.json'} ({cell.id})" in " ".join(
+        result.out.split())
 
 
 def test_replanning_adds_new_seeds_to_the_sweep(gridrun: Gridrun, results: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gridrun.cost import MeasuredStep, cell_shape
 from gridrun.grid.canary import adapter_lines, measured_step_s, rank_lines, report
 from gridrun.grid.compose import Composer
 from gridrun.grid.plan import make_plan
@@ -117,12 +118,18 @@ def test_the_canary_reports_each_rank_and_says_go(tmp_path: Path) -> None:
         "adapter check aggregator: not run",
         "adapter check generator (step 3): served -1.25, zero adapter -1.5, trainer -1.25",
     ]
-    verdict = report(run_dir, cell, "full_matrix", [cell, cell], cpu=False)
-    # The cost model predicts est_step_s for 64 problems; the canary ran 8 in 11 s.
-    factor = 11.0 / (cell.est_step_s * 8 / 64)
+    # The projection is the dry run's plan with the canary's step in place of the model's for
+    # its shape (here both cells are of it): 8 problems in 11 s, per problem, for the cell's own.
+    measured = MeasuredStep(cell_shape(cell.config, "h100"), 11.0, 8, "canary: test")
+    composer = Composer()
+    (taken,) = make_plan(load_spec("canary", [], composer), composer, measured).cells
+    assert taken.est_step_s == 11.0 and taken.rate_source == "canary: test"
+    verdict = report(run_dir, cell, "full_matrix", [taken, taken], cpu=False)
+    assert verdict.lines[-2] == (f"measured step 11.00 s (8 problems; {11.0 / cell.est_step_s:.2f}x the cost model's "
+                                 f"{cell.est_step_s:.2f} s for this cell)")
     assert verdict.go and verdict.lines[-1] == (
-        f"GO: projected {2 * cell.est_hours * factor / 24:,.1f} node-days for full_matrix (2 cells; the dry run's "
-        f"model x {factor:.2f})")
+        f"GO: projected {2 * taken.est_hours / 24:,.1f} node-days for full_matrix (2 cells; the dry run's cost model, "
+        "this step in place of its prediction for 2 cell(s) of its shape)")
 
 
 @pytest.mark.parametrize(

@@ -198,3 +198,25 @@ def test_agreement_guard_reads_every_role() -> None:
     failures = agreement_failures(metrics, 1e-3)
     assert set(failures) == {"aggregator", "worker"}
     assert [max_lora_rank(r) for r in (1, 2, 8, 9, 64, 65)] == [1, 8, 8, 16, 64, 128]
+
+
+def test_on_a_gpu_the_engine_starts_with_the_released_batch_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `_start` hands vLLM on a GPU (no GPU here: the share and vllm.LLM are stood in for):
+    the memory model's share, chunked prefill, 16,384 tokens a step, at most 1,024 sequences."""
+    import gridrun.train.engines.vllm as engine_module
+    from gridrun.memory import ENGINE_MAX_BATCHED_TOKENS, ENGINE_MAX_SEQS
+
+    seen: dict = {}
+    monkeypatch.setattr(engine_module.vllm, "LLM", lambda **kwargs: seen.update(kwargs))
+    engine = object.__new__(engine_module.VLLMEngine)
+    config = vllm_config()
+    engine.config, engine.params, engine.lora, engine.on_cpu, engine.sleep_mode = (
+        config, config.engine, False, False, True)
+    engine.tokenizer = type("Tokenizer", (), {"name_or_path": "/models/x"})()
+    monkeypatch.setattr(engine_module.VLLMEngine, "_gpu_share", lambda self: 0.85)
+    engine._start()
+    assert (ENGINE_MAX_BATCHED_TOKENS, ENGINE_MAX_SEQS) == (16384, 1024)
+    assert {k: seen[k] for k in ("gpu_memory_utilization", "enable_sleep_mode", "enable_chunked_prefill",
+                                 "max_num_batched_tokens", "max_num_seqs")} == {
+        "gpu_memory_utilization": 0.85, "enable_sleep_mode": True, "enable_chunked_prefill": True,
+        "max_num_batched_tokens": 16384, "max_num_seqs": 1024}

