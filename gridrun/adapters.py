@@ -23,6 +23,7 @@ does) and checking the tensors' values.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,13 +162,14 @@ def _safetensors_problem(path: Path) -> str | None:
     return None
 
 
-def find_checkpoint(run_dir: RunDir, which: str | int = "peak") -> Checkpoint:
+def find_checkpoint(run_dir: RunDir, which: str | int = "peak", val_acc: Mapping[int, float] | None = None) -> Checkpoint:
     """The complete checkpoint at `which` (peak, last or a step); AdapterSourceError naming
-    the steps on disk when it is not there."""
+    the steps on disk when it is not there. `val_acc`: the cell's step -> validation accuracy
+    where the caller has read its metrics already (None reads metrics.jsonl)."""
     on_disk = dict(run_dir.complete_checkpoints())
     steps = ", ".join(map(str, on_disk)) or "none"
     name = run_dir.root.name
-    acc = val_accuracy(run_dir.read_metrics())
+    acc = val_accuracy(run_dir.read_metrics()) if val_acc is None else val_acc
     if which == "peak":
         peak = first_peak(acc)
         if peak is None:

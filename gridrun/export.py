@@ -20,6 +20,7 @@ import errno
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,17 +49,21 @@ def _config(run_dir: RunDir) -> RunConfig:
         raise ExportError(str(err)) from None
 
 
-def export(run_dir: RunDir, which: str | int = "peak", out: Path | None = None, merged: bool = False) -> Path:
+def export(run_dir: RunDir, which: str | int = "peak", out: Path | None = None, merged: bool = False,
+           val_acc: Mapping[int, float] | None = None) -> Path:
     """Write the cell's adapters at `which` into `out` (default: the run dir's exports/
-    folder); returns `out`. Refuses an `out` that already exists (nothing is overwritten)."""
+    folder); returns `out`. Refuses an `out` that already exists (nothing is overwritten).
+    `val_acc`: the cell's step -> validation accuracy where the caller has read its metrics
+    already (`gridrun collect --export-peaks`); None reads metrics.jsonl, once."""
     config = _config(run_dir)
     if not config.trains:
         raise ExportError(
             f"{run_dir.root.name} is of kind {config.cell.kind}: it trains no adapter, so there is nothing to export "
             "(export the cell whose adapters it evaluates)"
         )
+    acc = val_accuracy(run_dir.read_metrics()) if val_acc is None else val_acc
     try:
-        found = find_checkpoint(run_dir, which)
+        found = find_checkpoint(run_dir, which, acc)
         adapters = found.adapters()
     except AdapterSourceError as err:
         raise ExportError(str(err)) from None
@@ -82,7 +87,7 @@ def export(run_dir: RunDir, which: str | int = "peak", out: Path | None = None, 
             for name, folder in adapters.items():
                 shutil.copytree(folder, tmp / name)
             (tmp / ROLES_FILE).write_text(json.dumps(found.roles(), indent=1) + "\n")
-            (tmp / "README.md").write_text(model_card(config, found, adapters, merged))
+            (tmp / "README.md").write_text(model_card(config, found, adapters, merged, acc))
             if merged:
                 _write_merged(config, tmp / next(iter(adapters)), tmp / "merged")
             os.replace(tmp, out)
@@ -104,8 +109,10 @@ def _record(run_dir: RunDir) -> dict[str, Any]:
         return {}
 
 
-def model_card(config: RunConfig, found: Checkpoint, adapters: dict[str, Path], merged: bool) -> str:
-    """README.md of an export: what the adapters are and how to load them."""
+def model_card(config: RunConfig, found: Checkpoint, adapters: dict[str, Path], merged: bool,
+               val_acc: Mapping[int, float]) -> str:
+    """README.md of an export: what the adapters are and how to load them (`val_acc`: the
+    cell's step -> validation accuracy, to say whether `found` is its peak)."""
     record = _record(found.run_dir)
     git = record.get("git") or {}
     commit = git.get("commit") or "unknown (no cell.json)"
@@ -118,7 +125,7 @@ def model_card(config: RunConfig, found: Checkpoint, adapters: dict[str, Path], 
     problems = f"every {split} problem" if config.train.val_problems is None else f"{config.train.val_problems} {split} problems"
     acc = "not validated at this step" if found.val_acc is None else (
         f"{100 * found.val_acc:.1f}% ({problems}, T={config.sampling.val_temperature})")
-    peak = first_peak(val_accuracy(found.run_dir.read_metrics()))
+    peak = first_peak(val_acc)
     peak_note = " (the cell's peak)" if peak is not None and peak[0] == found.step else ""
     roles = found.roles()
     first = next(iter(adapters))

@@ -1,7 +1,9 @@
 """`gridrun collect`: the paper's analysis of a sweep, from its run directories.
 
 Reads every cell's state and metrics once (RunDir's readers; in worker processes for large
-sweeps) and writes, under results/<sweep>/:
+sweeps) and hands what it parsed on: the calibration replays the rows it kept, `--export-peaks`
+finds each peak in the validation accuracies it read; neither opens metrics.jsonl again.
+Writes, under results/<sweep>/:
 
     cells.parquet     one row per cell: coordinates, kind, state, attempt, cost (wall_h,
                       gpu_h), the per-cell statistics of grid/analysis/summary.py, the
@@ -49,7 +51,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 import yaml
@@ -87,23 +89,39 @@ INT_COLUMNS = ("seed", "peak_step", "final_step", "cliff_step", "peak_drop_step"
 
 @dataclass
 class SweepData:
-    """What collect read: the cells frame and each cell's metric columns."""
+    """What collect read: the cells frame, each cell's metric columns and, where kept, its
+    metric rows as read (a sweep with an early_warning plan: the calibration replays them)."""
 
     cells: pd.DataFrame
     columns: dict[str, MetricColumns]
+    rows: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+
+    def val_acc(self, cell: str) -> dict[int, float]:
+        """A cell's step -> validation accuracy, as its peak and Table 1 read it."""
+        return self.columns[cell].series("val", "val/acc")
 
 
-def read_cell(root: str, workflow: str | None = None, policy: str | None = None,
-              cliff_se: float = CLIFF_SE) -> tuple[MetricColumns, dict[str, Any], str | None]:
+class CellRead(NamedTuple):
+    """One cell's metrics as read: its columns, summary, metrics.jsonl damage and, when asked
+    for, the rows themselves."""
+
+    columns: MetricColumns
+    summary: dict[str, Any]
+    damage: str | None
+    rows: list[dict[str, Any]] | None
+
+
+def read_cell(root: str, workflow: str | None = None, policy: str | None = None, cliff_se: float = CLIFF_SE,
+              keep_rows: bool = False) -> CellRead:
     """One cell's metric columns, summary (the mechanism alerts replayed for its workflow and
-    policy included, its cliff against `cliff_se` standard errors) and metrics.jsonl damage (a
-    top-level function: worker processes run it)."""
+    policy included, its cliff against `cliff_se` standard errors), metrics.jsonl damage and,
+    with `keep_rows`, its rows (a top-level function: worker processes run it)."""
     _load_workflow_plugin(RunDir(root), workflow)
     rows, damage = RunDir(root).read_metrics_checked()
     columns = MetricColumns.from_rows(rows)
     alerts = alert_summary(rows, workflow, policy, groups=cell_grouping(RunDir(root), policy))
     warning = warning_columns(columns.series("val", "val/acc"), alerts, columns.series("val", "val/acc_se"), cliff_se)
-    return columns, {**cell_summary(columns), **alerts, **warning}, damage
+    return CellRead(columns, {**cell_summary(columns), **alerts, **warning}, damage, rows if keep_rows else None)
 
 
 def _load_workflow_plugin(run_dir: RunDir, workflow: str | None) -> None:
@@ -126,9 +144,8 @@ def _workers(cells: int) -> int:
     return min(cells // PARALLEL_FROM_CELLS, os.cpu_count() or 1, 8)
 
 
-def _read_all(cells: Sequence[tuple[str, str | None, str | None, float]],
-              description: str) -> list[tuple[MetricColumns, dict[str, Any], str | None]]:
-    """read_cell of each (root, workflow, policy)."""
+def _read_all(cells: Sequence[tuple[str, str | None, str | None, float, bool]], description: str) -> list[CellRead]:
+    """read_cell of each (root, workflow, policy, cliff_se, keep_rows)."""
     workers = _workers(len(cells))
     if workers < 2:
         return [read_cell(*cell) for cell in track(cells, description)]
@@ -143,25 +160,29 @@ def base_id(kind: str, coords: dict[str, Any]) -> str | None:
 
 
 def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
-    """Every cell of the sweep, finished or not, with its statistics."""
+    """Every cell of the sweep, finished or not, with its statistics (and its metric rows
+    when sweep.json records an early_warning plan: the calibration replays them)."""
     recorded = sweep.read()
     plan = recorded.entries()
+    keep_rows = recorded.early_warning is not None
     rows = sweep_rows(sweep)
     # The cliff's k: the sweep file's early_warning.cliff_se, else the default.
     early = EarlyWarningPlan.parse(recorded.early_warning, str(sweep.sweep_json)) if recorded.early_warning else None
     k = CLIFF_SE if early is None or early.cliff_se is None else early.cliff_se
     read = _read_all(
-        [(str(sweep.cell(row["cell"]).root), plan[row["cell"]].coords.get("workflow"), plan[row["cell"]].coords.get("policy"), k)
-         for row in rows],
+        [(str(sweep.cell(row["cell"]).root), plan[row["cell"]].coords.get("workflow"), plan[row["cell"]].coords.get("policy"),
+          k, keep_rows) for row in rows],
         f"reading {len(rows)} cells of {sweep.name}",
     )
     now = time.time()
-    records, columns = [], {}
-    for row, (metric_columns, summary, metrics_damage) in zip(rows, read):
+    records, columns, kept = [], {}, {}
+    for row, (metric_columns, summary, metrics_damage, metric_rows) in zip(rows, read):
         cell = plan[row["cell"]]
         resources = cell.resources
         wall_h = cell_hours(sweep.cell(row["cell"]).read_state(), now)
         columns[row["cell"]] = metric_columns
+        if metric_rows is not None:
+            kept[row["cell"]] = metric_rows
         # A damaged file (state.json, cell.json, metrics.jsonl) makes the cell `damaged`: its
         # numbers stay out of the tables, and `damage` says which file and how to fix it.
         damage = row["error"] if row["state"] == "damaged" else metrics_damage
@@ -184,7 +205,7 @@ def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
     for column in INT_COLUMNS:
         if column in frame:
             frame[column] = pd.array([None if pd.isna(v) else int(v) for v in frame[column]], dtype="Int64")
-    return SweepData(frame, columns)
+    return SweepData(frame, columns, kept)
 
 
 def twin_ran_on(sweep: SweepDir, cells: pd.DataFrame, cell: str) -> str | None:
@@ -303,12 +324,14 @@ def for_variant(table: Table, variant: str | None) -> Table:
     return dataclasses.replace(table, name=f"{table.name}-{variant}", title=f"{table.title} — variant `{variant}`")
 
 
-def export_peaks(sweep: SweepDir, cells: pd.DataFrame, out: Path, console: Any) -> list[Path]:
+def export_peaks(sweep: SweepDir, data: SweepData, out: Path, console: Any) -> list[Path]:
     """`gridrun export` of every done cell's peak into out/<sweep>/<cell>-step_XXXXXX (one
-    already there is kept: a checkpoint never changes); returns the folders written."""
+    already there is kept: a checkpoint never changes), each peak found in the validation
+    accuracies collect read; returns the folders written."""
     from gridrun.export import ExportError, export
 
     written, kept, missing = [], 0, []
+    cells = data.cells
     done = cells[cells["state"].isin(FINISHED_STATES) & cells["peak_checkpoint"].notna()]
     for cell, step in zip(done["cell"], done["peak_step"]):
         peak = peak_checkpoint(sweep.cell(cell), int(step))
@@ -322,7 +345,7 @@ def export_peaks(sweep: SweepDir, cells: pd.DataFrame, out: Path, console: Any) 
             kept += 1
             continue
         try:
-            written.append(export(sweep.cell(cell), "peak", target))
+            written.append(export(sweep.cell(cell), "peak", target, val_acc=data.val_acc(cell)))
         except ExportError as err:
             missing.append(f"{cell} ({err})")
     console.print(f"exported {len(written)} peaks to {out / sweep.name}" + (f", {kept} already there" if kept else ""))
@@ -355,7 +378,8 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0, export_to:
             peak, table1(part, "final_val_acc"), table2(part), table3(part), *signature_tables(part, signatures),
             alerts_table(part)]]
     tables += [findings_table(cells), early_warning_table(cells), noise_table(cells),
-               alert_actions_table(cells, functools.partial(twin_ran_on, sweep, cells)), *calibration_tables(sweep, cells)]
+               alert_actions_table(cells, functools.partial(twin_ran_on, sweep, cells)),
+               *calibration_tables(sweep, cells, data.rows)]
     sweep.root.mkdir(parents=True, exist_ok=True)
     write_parquet(_parquet_ready(cells), sweep.cells_parquet)
     write_parquet(metrics_frame(data.columns), sweep.metrics_parquet)
@@ -385,6 +409,6 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0, export_to:
         + (f"{sweep.figures_dir}/ ({len(figures)} figures)" if figures else f"no figures ({no_figures})")
     )
     if export_to is not None:
-        export_peaks(sweep, cells, export_to, console)
+        export_peaks(sweep, data, export_to, console)
     console.print(f"report: {sweep.report('html')}")
     return tables

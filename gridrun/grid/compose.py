@@ -16,7 +16,9 @@ The workflow, task and engine nodes are each the chosen option's params dataclas
 (gridrun/registry.py): its fields at their defaults are stored with Hydra's ConfigStore as
 schema/<group>/<option> and placed under the option's file by conf/config.yaml, so the file
 holds only what differs. A plugin's option is stored once chosen, from the module its file
-names in `plugin:`.
+names in `plugin:`. The launcher node (grid.launcher) likewise: each registered launcher's
+settings dataclass (beside it in gridrun/grid/launchers/), placed by its option file's own
+defaults list, so a copy of the file under another name keeps it.
 
 Errors are worked out from structured data, never from Hydra's English: a missing option
 file from the exception's path; a pair of choices without a row in conf/tables.yaml from the
@@ -55,6 +57,7 @@ from omegaconf.errors import OmegaConfBaseException
 from gridrun import registry
 from gridrun.grid import checkout, search
 from gridrun.grid.errors import GridError, closest
+from gridrun.grid.launchers.base import LAUNCHERS, LauncherSettings, launcher_class
 from gridrun.registry import ConfigError, OptionParams
 from gridrun.runconfig import ToySpec, run_defaults
 
@@ -79,13 +82,17 @@ ConfigStore.instance().store(group="toy_recipe", name="schema", node=ToySpec)
 # conf/config.yaml places the chosen option's schema under its file (`schema/workflow@workflow:
 # ${workflow}`), so an option file holds only what differs from the defaults.
 OPTION_GROUPS = ("workflow", "task", "engine")
+# Likewise each registered launcher's settings dataclass (gridrun/grid/launchers/), stored as
+# schema/launcher/<name>: conf/launcher/<name>.yaml places it under itself (its defaults list).
+LAUNCHER_GROUP = "launcher"
 SCHEMA_GROUP = "schema"
 
 
-def store_option_schema(group: str, name: str, params: type[OptionParams]) -> None:
-    """Register one option's params dataclass as its schema with Hydra's ConfigStore. A plain
-    mapping, as run_schema: OmegaConf's structured configs take no Literal types; the types are
-    checked when the composed tree is read into the run schema (gridrun/runconfig.py)."""
+def store_option_schema(group: str, name: str, params: type[OptionParams | LauncherSettings]) -> None:
+    """Register one option's params (or a launcher's settings) dataclass as its schema with
+    Hydra's ConfigStore. A plain mapping, as run_schema: OmegaConf's structured configs take no
+    Literal types; the types are checked when the composed tree is read into the run schema
+    (gridrun/runconfig.py) or the grid root's (gridrun/grid/gridconfig.py)."""
     node = {f.name: _field_default(f) for f in dataclasses.fields(params)}
     ConfigStore.instance().store(group=f"{SCHEMA_GROUP}/{group}", name=name, node={**node, "name": name})
 
@@ -111,6 +118,8 @@ class Composer:
         for group in OPTION_GROUPS:
             for name, params in registry.params_classes(group).items():
                 store_option_schema(group, name, params)
+        for name in LAUNCHERS:
+            store_option_schema(LAUNCHER_GROUP, name, launcher_class(name).settings_type)
         self._search_path = _search_path(self.conf_dirs)
         self._loader = ConfigLoaderImpl(config_search_path=self._search_path)
         self._repo = self._repository()

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from gridrun.grid.sweepdir import SweepDir
+from gridrun.rundir import RunDir
 from tests.conftest import TOY_CELL, merge
 from tests.grid.conftest import Gridrun
 from tests.states import put_state
@@ -275,3 +276,27 @@ def test_the_peaks_checkpoint_is_named_and_exported(gridrun: Gridrun, hand: Swee
     # Again: what is there is kept, nothing is overwritten.
     again = gridrun("collect", "conf=hand", "--export-peaks", str(tmp_path / "peaks"))
     assert "exported 0 peaks to" in again.out and "1 already there" in again.out
+
+
+def test_collect_reads_each_metrics_file_once(gridrun: Gridrun, hand: SweepDir, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The calibration (an early_warning plan) and --export-peaks use the rows collect parsed:
+    one read of each cell's metrics.jsonl, and the export finds the same peak collect wrote."""
+    plan = json.loads(hand.sweep_json.read_text())
+    plan["early_warning"] = {"fit_seeds": [0], "held_out_seeds": [1], "search": {"chi2_factor": [5.0, 2.0]}}
+    hand.sweep_json.write_text(json.dumps(plan))
+    peak_checkpoint_on_disk(hand, "voting-ip-1.7b-math-s0", 20, {"generator": "generator", "aggregator": "aggregator"})
+    reads: dict[str, int] = {}
+    lines = RunDir._metric_lines
+
+    def counted(self: RunDir):  # type: ignore[no-untyped-def]
+        reads[self.root.name] = reads.get(self.root.name, 0) + 1
+        return lines(self)
+
+    monkeypatch.setattr(RunDir, "_metric_lines", counted)
+    result = gridrun("collect", "conf=hand", "--export-peaks", str(tmp_path / "peaks"))
+    assert result.code == 0, result.err
+    assert hand.table("early_warning_calibration", "csv").is_file() and "exported 1 peaks to" in result.out
+    assert reads == {cell["id"]: 1 for cell in plan["cells"]}
+    card = (tmp_path / "peaks" / "hand" / "voting-ip-1.7b-math-s0-step_000020" / "README.md").read_text()
+    assert "| step | 20 of " in card and "(the cell's peak) |" in card and "| validation accuracy at this step | 60.0%" in card

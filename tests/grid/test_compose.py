@@ -31,6 +31,8 @@ def composer() -> Composer:
         ["workflow=single", "task=math", "scale=4b", "gpu=l40s", "cluster=paper"],
         ["task=math", "scale=1.7b", "task.data_path=${grid.data_root}/elsewhere", "train.val_every=${train.save_every}"],
         ["task=code", "scale=4b", "grid.data_root=/shared/data", "logging.wandb_mode=disabled"],
+        # The launcher's settings from its dataclass (placed by its file's defaults list), one set.
+        ["launcher=slurm", "cluster=testcluster", "grid.launcher.max_attempts=2"],
         # A mapping merged into a node, a forced add, a deletion, an added key then set.
         ["+grpo.kl_beta={generator:0.1}", "++train.val_every=4", "~logging.wandb_project", "+train.new=1", "train.new=2"],
     ],

@@ -4,16 +4,21 @@ spelling and the file; sweep.json records the checked profile with its defaults 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 import gridrun.grid.compose as compose_module
 from gridrun.grid import PACKAGE_DIR
+from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError
 from gridrun.grid.gridconfig import ClusterSpec, cluster_spec
+from gridrun.grid.launchers.local import LocalSettings
+from gridrun.grid.launchers.slurm import SlurmSettings
 from tests.grid.conftest import Gridrun, tree
 
 
@@ -60,7 +65,9 @@ def test_a_bad_cluster_profile_fails_plan_in_one_line_naming_the_key(
 
 
 def test_a_bad_launcher_or_gpu_file_names_its_own_file(gridrun: Gridrun, results: Path, conf: Path) -> None:
-    profile(conf, "myslurm", "signal_delay_s: 300", "signal_delay: 300", group="launcher", source="slurm")
+    # The shipped file names the launcher only (its settings' defaults are SlurmSettings'): a
+    # user's own adds the one it changes, misspelled.
+    profile(conf, "myslurm", "name: slurm", "name: slurm\nsignal_delay: 300", group="launcher", source="slurm")
     result = gridrun("plan", "conf=full_matrix", "cluster=paper", "launcher=myslurm", "scale=1.7b")
     # The settings are the slurm launcher's (name: myslurm is not one): the name is checked first.
     assert result.code == 2 and "no launcher 'myslurm'" in result.err, result.err
@@ -102,3 +109,21 @@ def test_a_hand_edited_sweep_json_is_read_back_through_the_schema() -> None:
     with pytest.raises(GridError, match=r"grid.cluster.gpu_type' \(did you mean 'grid.cluster.gpu_types'\?\): "
                        r"fix the conf/cluster/ file of cluster 'paper'$"):
         cluster_spec({"name": "paper", "gpu_type": {}})
+
+
+def test_launcher_defaults_live_in_their_settings_dataclass(gridrun: Gridrun, results: Path, conf: Path) -> None:
+    # The shipped launcher files name their launcher and nothing else: each default is written
+    # once, in the settings dataclass beside its launcher, which Hydra composes under the file.
+    for name, settings in (("local", LocalSettings), ("slurm", SlurmSettings)):
+        assert yaml.safe_load((conf / "launcher" / f"{name}.yaml").read_text()) == {
+            "defaults": [f"/schema/launcher/{name}@_here_", "_self_"], "name": name}
+        node = Composer(conf).compose(["cell.id=x", f"launcher={name}"])["grid"]["launcher"]
+        assert node == dataclasses.asdict(settings())
+    # A copy of the shipped file under another name keeps them: a setting it changes wins, one
+    # it leaves is overridden as before (no `+`).
+    profile(conf, "myslurm", "name: slurm", "name: slurm\nmax_attempts: 2", group="launcher", source="slurm")
+    (conf / "launcher" / "myslurm.yaml").write_text((conf / "launcher" / "myslurm.yaml").read_text().replace(
+        "name: myslurm", "name: slurm"))
+    assert gridrun("plan", "conf=smoke", "cluster=testcluster", "launcher=myslurm", "grid.launcher.max_parallel=8").code == 0
+    recorded = json.loads((results / "smoke" / "sweep.json").read_text())["launcher"]
+    assert recorded == {**dataclasses.asdict(SlurmSettings()), "max_attempts": 2, "max_parallel": 8}

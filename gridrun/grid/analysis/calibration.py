@@ -177,13 +177,14 @@ class Calibration:
     searched: list[tuple[Thresholds, Score]]
 
 
-def read_curves(sweep: SweepDir, cells: pd.DataFrame) -> list[CellCurve]:
-    """The done training cells' curves (the only cells an alert is scored on)."""
+def read_curves(sweep: SweepDir, cells: pd.DataFrame, metric_rows: Mapping[str, list[dict[str, Any]]]) -> list[CellCurve]:
+    """The done training cells' curves (the only cells an alert is scored on), from the metric
+    rows collect read (cell -> rows)."""
     done = cells[cells["kind"].isin(TRAINED_KINDS) & (cells["state"] == CellState.DONE)]
     curves = []
     for record in done.to_dict("records"):
         run_dir = RunDir(sweep.cell(record["cell"]).root)
-        rows = run_dir.read_metrics()
+        rows = metric_rows[record["cell"]]
         variant = record.get("variant")
         curves.append(CellCurve(record["cell"], int(record["seed"]), str(record["workflow"]), record.get("policy"),
                                 None if variant is None or pd.isna(variant) else str(variant), rows, val_accuracy(rows),
@@ -306,13 +307,14 @@ def shown_table(curves: Sequence[CellCurve], results: Sequence[Calibration], k: 
     )
 
 
-def calibration_tables(sweep: SweepDir, cells: pd.DataFrame) -> list[Table]:
-    """The three tables, when sweep.json records an early_warning plan (none otherwise)."""
+def calibration_tables(sweep: SweepDir, cells: pd.DataFrame, metric_rows: Mapping[str, list[dict[str, Any]]]) -> list[Table]:
+    """The three tables, when sweep.json records an early_warning plan (none otherwise);
+    `metric_rows`: each cell's metric rows as collect read them (it keeps them for such a plan)."""
     recorded = sweep.read().early_warning if sweep.exists() else None
     if recorded is None or cells.empty:
         return []
     plan = EarlyWarningPlan.parse(recorded, str(sweep.sweep_json))
-    curves = read_curves(sweep, cells)
+    curves = read_curves(sweep, cells, metric_rows)
     results = calibrate(curves, plan)
     k = CLIFF_SE if plan.cliff_se is None else plan.cliff_se
     return [calibration_table(results, plan), search_table(results), shown_table(curves, results, k)]

@@ -52,8 +52,10 @@ class PartlySubmitted(GridError):
 
 @dataclass
 class LauncherSettings:
-    """A launcher's settings (conf/launcher/<name>.yaml); each launcher extends it with its own,
-    beside its class (local.py's LocalSettings, slurm.py's SlurmSettings)."""
+    """A launcher's settings; each launcher extends it with its own, beside its class
+    (local.py's LocalSettings, slurm.py's SlurmSettings), their defaults written there only:
+    gridrun/grid/compose.py stores them with Hydra as schema/launcher/<name>, which
+    conf/launcher/<name>.yaml places under itself (its defaults list) and names the launcher."""
 
     name: str
     # Cells (local) or array elements (slurm) running at once; null: the launcher's choice.
@@ -68,7 +70,8 @@ def launcher_settings(launcher: Mapping[str, Any], settings_type: type[S], file:
     return checked(settings_type, dict(launcher), "grid.launcher.", file or option_file("launcher", launcher))
 
 
-# name -> "module:Class"; imported only when a cell of that launcher is touched.
+# name -> "module:Class"; imported when a cell of that launcher is touched, and by the
+# composer (gridrun/grid/compose.py), which stores each one's settings with Hydra.
 LAUNCHERS: dict[str, str] = {
     "local": "gridrun.grid.launchers.local:LocalLauncher",
     "slurm": "gridrun.grid.launchers.slurm:SlurmLauncher",

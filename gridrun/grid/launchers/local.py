@@ -124,12 +124,15 @@ def _cell_cpus(run_dir: RunDir) -> int | None:
 
 @dataclass
 class LocalSettings(LauncherSettings):
-    """launcher=local (conf/launcher/local.yaml)."""
+    """launcher=local: its settings' one home (gridrun/grid/compose.py stores them with Hydra
+    at their defaults; conf/launcher/local.yaml places them and names the launcher). `max_parallel`:
+    cells running at once (--max-parallel overrides it); null fits the machine: the cores
+    this process may use divided by cluster.cpus_per_cell (2 cores, 1 thread a cell: 2)."""
 
     name: str = "local"
-    # Seconds between polls of the cells' state files.
+    # Seconds between polls of the cells' state files (the progress display's refresh).
     poll_s: float = 0.5
-    # Seconds a cell gets to stop after SIGTERM before SIGKILL.
+    # Seconds a cell gets to stop after SIGTERM (Ctrl-C, `gridrun cancel`) before SIGKILL.
     term_timeout_s: float = 30
 
 

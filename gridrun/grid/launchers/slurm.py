@@ -114,15 +114,22 @@ SUBMIT_LAG_S = 120.0
 
 @dataclass
 class SlurmSettings(LauncherSettings):
-    """launcher=slurm (conf/launcher/slurm.yaml)."""
+    """launcher=slurm: its settings' one home (gridrun/grid/compose.py stores them with Hydra
+    at their defaults; conf/launcher/slurm.yaml places them and names the launcher)."""
 
     name: str = "slurm"
+    # Array elements running at once per job array (sbatch --array=0-N%max_parallel);
+    # `gridrun sweep --max-parallel N` overrides it.
     max_parallel: int | None = 64
-    # Seconds between SLURM's warning signal (USR2) and the time limit.
+    # The least seconds between SLURM's warning signal (USR2, to the trainer only) and the time
+    # limit: the trainer finishes its current step, checkpoints, and the job requeues itself.
+    # Each array's lead is derived from its cells' estimated step (`warning_lead_s`); this is its floor.
     signal_delay_s: int = 300
-    # Requeues at the time limit a cell may take (submitit's max_num_timeout).
+    # Requeues at the time limit a cell may take (submitit's max_num_timeout); then it stops as
+    # `preempted` (`gridrun resubmit --preempted` resumes it). Preemptions do not count.
     max_num_timeout: int = 3
-    # Submissions of one cell, the first included.
+    # Submissions of one cell, the first included (`gridrun resubmit` refuses more); requeues by
+    # the scheduler (preemption, time limit) do not count.
     max_attempts: int = 5
 
 
