@@ -207,6 +207,8 @@ class StageCost:
     requests: int
     seconds: float
     tokens: int
+    # The whole continuous rollout (no stages): every request, from first call to last answer.
+    continuous: bool = False
 
 
 class StageBatcher:
@@ -261,7 +263,7 @@ class StageBatcher:
             tokens = sum(len(t.completion_ids) for e in episodes for t in e.turns)
             requests = sum(1 for e in episodes for t in e.turns if t.finish_reason != "prompt_too_long")
             self.batches.append(requests)
-            self.stages.append(StageCost(requests, time.perf_counter() - started, tokens))
+            self.stages.append(StageCost(requests, time.perf_counter() - started, tokens, continuous=True))
         else:
             asyncio.run(self._run_all(list(episodes), program))
 
