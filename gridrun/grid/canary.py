@@ -9,7 +9,7 @@ a SLURM profile, else locally), waits for it, and reports from its run directory
 - per rank (ranks/rank<r>.json, written by each rank's trainer): host, GPU UUID and name
   (CPU where none), CUDA_VISIBLE_DEVICES (the trainer and its engine share it), the free
   GPU memory before and after the engine sleeps for the update, each rollout stage's
-  seconds and generated tokens/s, the update's seconds and tokens/s, and the time spent
+  seconds and generated tokens/s (engine=vllm's continuous rollout: the whole rollout's), the update's seconds and tokens/s, and the time spent
   gathering across ranks, all of the last step;
 - the live-adapter check per role (metrics.jsonl's `adapter_check/<role>/{served,zero,
   trainer}` where the engine records them, "not run" otherwise);
@@ -186,7 +186,8 @@ def rank_lines(record: dict[str, Any]) -> list[str]:
     lines.append(f"  free GPU memory before the engine sleeps {_gb(last.get('free_gpu_gb_awake'))}, "
                  f"after {_gb(last.get('free_gpu_gb_asleep'))} (step {last.get('step')})")
     for k, stage in enumerate(last.get("stages") or []):
-        lines.append(f"  rollout stage {k}: {stage['requests']} requests, {stage['seconds']:.2f} s, "
+        what = "rollout (continuous, no stages)" if stage.get("continuous") else f"rollout stage {k}"
+        lines.append(f"  {what}: {stage['requests']} requests, {stage['seconds']:.2f} s, "
                      f"{stage['tokens']} tokens ({_rate(stage['tokens'], stage['seconds'])})")
     lines.append(f"  update: {last['update_s']:.2f} s, {last['update_tokens']} tokens "
                  f"({_rate(last['update_tokens'], last['update_s'])}); gather across ranks {last['gather_s']:.3f} s")

@@ -1,9 +1,19 @@
-"""Stage-batched rollouts: run many workflow episodes as coroutines, batch their LLM calls.
+"""Rollouts: run many workflow episodes as coroutines and serve their LLM calls, staged or continuous.
 
-Workflows are plain async programs over `await llm.chat(role, messages)`. Every call is
-queued; when every live thread of control of every episode is waiting on a call, the
-whole queue goes to the engine as one batch, each request routed to its role's adapter.
-So a Voting step issues one batch of all voters' calls, then one of all aggregators'.
+Workflows are plain async programs over `await llm.chat(role, messages)`. Two ways to serve them:
+
+- staged (every engine; the only way for `engine=hf`): every call is queued; when every live
+  thread of control of every episode is waiting on a call, the whole queue goes to the engine
+  as one batch, each request routed to its role's adapter. So a Voting step issues one batch
+  of all voters' calls, then one of all aggregators'; each stage waits for its longest response.
+- continuous (engines with `continuous = True`: `engine=vllm`): each call goes to the engine as
+  soon as it is made, and the engine steps its running batch, handing back each request as it
+  finishes; the episode then makes its next call at once. No episode waits for another's
+  straggler (the released rLLM code runs each episode as its own task against an async engine).
+
+Engines that seed each request (`seeds_requests`) get a seed that is a function of the
+rollout's one draw from torch's RNG, the episode's index and the call's index in its episode
+(`seeds.request_seed`): the same in both ways, so both give the same episodes.
 
 Concurrent calls inside an episode use `llm.parallel(...)`, not `asyncio.gather`: the
 batcher counts threads of control to know when everyone is waiting (a gather it cannot
@@ -15,14 +25,19 @@ The engine interface (`RolloutEngine`) is what `engine=hf` and `engine=vllm` imp
 from __future__ import annotations
 
 import asyncio
+import bisect
+import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import torch
+
 from gridrun.tasks.base import Messages
 from gridrun.train.episode import Episode, Turn
+from gridrun.train.seeds import request_seed
 
 T = TypeVar("T")
 
@@ -40,6 +55,8 @@ class GenRequest:
     prompt_ids: list[int]
     # Adapter name to serve this request with; None = the base model.
     adapter: str | None
+    # Sampling seed (engines with seeds_requests; None: the engine draws one).
+    seed: int | None = None
 
 
 @dataclass
@@ -58,8 +75,25 @@ class AdapterNotServed(RuntimeError):
 class RolloutEngine(ABC):
     """Generates completions for a batch of tokenized prompts, each on its own adapter."""
 
+    # Serves requests as they come (add/step/abort below): rollouts run continuous.
+    continuous: bool = False
+    # Samples each request from its own seed (GenRequest.seed): rollouts hand every request one.
+    seeds_requests: bool = False
+
     @abstractmethod
     def generate(self, requests: Sequence[GenRequest], sampling: SamplingParams) -> list[Completion]: ...
+
+    def add(self, key: int, request: GenRequest, sampling: SamplingParams) -> None:
+        """Continuous engines: start serving `request` (returned by a later step() under `key`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not serve requests continuously")
+
+    def step(self) -> list[tuple[int, Completion]]:
+        """Continuous engines: one engine step over every request added and not yet returned;
+        the (key, completion) of those that finished in it."""
+        raise NotImplementedError(f"{type(self).__name__} does not serve requests continuously")
+
+    def abort(self) -> None:
+        """Continuous engines: drop every request added and not yet returned."""
 
     def refresh(self) -> None:
         """Engines holding their own copy of the adapters reload them from the trainer's model here."""
@@ -101,10 +135,11 @@ class ChatEncoder:
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 
-@dataclass
+@dataclass(eq=False)
 class _Pending:
     episode: Episode
     seq: int
+    seed: int | None
     role: str
     slot: int
     round: int
@@ -119,17 +154,25 @@ class WorkflowMisuse(RuntimeError):
 class EpisodeLLM:
     """The `llm` a workflow program sees: records every turn into its episode."""
 
-    def __init__(self, batcher: StageBatcher, episode: Episode) -> None:
+    def __init__(self, batcher: StageBatcher, episode: Episode, index: int) -> None:
         self._batcher = batcher
         self.episode = episode
+        self._index = index
         self._seq = 0
+        # The call index of each turn in episode.turns.
+        self._turn_seqs: list[int] = []
 
     async def chat(self, role: str, messages: Messages, *, slot: int = 0, round: int = 0) -> Turn:
         self._seq += 1
+        seq = self._seq
         future: asyncio.Future[Turn] = asyncio.get_running_loop().create_future()
-        self._batcher._submit(_Pending(self.episode, self._seq, role, slot, round, messages, future))
+        seed = self._batcher._seed(self._index, seq)
+        self._batcher._submit(_Pending(self.episode, seq, seed, role, slot, round, messages, future))
         turn = await future
-        self.episode.turns.append(turn)
+        # Turns in call order, whatever order concurrent calls finish in.
+        at = bisect.bisect(self._turn_seqs, seq)
+        self._turn_seqs.insert(at, seq)
+        self.episode.turns.insert(at, turn)
         return turn
 
     async def parallel(self, *calls: Awaitable[T]) -> list[T]:
@@ -164,48 +207,94 @@ class StageCost:
     requests: int
     seconds: float
     tokens: int
+    # The whole continuous rollout (no stages): every request, from first call to last answer.
+    continuous: bool = False
 
 
 class StageBatcher:
+    """Serves the LLM calls of a rollout's episodes: staged, or continuous where the engine can
+    (`continuous=None`: the engine's `continuous`)."""
+
     def __init__(
         self,
         engine: RolloutEngine,
         encoder: ChatEncoder,
         route: Callable[[str], str | None],
         sampling: SamplingParams,
+        continuous: bool | None = None,
     ) -> None:
         self.engine = engine
         self.encoder = encoder
         self.route = route
         self.sampling = sampling
+        self.continuous = engine.continuous if continuous is None else continuous
+        if self.continuous and not engine.continuous:
+            raise ValueError(f"{type(engine).__name__} cannot serve a continuous rollout: it serves stages only")
+        # Calls made and not yet answered (staged: queued for the next flush).
         self._pending: list[_Pending] = []
         self._active = 0
         self._sequential = False
+        self._rollout_seed = 0
+        # Continuous: the requests the engine is serving, by key, and what wakes the driver.
+        self._serving: dict[int, tuple[_Pending, list[int]]] = {}
+        self._next_key = 0
+        self._wakeup: asyncio.Event | None = None
+        self._failed: BaseException | None = None
         self.batches: list[int] = []
-        # Each engine call of the run, in order: what `gridrun canary` reports per stage.
+        # Each engine call of the run, in order: what `gridrun canary` reports per stage (a
+        # continuous rollout is one stage: every request, the rollout's seconds and tokens).
         self.stages: list[StageCost] = []
 
     def run(self, episodes: Sequence[Episode], program: WorkflowProgram, sequential: bool = False) -> None:
         """Run `program` on every episode. sequential=True runs one episode and one call at a
         time (the unbatched baseline the benchmark compares against)."""
         self._sequential = sequential
+        if sequential and self.continuous:
+            raise ValueError("a sequential rollout is staged: pass continuous=False")
+        # One draw per rollout, and only for engines that seed requests: engine=hf's stream is untouched.
+        if self.engine.seeds_requests:
+            self._rollout_seed = int(torch.randint(0, 2**62, (1,)))
         if sequential:
-            for episode in episodes:
-                asyncio.run(self._run_all([episode], program))
+            for index, episode in enumerate(episodes):
+                asyncio.run(self._run_all([episode], program, index))
+        elif self.continuous:
+            started = time.perf_counter()
+            asyncio.run(self._run_all(list(episodes), program))
+            tokens = sum(len(t.completion_ids) for e in episodes for t in e.turns)
+            requests = sum(1 for e in episodes for t in e.turns if t.finish_reason != "prompt_too_long")
+            self.batches.append(requests)
+            self.stages.append(StageCost(requests, time.perf_counter() - started, tokens, continuous=True))
         else:
             asyncio.run(self._run_all(list(episodes), program))
 
-    async def _run_all(self, episodes: list[Episode], program: WorkflowProgram) -> None:
+    def _seed(self, episode: int, call: int) -> int | None:
+        return request_seed(self._rollout_seed, episode, call) if self.engine.seeds_requests else None
+
+    async def _run_all(self, episodes: list[Episode], program: WorkflowProgram, first: int = 0) -> None:
         self._pending, self._active = [], len(episodes)
 
-        async def one(episode: Episode) -> None:
+        async def one(index: int, episode: Episode) -> None:
             try:
-                await program(EpisodeLLM(self, episode), episode)
+                await program(EpisodeLLM(self, episode, index), episode)
             finally:
                 self._active -= 1
                 self._maybe_flush()
 
-        await asyncio.gather(*(one(e) for e in episodes))
+        if not self.continuous:
+            await asyncio.gather(*(one(first + i, e) for i, e in enumerate(episodes)))
+            return
+        self._wakeup, self._failed = asyncio.Event(), None
+        driver = asyncio.create_task(self._drive())
+        try:
+            await asyncio.gather(*(one(first + i, e) for i, e in enumerate(episodes)))
+        finally:
+            driver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await driver
+            if self._serving or self._failed is not None:
+                # An episode or a step failed: what the engine still serves belongs to no one.
+                self._serving.clear()
+                self.engine.abort()
 
     def _submit(self, pending: _Pending) -> None:
         self._pending.append(pending)
@@ -214,11 +303,61 @@ class StageBatcher:
                 "more pending LLM calls than threads of control: run concurrent calls with "
                 "`await llm.parallel(...)`, not asyncio.gather or create_task"
             )
+        if self.continuous:
+            self._send(pending)
         self._maybe_flush()
 
     def _maybe_flush(self) -> None:
-        if self._pending and len(self._pending) == self._active:
+        if self.continuous:
+            # Every live thread of control waits on the engine: time for its next step.
+            if self._wakeup is not None and len(self._pending) == self._active:
+                self._wakeup.set()
+        elif self._pending and len(self._pending) == self._active:
             asyncio.get_running_loop().call_soon(self._flush)
+
+    # --- continuous ---------------------------------------------------------------------------
+    def _send(self, pending: _Pending) -> None:
+        """Hand one call to the engine now (a prompt over the limit is answered at once)."""
+        (prompt_ids,) = self.encoder.encode([pending.messages])
+        if self._failed is not None:
+            self._answer(pending, prompt_ids, None, self._failed)
+        elif len(prompt_ids) > self.encoder.max_prompt_tokens:
+            self._answer(pending, prompt_ids, Completion([], [], "", "prompt_too_long"))
+        else:
+            key, self._next_key = self._next_key, self._next_key + 1
+            self._serving[key] = (pending, prompt_ids)
+            self.engine.add(key, GenRequest(prompt_ids, self.route(pending.role), pending.seed), self.sampling)
+
+    async def _drive(self) -> None:
+        """Step the engine, answering each call as its request finishes. Between steps the
+        answered episodes run on: the next step waits until each live thread of control has
+        made its next call (or ended), so that call joins that step's batch."""
+        assert self._wakeup is not None
+        while True:
+            if not self._serving or len(self._pending) < self._active:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            try:
+                finished = self.engine.step()
+            except BaseException as err:  # noqa: BLE001 - handed to every waiting episode
+                self._failed = err
+                for pending, prompt_ids in self._serving.values():
+                    self._answer(pending, prompt_ids, None, err)
+                self._serving.clear()
+                continue
+            for key, completion in finished:
+                pending, prompt_ids = self._serving.pop(key)
+                self._answer(pending, prompt_ids, completion)
+
+    def _answer(self, pending: _Pending, prompt_ids: list[int], done: Completion | None,
+                error: BaseException | None = None) -> None:
+        self._pending.remove(pending)
+        if error is not None:
+            pending.future.set_exception(error)
+        else:
+            assert done is not None
+            pending.future.set_result(_turn(pending, prompt_ids, done))
 
     def _flush(self) -> None:
         if not self._pending or len(self._pending) != self._active:
@@ -240,7 +379,7 @@ class StageBatcher:
         prompt_ids = self.encoder.encode([p.messages for p in chunk])
         limit = self.encoder.max_prompt_tokens
         fits = [i for i, ids in enumerate(prompt_ids) if len(ids) <= limit]
-        requests = [GenRequest(prompt_ids[i], self.route(chunk[i].role)) for i in fits]
+        requests = [GenRequest(prompt_ids[i], self.route(chunk[i].role), chunk[i].seed) for i in fits]
         self.batches.append(len(requests))
         started = time.perf_counter()
         completions = self.engine.generate(requests, self.sampling) if requests else []
@@ -248,17 +387,18 @@ class StageBatcher:
         self.stages.append(StageCost(len(requests), time.perf_counter() - started, tokens))
         served = dict(zip(fits, completions))
         for i, p in enumerate(chunk):
-            done = served.get(i) or Completion([], [], "", "prompt_too_long")
-            p.future.set_result(
-                Turn(
-                    role=p.role,
-                    slot=p.slot,
-                    round=p.round,
-                    messages=p.messages,
-                    prompt_ids=prompt_ids[i],
-                    completion_ids=done.token_ids,
-                    logprobs=done.logprobs,
-                    text=done.text,
-                    finish_reason=done.finish_reason,
-                )
-            )
+            p.future.set_result(_turn(p, prompt_ids[i], served.get(i) or Completion([], [], "", "prompt_too_long")))
+
+
+def _turn(pending: _Pending, prompt_ids: list[int], done: Completion) -> Turn:
+    return Turn(
+        role=pending.role,
+        slot=pending.slot,
+        round=pending.round,
+        messages=pending.messages,
+        prompt_ids=prompt_ids,
+        completion_ids=done.token_ids,
+        logprobs=done.logprobs,
+        text=done.text,
+        finish_reason=done.finish_reason,
+    )

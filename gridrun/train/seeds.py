@@ -16,8 +16,11 @@ exact-resume tests depend on them; tests/test_seeds.py pins each):
     INIT        0, whatever the seed                   the weights of a randomly initialised base model
 
 Left out: the dataset splits' seed (gridrun/tasks/data.py: 42, the paper's, fixed per task so
-every cell sees one validation split), the toy world's recipe seed (part of its recipe), and
-per-request sampling seeds (vLLM's are drawn from torch's global RNG, which CELL seeds).
+every cell sees one validation split) and the toy world's recipe seed (part of its recipe).
+Per-request sampling seeds (`engine=vllm`) are `request_seed(rollout, episode, call)`: one
+draw from torch's global RNG per rollout (which CELL seeds), then a function of the episode's
+index in the rollout and the call's index in its episode, so that a request's seed does not
+depend on when the engine serves it (the continuous rollout's episodes equal the staged ones).
 """
 
 from __future__ import annotations
@@ -71,3 +74,10 @@ def derive(seed: int, stream: Stream, *position: int) -> int:
         rank, step = position
         return int.from_bytes(hashlib.sha256(f"{seed}:{rank}:{step}".encode()).digest()[:8], "little")
     return INIT_SEED
+
+
+def request_seed(rollout: int, episode: int, call: int) -> int:
+    """The sampling seed (31 bits) of an episode's `call`-th LLM call in a rollout seeded
+    `rollout`: the same whatever the order or batch the engine serves it in."""
+    digest = hashlib.sha256(f"{rollout}:{episode}:{call}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFF_FFFF

@@ -261,7 +261,8 @@ class Trainer:
                      awake: float | None, asleep: float | None) -> dict[str, float]:
         """This rank's costs of the step into its own record (ranks/rank<r>.json: `gridrun
         canary` reads it) and the metric row's `time/` keys (rank-local, so a comparison of
-        runs leaves them out): per rollout stage seconds and generated tokens, the update's
+        runs leaves them out): per rollout stage seconds and generated tokens (a continuous
+        rollout: one entry, the whole rollout), the update's
         tokens, the time spent gathering across ranks."""
         stages = [asdict(cost) for cost in self.last_stages]
         update_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in seqs)

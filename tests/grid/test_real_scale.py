@@ -113,6 +113,9 @@ def test_the_canary_reports_each_rank_and_says_go(tmp_path: Path) -> None:
     assert lines[0].startswith("rank 1/2 on node1: GPU GPU-bbb (H100, 79 GiB); CUDA_VISIBLE_DEVICES=1")
     assert "before the engine sleeps 10.0 GiB, after 60.0 GiB" in lines[1]
     assert "rollout stage 0: 96 requests, 2.00 s, 4000 tokens (2,000 tok/s)" in lines[2]
+    continuous = _rank(1, "1", "GPU-bbb")
+    continuous["steps"][0]["stages"][0]["continuous"] = True  # engine=vllm: the rollout has no stages
+    assert "rollout (continuous, no stages): 96 requests, 2.00 s" in rank_lines(continuous)[2]
     assert "update: 4.00 s, 8000 tokens (2,000 tok/s); gather across ranks 0.250 s" in lines[3]
     assert adapter_lines(rows, ["aggregator", "generator"]) == [
         "adapter check aggregator: not run",

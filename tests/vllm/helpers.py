@@ -13,7 +13,7 @@ from gridrun.cellrun import model_files
 from gridrun.runconfig import RunConfig, config_from_dict
 from gridrun.tasks.arith import ArithTask
 from gridrun.train.model import load_base
-from gridrun.train.policy import Routing, attach_adapters, routing_for
+from gridrun.train.policy import Routing, adapter_parameters, attach_adapters, routing_for
 from gridrun.train.rollout import ChatEncoder
 from tests.conftest import TOY_CELL, merge
 
@@ -34,11 +34,12 @@ def trainer_model(config: RunConfig) -> tuple[Any, Any, Routing]:
 
 
 @torch.no_grad()
-def randomize_lora_b(model: Any, seed: int, scale: float = 0.05) -> None:
-    """peft starts B at zero (every adapter = the base model); give each adapter its own
-    non-zero B so that serving the wrong one shows."""
+def randomize_lora_b(model: Any, seed: int, scale: float = 0.05, adapter: str | None = None) -> None:
+    """peft starts B at zero (every adapter = the base model); give each adapter (or only
+    `adapter`) its own non-zero B so that serving the wrong one shows."""
     generator = torch.Generator().manual_seed(seed)
-    for name, param in sorted(model.named_parameters()):
+    params = model.named_parameters() if adapter is None else adapter_parameters(model, adapter).items()
+    for name, param in sorted(params):
         if "lora_B" in name:
             param.copy_(torch.randn(param.shape, generator=generator) * scale)
 

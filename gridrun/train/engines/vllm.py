@@ -1,6 +1,11 @@
-"""`engine=vllm`: every request of a stage in one vLLM batch, each on its role's LoRA adapter.
+"""`engine=vllm`: every request served by one vLLM engine, each on its role's LoRA adapter.
 
 What it does:
+- Continuous rollouts (rollout.py): each episode's call goes into vLLM's running batch as
+  soon as it is made (`LLMEngine.add_request`), the rollout steps the engine
+  (`LLMEngine.step`, continuous batching) and each request comes back as it finishes, so the
+  episode's next call joins the batch at once and no stage waits for a straggler. `generate`
+  (one batch, to completion) serves staged rollouts and the checks.
 - One `vllm.LLM` on the base model (the files the trainer's tokenizer came from, the config's dtype, tensor
   parallel 1). Every adapter the trainer's peft model holds is saved in peft format into a
   temp dir this engine owns and served as a `LoRARequest`; a request routed to adapter `a`
@@ -12,12 +17,15 @@ What it does:
 - Sampling: plain temperature sampling (top-k off, top-p as configured), stop on
   `<|im_end|>` and eos, prompts as token ids. Log-probs are vLLM's `processed_logprobs`,
   i.e. of softmax(logits / T) like `engine=hf` (raw logits when greedy; with top_p < 1 they
-  are over the truncated distribution, where hf's are not). Each request gets its own seed,
-  drawn from torch's global RNG, which the trainer seeds, checkpoints and forks for
-  validation: rollouts are reproducible whatever the batch composition. Kept on a GPU,
-  where vLLM draws a seeded request's noise in a loop of its own (one small kernel per running
-  request and step) instead of one draw for the batch: a resumed cell, a base cell against
-  step 0 and the async rollout against stage batching need them. Greedy requests go unseeded.
+  are over the truncated distribution, where hf's are not). Each request gets its own seed:
+  a rollout's are `seeds.request_seed` of one draw from torch's global RNG (which the trainer
+  seeds, checkpoints and forks for validation), its episode and its call; a bare `generate`
+  draws one per request from that RNG. Rollouts are reproducible whatever the batch
+  composition or the order requests finish in: continuous and staged give the same episodes.
+  Kept on a GPU, where vLLM draws a seeded request's noise in a loop of its own (one small
+  kernel per running request and step) instead of one draw for the batch: a resumed cell, a
+  base cell against step 0 and the continuous rollout against stage batching need them.
+  Greedy requests go unseeded.
 - On a GPU, the released code's engine settings (its rollout config: gpu_memory_utilization
   0.85, chunked prefill, 16,384 batched tokens a step, CUDA graphs, prefix caching) where they
   fit: the share is sized under that cap (gridrun/memory.py `engine_share`), the batch limits
@@ -85,6 +93,7 @@ import vllm
 from safetensors.torch import load_file, save_file
 from vllm.inputs import TokensPrompt
 from vllm.lora.request import LoRARequest
+from vllm.sampling_params import RequestOutputKind
 
 from gridrun.engine_params import VLLMParams
 from gridrun.runconfig import RunConfig
@@ -164,6 +173,9 @@ def _on_cpu() -> bool:
 
 
 class VLLMEngine(RolloutEngine):
+    continuous = True
+    seeds_requests = True
+
     def __init__(self, config: RunConfig, model: Any, tokenizer: Any, adapters: tuple[str, ...]) -> None:
         """`model`: the trainer's (peft) model, read when adapters are saved; `adapters`: the
         ones that learn (saved again on every refresh). Adapters loaded frozen (transfer) are
@@ -190,6 +202,9 @@ class VLLMEngine(RolloutEngine):
         self._next_id = 1
         self._version = 0
         self._asleep = False
+        # Continuous serving: the rollout's key of each request id vLLM is serving.
+        self._keys: dict[str, int] = {}
+        self._next_request = 0
         # The live-adapter proof: probe ids, the trainer's base score (the base never changes),
         # each adapter's score at the last proof and its perturbation scale.
         self._probe: list[int] = list(tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"])
@@ -557,10 +572,13 @@ class VLLMEngine(RolloutEngine):
     def generate(self, requests: Sequence[GenRequest], sampling: SamplingParams) -> list[Completion]:
         if not requests:
             return []
+        if self._keys:
+            raise RuntimeError("vllm engine: generate() while a continuous rollout is being served")
         self._wake()
         self._drop_evicted()
         loras = [self._lora_request(r.adapter) for r in requests]
-        seeds = torch.randint(0, 2**31 - 1, (len(requests),)).tolist()
+        drawn = iter(torch.randint(0, 2**31 - 1, (sum(r.seed is None for r in requests),)).tolist())
+        seeds = [next(drawn) if r.seed is None else r.seed for r in requests]
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
         params = [self._sampling(sampling, seed) for seed in seeds]
         # vLLM's CPU sampler draws from the global RNG too; keep the caller's stream to the
@@ -568,6 +586,32 @@ class VLLMEngine(RolloutEngine):
         with torch.random.fork_rng(devices=[]):
             outputs = self.llm.generate(prompts, params, lora_request=loras if self.lora else None, use_tqdm=False)
         return [self._completion(output) for output in outputs]
+
+    def add(self, key: int, request: GenRequest, sampling: SamplingParams) -> None:
+        if not self._keys:
+            # The first request of a rollout: as generate() does before each batch.
+            self._wake()
+            self._drop_evicted()
+        seed = request.seed if request.seed is not None else int(torch.randint(0, 2**31 - 1, (1,)))
+        params = self._sampling(sampling, seed)
+        # One output per request, when it finishes (what LLM.generate asks for too).
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        request_id = f"gridrun-{self._next_request}"
+        self._next_request += 1
+        self.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(request.prompt_ids)), params,
+                                        lora_request=self._lora_request(request.adapter) if self.lora else None)
+        self._keys[request_id] = key
+
+    def step(self) -> list[tuple[int, Completion]]:
+        # As in generate(): vLLM's CPU sampler must not move the caller's RNG.
+        with torch.random.fork_rng(devices=[]):
+            outputs = self.llm.llm_engine.step()
+        return [(self._keys.pop(out.request_id), self._completion(out)) for out in outputs if out.finished]
+
+    def abort(self) -> None:
+        if self._keys:
+            self.llm.llm_engine.abort_request(list(self._keys))
+            self._keys.clear()
 
     def _completion(self, output: Any) -> Completion:
         sample = output.outputs[0]
