@@ -113,10 +113,12 @@ def test_the_canary_reports_each_rank_and_says_go(tmp_path: Path) -> None:
     assert "before the engine sleeps 10.0 GiB, after 60.0 GiB" in lines[1]
     assert "rollout stage 0: 96 requests, 2.00 s, 4000 tokens (2,000 tok/s)" in lines[2]
     assert "update: 4.00 s, 8000 tokens (2,000 tok/s); gather across ranks 0.250 s" in lines[3]
-    assert adapter_lines(rows, ["aggregator", "generator"]) == [
+    assert adapter_lines(rows, ["aggregator", "generator"], "vllm") == [
         "adapter check aggregator: not run",
         "adapter check generator (step 3): served -1.25, zero adapter -1.5, trainer -1.25",
     ]
+    assert adapter_lines(rows, ["aggregator"], "hf") == [
+        "adapter check aggregator: not run (engine hf samples from the trainer's own adapters)"]
     verdict = report(run_dir, cell, "full_matrix", [cell, cell], cpu=False)
     # The cost model predicts est_step_s for 64 problems; the canary ran 8 in 11 s.
     factor = 11.0 / (cell.est_step_s * 8 / 64)
