@@ -31,6 +31,7 @@ import shutil
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,8 +90,9 @@ def canary_overrides(cluster: str, slurm: bool, cpu: bool) -> list[str]:
 
 
 def run_canary(results: Path, cluster: str, project: str, overrides: list[str], cpu: bool | None,
-               timeout_min: float) -> int:
-    """Plan, run and report the canary; 0 on GO, 1 on NO-GO."""
+               timeout_min: float, preflight: Callable[..., None] | None = None) -> int:
+    """Plan, run and report the canary; 0 on GO, 1 on NO-GO. `preflight(plan, results,
+    timeout_min, cpu_ok=)` runs before anything is submitted (and raises to stop it)."""
     composer = Composer()
     profile = load_spec(CANARY_SWEEP, [f"cluster={cluster}"], composer)
     slurm = bool(make_plan(profile, composer).cluster.get("partitions"))
@@ -103,6 +105,8 @@ def run_canary(results: Path, cluster: str, project: str, overrides: list[str], 
     (cell,) = plan.cells
     sweep = SweepDir(results, CANARY_SWEEP)
     _fresh(sweep)
+    if preflight is not None:
+        preflight(plan, results, timeout_min, cpu_ok=cpu)
 
     from gridrun.grid.launchers.base import make_launcher
     from gridrun.grid.launchers.dispatch import queue
