@@ -57,6 +57,9 @@ CPU_SHAPE = (
     "+model.arch_overrides.num_key_value_heads=2",
     "lengths.max_response_tokens=8", "train.batch_problems=2", "train.ppo_mini_batch=2", "grpo.n=2",
     "train.total_steps=2", "train.val_problems=2", "train.val_every=2", "train.save_every=2",
+    # This shape's own cost (x Voting-math's 3.5: ~21 s a step; measured 18 s on 2 busy cores),
+    # so a scheduler's time limit and warning lead are sized for it, not for the GPU cell.
+    "grid.estimate.step_s=6",
 )
 # Seconds between two looks at a SLURM canary's state.
 POLL_S = 5.0
@@ -91,8 +94,8 @@ def canary_overrides(cluster: str, slurm: bool, cpu: bool) -> list[str]:
 
 def run_canary(results: Path, cluster: str, project: str, overrides: list[str], cpu: bool | None,
                timeout_min: float, preflight: Callable[..., None] | None = None) -> int:
-    """Plan, run and report the canary; 0 on GO, 1 on NO-GO. `preflight(plan, results,
-    timeout_min, cpu_ok=)` runs before anything is submitted (and raises to stop it)."""
+    """Plan, run and report the canary; 0 on GO, 1 on NO-GO. `preflight(plan, cells,
+    results, timeout_min, cpu_ok=)` runs before anything is submitted (and raises to stop it)."""
     composer = Composer()
     profile = load_spec(CANARY_SWEEP, [f"cluster={cluster}"], composer)
     slurm = bool(make_plan(profile, composer).cluster.get("partitions"))
@@ -106,7 +109,7 @@ def run_canary(results: Path, cluster: str, project: str, overrides: list[str], 
     sweep = SweepDir(results, CANARY_SWEEP)
     _fresh(sweep)
     if preflight is not None:
-        preflight(plan, results, timeout_min, cpu_ok=cpu)
+        preflight(plan, plan.cells, results, timeout_min, cpu_ok=cpu)
 
     from gridrun.grid.launchers.base import make_launcher
     from gridrun.grid.launchers.dispatch import queue

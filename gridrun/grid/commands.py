@@ -96,12 +96,15 @@ def _plan(args: argparse.Namespace) -> int:
     from gridrun.grid.launchers.dispatch import queue, runnable
 
     launcher = make_launcher(plan.launcher) if dispatching else None
-    if launcher is not None and launcher.name == "slurm" and not args.no_preflight:
-        _require_preflight(plan, results, args.preflight_timeout_min)
     with sweep.lock():
         done = freeze(plan, sweep, args.replace)
-        submitted: list[str] = []
-        if launcher is not None:
+    submitted: list[str] = []
+    if launcher is not None:
+        to_run = set(runnable(sweep, [pc.id for pc in plan.cells]))
+        if launcher.name == "slurm" and not args.no_preflight and to_run:
+            # Planned, nothing queued yet: a failing preflight leaves the cells planned.
+            _require_preflight(plan, [pc for pc in plan.cells if pc.id in to_run], results, args.preflight_timeout_min)
+        with sweep.lock():
             submitted = queue(sweep, runnable(sweep, [pc.id for pc in plan.cells]), launcher)
     console.print(
         f"planned {len(plan.cells)} cells of '{sweep.name}' in {sweep.root}: {len(done.new)} new, "
@@ -127,13 +130,13 @@ def _plan(args: argparse.Namespace) -> int:
     return launcher.wait(sweep, submitted)
 
 
-def _require_preflight(plan: Any, results: Path, timeout_min: float, cpu_ok: bool = False) -> None:
-    """The preflight of a plan's cells, failing closed: each failure on stderr, then a refusal."""
+def _require_preflight(plan: Any, cells: list[Any], results: Path, timeout_min: float, cpu_ok: bool = False) -> None:
+    """The preflight of these cells of a plan, failing closed: each failure on stderr, then a refusal."""
     from gridrun.grid.preflight import preflight
 
-    print(f"preflight: checking {len(plan.cells)} cell(s) where they will run (launcher={plan.launcher['name']})",
+    print(f"preflight: checking {len(cells)} cell(s) where they will run (launcher={plan.launcher['name']})",
           file=sys.stderr, flush=True)
-    failures = preflight(plan.cells, plan.cluster, plan.launcher["name"], results, timeout_min, cpu_ok=cpu_ok)
+    failures = preflight(cells, plan.cluster, plan.launcher["name"], results, timeout_min, cpu_ok=cpu_ok)
     for line in failures:
         print(f"preflight: {line}", file=sys.stderr)
     if failures:

@@ -154,9 +154,9 @@ def stack_failures(needs: Needs, python: str = sys.executable) -> list[str]:
     elif needs.cuda and not seen.get("cuda"):
         built = f"CUDA {seen['built_cuda']}" if seen.get("built_cuda") else "no CUDA: a CPU wheel"
         failures.append(
-            f"torch {seen.get('torch')} ({built}) sees no GPU on {socket.gethostname()} (CUDA_VISIBLE_DEVICES="
-            f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): install a CUDA build of torch into the venv, or "
-            "load the site's CUDA driver in gridrun/slurm/sites/<cluster>.sh")
+            f"torch {seen.get('torch')} ({built}) sees no GPU on {socket.gethostname()}, and the cells train on "
+            "GPUs: install a CUDA build of torch into the venv, or load the site's CUDA driver in "
+            "gridrun/slurm/sites/<cluster>.sh")
     if needs.vllm and "vllm_error" in seen:
         failures.append(f"vllm does not import in {python} ({seen['vllm_error']}): the cells use engine=vllm; "
                         "install vLLM into the venv, or set engine=hf")
@@ -307,7 +307,8 @@ def _wait(job_id: str, out: Path, timeout_min: float) -> None:
         time.sleep(2.0)
 
 
-def run_slurm(spec: Any, needs: Needs, folder: Path, timeout_min: float, python: str = sys.executable) -> list[str]:
+def run_slurm(spec: Any, cluster: str, needs: Needs, folder: Path, timeout_min: float,
+              python: str = sys.executable) -> list[str]:
     """The probe as a job of the cells' shape on their partition; the failure lines."""
     folder.mkdir(parents=True, exist_ok=True)
     stamp = f"{spec.partition}-{os.getpid()}-{time.time_ns()}"
@@ -320,10 +321,9 @@ def run_slurm(spec: Any, needs: Needs, folder: Path, timeout_min: float, python:
     except OSError as err:
         return [f"sbatch could not run ({err}): run the preflight on a login node of the cluster"]
     if submitted.returncode != 0:
-        return [f"partition {spec.partition} refused the cells' job shape ({spec.ntasks} tasks"
-                + (f", --gpus-per-task={spec.gpus_per_task}" if spec.gpus_per_task else "")
-                + f"): {_last_line(submitted.stderr)}; fix the cluster profile (partitions, gpu_types) or "
-                "grid.gpu.gpus_per_cell"]
+        from gridrun.grid.launchers.slurm import rejection
+
+        return [rejection(spec, cluster, _last_line(submitted.stderr or submitted.stdout))]
     job_id = submitted.stdout.strip().split(";")[0]
     _wait(job_id, out, timeout_min)
     text = out.read_text(errors="replace") if out.exists() else ""
@@ -367,7 +367,7 @@ def preflight(cells: list[PlannedCell], cluster: dict[str, Any], launcher: str, 
     failures: list[str] = []
     for spec, needs in groups.values():
         needs.disk_gb = total
-        found = (run_slurm(spec, needs, results / ".preflight", timeout_min) if spec is not None
+        found = (run_slurm(spec, str(cluster.get("name")), needs, results / ".preflight", timeout_min) if spec is not None
                  else run_local(needs))
         failures += [line for line in found if line not in failures]
     return failures
