@@ -74,7 +74,7 @@ def test_missing_models_and_data_are_named_with_the_command_that_fetches_them(tm
     needs = Needs(models=["Qwen/Qwen3-1.7B"], data=[["math", str(tmp_path / "data" / "math")]])
     model, data = inputs_missing(needs)
     assert model == (f"model Qwen/Qwen3-1.7B is not in the Hugging Face cache (HF_HOME={tmp_path / 'hf'}): fetch it on "
-                     "a login node first (gridrun fetch conf=<sweep>)")
+                     "a login node first (gridrun fetch conf=<sweep>, or hf download Qwen/Qwen3-1.7B)")
     assert data.startswith(f"no prepared math data at {tmp_path / 'data' / 'math'} (train.jsonl, val.jsonl, meta.json "
                            f"missing): run `gridrun data prepare math --out {tmp_path / 'data' / 'math'}`")
     # The hub cache's layout (what `hf download` writes), and a local model folder.

@@ -69,7 +69,7 @@ class Needs:
         return Needs(
             gpus=max(self.gpus, other.gpus), cuda=self.cuda or other.cuda, vllm=self.vllm or other.vllm,
             sandbox=self.sandbox or other.sandbox, models=sorted({*self.models, *other.models}),
-            data=sorted({tuple(d) for d in (*self.data, *other.data)}),  # type: ignore[arg-type]
+            data=[list(d) for d in sorted({(d[0], d[1]) for d in (*self.data, *other.data)})],
             results=self.results, disk_gb=self.disk_gb + other.disk_gb,
         )
 
@@ -206,7 +206,7 @@ def inputs_missing(needs: Needs) -> list[str]:
         if not isinstance(cached, str):
             home = os.environ.get("HF_HOME", "~/.cache/huggingface")
             failures.append(f"model {model} is not in the Hugging Face cache (HF_HOME={home}): fetch it on a login "
-                            "node first (gridrun fetch conf=<sweep>)")
+                            f"node first (gridrun fetch conf=<sweep>, or hf download {model})")
     for task, path in needs.data:
         missing = [name for name in ("train.jsonl", "val.jsonl", "meta.json") if not (Path(path) / name).is_file()]
         if missing:
@@ -332,7 +332,7 @@ def run_slurm(spec: Any, cluster: str, needs: Needs, folder: Path, timeout_min: 
     if len(answers) < spec.ntasks:
         other = _last_line("\n".join(line for line in text.splitlines() if not line.startswith(MARK)))
         return [(f"{spec.ntasks - len(answers)} of {spec.ntasks} tasks of the preflight job {job_id} on {spec.partition} "
-                f"did not run gridrun with {python} ({other}): the repository and its venv must be on shared storage "
+                f"did not run gridrun's probe with {python} ({other}): the repository and its venv must be on shared storage "
                 f"at the same path on every node (make install there); the job's output is {out}")]
     failures: list[str] = []
     for answer in answers:

@@ -75,7 +75,7 @@ def test_more_gpus_than_a_node_has_is_refused_by_the_scheduler(math_data: Path, 
 def test_a_node_python_without_gridrun_or_without_vllm_is_named(tmp_path: Path) -> None:
     spec, _ = gpu_job()
     (line,) = run_slurm(spec, "testcluster", Needs(gpus=2), tmp_path, 5, python=python_without("gridrun", tmp_path))
-    assert line.startswith("2 of 2 tasks of the preflight job ") and "did not run gridrun with " in line
+    assert line.startswith("2 of 2 tasks of the preflight job ") and "did not run gridrun's probe with " in line
     assert "the repository and its venv must be on shared storage at the same path on every node" in line
     (line,) = run_slurm(spec, "testcluster", Needs(gpus=2, vllm=True), tmp_path, 5,
                         python=python_without("vllm", tmp_path))
