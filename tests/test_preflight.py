@@ -5,9 +5,12 @@ on the SLURM test cluster: tests/slurm/test_preflight.py."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -124,3 +127,62 @@ def test_the_canary_refuses_to_submit_on_a_failing_preflight_unless_told(toy_wor
         "gridrun: error: the preflight found 1 problem(s), listed above: nothing was queued; fix them (`gridrun "
         "preflight conf=<sweep>` checks again), or pass --no-preflight to queue anyway")
     assert not (tmp_path / "results" / "canary" / "cells").exists()
+
+
+def _python_needing_libraries_outside_its_prefix(root: Path) -> tuple[str, str]:
+    """(a python that finds its libpython only through LD_LIBRARY_PATH, that folder), as a
+    module-built python on a cluster: this venv's interpreter in a prefix of its own (its
+    stdlib hard-linked), needing a libpython of a name only the module's lib folder holds
+    (the name's last byte changed in the binary: same length, so the ELF stays valid).
+    `root` must not be under /tmp (the sandbox's own /tmp hides it)."""
+    import sysconfig
+
+    real = os.path.realpath(sys.executable)
+    linked = subprocess.run(["ldd", real], capture_output=True, text=True, check=False).stdout
+    found = [line.split("=>")[1].split()[0] for line in linked.splitlines() if "libpython" in line and "=>" in line]
+    if not found:
+        pytest.skip("this python links libpython statically")
+    soname = os.path.basename(found[0]).encode()
+    module_soname = soname[:-1] + b"M"
+    binary = Path(real).read_bytes()
+    assert binary.count(soname + b"\0") == 1
+    prefix, libraries = root / "module-python", root / "modules" / "lib"
+    (prefix / "bin").mkdir(parents=True)
+    libraries.mkdir(parents=True)
+    os.link(os.path.realpath(found[0]), libraries / module_soname.decode())
+    python = prefix / "bin" / os.path.basename(real)
+    python.write_bytes(binary.replace(soname + b"\0", module_soname + b"\0"))
+    python.chmod(0o755)
+    stdlib = Path(sysconfig.get_paths(vars={"base": os.path.dirname(os.path.dirname(real))})["stdlib"])
+    target = prefix / "lib" / stdlib.name
+    for folder, dirs, files in os.walk(stdlib):
+        dirs[:] = [d for d in dirs if d not in ("site-packages", "test", "__pycache__")]
+        out = target / Path(folder).relative_to(stdlib)
+        out.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            os.link(Path(folder) / name, out / name)
+    return str(python), str(libraries)
+
+
+@pytest.fixture
+def outside_tmp() -> Iterator[Path]:
+    where = Path(tempfile.mkdtemp(prefix="gridrun-preflight-", dir="/var/tmp"))
+    yield where
+    shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.mark.sandbox
+def test_a_python_whose_libraries_are_outside_its_prefix_is_named(outside_tmp: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    python, libraries = _python_needing_libraries_outside_its_prefix(outside_tmp)
+    monkeypatch.setenv("LD_LIBRARY_PATH", libraries)
+    # It runs here with the module's LD_LIBRARY_PATH, and only with it ...
+    assert subprocess.run([python, "-c", "import json"], check=False).returncode == 0
+    alone = subprocess.run([python, "-c", "import json"], env={"PATH": "/usr/bin:/bin"}, capture_output=True,
+                           text=True, check=False)
+    assert alone.returncode != 0 and "libpython" in alone.stderr
+    # ... and not in the sandbox, which clears it: named as the interpreter's problem, not
+    # as user namespaces a cluster user cannot change.
+    (line,) = sandbox_failures(python)
+    assert line.startswith(f"the sandbox cannot run {python} (") and "libpython" in line
+    assert f"the sandbox clears LD_LIBRARY_PATH ({libraries})" in line and "sysctl" not in line

@@ -163,26 +163,40 @@ def stack_failures(needs: Needs, python: str = sys.executable) -> list[str]:
     return failures
 
 
-def sandbox_failures() -> list[str]:
-    """The code task's sandbox: bubblewrap isolates here, and runs this interpreter (cleared
-    environment, only /usr, /etc and the interpreter's prefix bound)."""
-    from gridrun.tasks.sandbox import isolation_status, run_python
-
-    ok, reason = isolation_status()
-    if not ok:
-        return [(f"no sandbox for the code task on {socket.gethostname()}: {reason}; on a cluster, ask the site for "
-                "bubblewrap with unprivileged user namespaces on the compute nodes, or set task.sandbox=none "
-                "(model-written code then runs unisolated)")]
-    result = run_python("import json, math\nprint(json.dumps(int(math.sqrt(1764))))")
-    if result.ok and result.stdout.strip() == b"42":
-        return []
-    error = _last_line(result.stderr.decode(errors="replace"))
+def _interpreter_line(python: str, error: str) -> str:
     libraries = os.environ.get("LD_LIBRARY_PATH")
     hint = (f"the sandbox clears LD_LIBRARY_PATH ({libraries}) and binds only /usr, /etc and the interpreter's "
             "prefix" if libraries else "the sandbox binds only /usr, /etc and the interpreter's prefix")
-    return [(f"the sandbox cannot run {os.path.realpath(sys.executable)} ({error}): {hint}; build the venv from "
-            "a python whose libraries live under its own prefix (e.g. `uv python install`), or ask the site "
-            "for one")]
+    return (f"the sandbox cannot run {python} ({error}): {hint}; build the venv from a python whose libraries live "
+            "under its own prefix (e.g. `uv python install`), or ask the site for one")
+
+
+def sandbox_failures(python: str | None = None) -> list[str]:
+    """The code task's sandbox: bubblewrap isolates here, and runs the interpreter the code
+    task uses (`python`, default this one) with a cleared environment and only /usr, /etc and
+    the interpreter's prefix bound."""
+    from gridrun.tasks.sandbox import SandboxConfig, isolation_status, run_python
+
+    config = SandboxConfig(python=python)
+    python = os.path.realpath(python or sys.executable)
+    ok, reason = isolation_status(config)
+    if not ok:
+        # bubblewrap's own probe starts the interpreter: the system's python tells a sandbox
+        # that cannot start from an interpreter that cannot start in it.
+        system = "/usr/bin/python3"
+        if os.path.exists(system) and os.path.realpath(system) != python and isolation_status(
+                SandboxConfig(python=system))[0]:
+            # The probe's own error, without the advice on namespaces that does not apply.
+            detail = reason[reason.find("(") + 1:reason.rfind("): ")] if "): " in reason else reason
+            detail = detail.split("in a user namespace: ")[-1]
+            return [_interpreter_line(python, detail)]
+        return [(f"no sandbox for the code task on {socket.gethostname()}: {reason}; on a cluster, ask the site for "
+                 "bubblewrap with unprivileged user namespaces on the compute nodes, or set task.sandbox=none "
+                 "(model-written code then runs unisolated)")]
+    result = run_python("import json, math\nprint(json.dumps(int(math.sqrt(1764))))", config=config)
+    if result.ok and result.stdout.strip() == b"42":
+        return []
+    return [_interpreter_line(python, _last_line(result.stderr.decode(errors="replace")))]
 
 
 def inputs_missing(needs: Needs) -> list[str]:
