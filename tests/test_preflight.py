@@ -186,3 +186,20 @@ def test_a_python_whose_libraries_are_outside_its_prefix_is_named(outside_tmp: P
     (line,) = sandbox_failures(python)
     assert line.startswith(f"the sandbox cannot run {python} (") and "libpython" in line
     assert f"the sandbox clears LD_LIBRARY_PATH ({libraries})" in line and "sysctl" not in line
+
+
+def test_the_preflight_job_has_the_cells_shape_but_not_their_start_time(tmp_path: Path) -> None:
+    from gridrun.grid.canary import CPU_SHAPE
+    from gridrun.grid.launchers.slurm import job_spec
+    from gridrun.grid.preflight import _script
+
+    composer = Composer()
+    extra = 'grid.cluster.sbatch_extra=["--begin=now+3600","--exclusive"]'
+    overrides = ["cluster=testcluster", "launcher=slurm", *CPU_SHAPE, extra]
+    plan = make_plan(load_spec("canary", overrides, composer), composer)
+    script = _script(job_spec(plan.cells[0].entry(), plan.cluster), tmp_path / "needs.json", tmp_path / "out",
+                     "/venv/bin/python")
+    assert "#SBATCH --partition=gpu\n#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=2\n" in script
+    assert "#SBATCH --gpus-per-task=1\n" in script and "#SBATCH --exclusive\n" in script and "--begin" not in script
+    assert script.rstrip().endswith(f"srun --kill-on-bad-exit=0 /venv/bin/python -P -m gridrun.grid.preflight probe "
+                                    f"{tmp_path / 'needs.json'}")

@@ -46,7 +46,11 @@ if TYPE_CHECKING:  # the probe on the node runs without the planner (Hydra) load
 
 # The line each probing task prints its answer on (the job's output holds other lines).
 MARK = "GRIDRUN-PREFLIGHT "
-# Seconds a preflight job may take once it runs (imports of torch and vLLM on a cold node).
+# The profile's extra sbatch options that say when a job runs or who hears of it, not where:
+# left out of the preflight job (a `--begin` would hold it back with the cells).
+WHEN_NOT_WHERE = ("begin", "dependency", "hold", "deadline", "mail-type", "mail-user", "requeue", "no-requeue",
+                  "signal", "array", "job-name", "output", "error", "time", "time-min")
+# Minutes a preflight job may take once it runs (imports of torch and vLLM on a cold node).
 JOB_MIN = 10
 
 
@@ -300,7 +304,8 @@ def _script(spec: Any, needs_file: Path, out: Path, python: str) -> str:
                f"--time={min(JOB_MIN, spec.time_min)}", f"--output={out}", f"--error={out}"]
     options += [f"--{key.replace('_', '-')}={getattr(spec, key)}" for key in ("gpus_per_task", "constraint",
                                                                                  "account", "qos") if getattr(spec, key)]
-    options += [f"--{key}" + ("" if value is None else f"={value}") for key, value in spec.extra]
+    options += [f"--{key}" + ("" if value is None else f"={value}") for key, value in spec.extra
+                if key not in WHEN_NOT_WHERE]
     command = shlex.join([*interpreter(python), "-m", "gridrun.grid.preflight", "probe", str(needs_file)])
     return "\n".join(["#!/bin/bash", *(f"#SBATCH {o}" for o in options), *spec.setup,
                       f"srun --kill-on-bad-exit=0 {command}", ""])
