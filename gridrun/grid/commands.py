@@ -135,7 +135,7 @@ def _require_preflight(plan: Any, cells: list[Any], results: Path, timeout_min: 
     from gridrun.grid.preflight import preflight
 
     print(f"preflight: checking {len(cells)} cell(s) where they will run (launcher={plan.launcher['name']})",
-          file=sys.stderr, flush=True)
+          flush=True)
     failures = preflight(cells, plan.cluster, plan.launcher["name"], results, timeout_min, cpu_ok=cpu_ok)
     for line in failures:
         print(f"preflight: {line}", file=sys.stderr)

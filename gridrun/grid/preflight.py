@@ -296,11 +296,13 @@ def run_local(needs: Needs) -> list[str]:
 
 
 def _script(spec: Any, needs_file: Path, out: Path, python: str) -> str:
-    """The preflight job: the cells' job shape, a few minutes, each task running the probe."""
+    """The preflight job: the cells' job shape (partition, tasks, GPUs, memory, constraints),
+    a few minutes, each task running the probe."""
     from gridrun.grid.launchers.process import interpreter
 
+    # One CPU a task: the checks need no more, and a busy node fits the job sooner.
     options = ["--job-name=gridrun-preflight", f"--partition={spec.partition}", "--nodes=1",
-               f"--ntasks-per-node={spec.ntasks}", f"--cpus-per-task={spec.cpus_per_task}", f"--mem={spec.mem}",
+               f"--ntasks-per-node={spec.ntasks}", "--cpus-per-task=1", f"--mem={spec.mem}",
                f"--time={min(JOB_MIN, spec.time_min)}", f"--output={out}", f"--error={out}"]
     options += [f"--{key.replace('_', '-')}={getattr(spec, key)}" for key in ("gpus_per_task", "constraint",
                                                                                  "account", "qos") if getattr(spec, key)]
