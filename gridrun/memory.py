@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-from gridrun.arch import lora_parameter_count, parameter_count, published
+from gridrun.arch import lora_parameter_count, parameter_count, shaped
 from gridrun.engine_params import HFParams, VLLMParams
 from gridrun.runconfig import RunConfig
 
@@ -87,9 +87,9 @@ class MemoryEstimate:
 
 def architecture(config: RunConfig) -> dict | None:
     """Published numbers of the cell's model, or None when they are not shipped (the toy
-    world, a local checkpoint of another family)."""
+    world, a local checkpoint of another family); a random model's as reshaped."""
     try:
-        return published(config.model.name_or_path)
+        return shaped(config.model.name_or_path, dict(config.model.arch_overrides))
     except ValueError:
         return None
 

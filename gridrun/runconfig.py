@@ -99,6 +99,7 @@ GROUP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 OMITTED_AT_DEFAULT: tuple[tuple[str, str, Any], ...] = (
     ("policy", "groups", {}), ("grpo", "estimator", "grpo"), ("reward", "credit", "broadcast"),
     ("train", "val_n", 1), ("train", "on_alert", "warn"),
+    ("model", "arch_overrides", {}),
 )
 # The run schema's version, recorded in each cell.json (`schema`; a cell without one is 1):
 # MIGRATIONS read an older cell's config.yaml as this version would have written it.
@@ -166,6 +167,10 @@ class ModelSpec:
     enable_thinking: bool = False
     # The toy world's recipe: present exactly when name_or_path is "toy" (scale=toy sets both).
     toy: ToySpec | None = None
+    # init=random only: published sizes replaced (gridrun/arch RESHAPEABLE), e.g.
+    # {num_hidden_layers: 2, hidden_size: 256}: Qwen3's class and vocabulary at a size a CPU
+    # trains in seconds (the CPU canary). Absent from config.yaml when empty.
+    arch_overrides: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.name_or_path == "toy" and self.toy is None:
@@ -178,6 +183,17 @@ class ModelSpec:
                 f"model.toy is the toy world's recipe, but model.name_or_path is '{self.name_or_path}': pick the "
                 "model with scale=<0.6b|1.7b|4b> instead of overriding model.name_or_path, or drop model.toy"
             )
+        if self.arch_overrides:
+            if self.init != "random":
+                raise ConfigError(
+                    "model.arch_overrides reshapes a randomly initialised model: set model.init=random, or drop them"
+                )
+            from gridrun.arch import UnknownArchitecture, shaped
+
+            try:
+                shaped(self.name_or_path, dict(self.arch_overrides))
+            except UnknownArchitecture as err:
+                raise ConfigError(str(err)) from None
 
 
 @dataclass

@@ -127,6 +127,17 @@ def toy_world() -> Path:
     return ensure_toy_world(ToySpec())
 
 
+@pytest.fixture(scope="session")
+def math_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data root holding the math task prepared from the DAPO fixture (3 validation
+    problems): what `gridrun data prepare math` writes, without the download."""
+    from gridrun.tasks.data import prepare
+
+    root = tmp_path_factory.mktemp("data")
+    prepare("math", Path(__file__).parent / "fixtures" / "dapo_math_sample.parquet", root / "math", val_size=3)
+    return root
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _one_torch_thread() -> None:
     """As `gridrun run` does: tiny CPU models lose badly to thread oversubscription."""

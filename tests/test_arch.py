@@ -64,3 +64,40 @@ def test_remap_moves_only_special_tokens(toy_world) -> None:
     ordinary = {t: i for t, i in toy["model"]["vocab"].items() if i >= len(toy["added_tokens"])}
     assert all(remapped["model"]["vocab"][t] == i for t, i in ordinary.items())
     assert {t["content"]: t["id"] for t in remapped["added_tokens"]} == arch.QWEN3_SPECIAL_IDS
+
+
+def test_arch_overrides_build_qwen3_at_the_size_asked(toy_world) -> None:
+    from gridrun.train.random_init import load_random
+
+    sizes = {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 768, "num_attention_heads": 4,
+             "num_key_value_heads": 2}
+    model, _ = load_random("Qwen/Qwen3-1.7B", torch.float32, torch.device("cpu"), toy_world, sizes)
+    assert type(model) is Qwen3ForCausalLM and model.config.vocab_size == 151936
+    assert len(model.model.layers) == 2 and model.config.hidden_size == 256 and model.config.head_dim == 128
+    # The memory model counts the same model.
+    assert arch.parameter_count(arch.shaped("Qwen/Qwen3-1.7B", sizes)) == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "init", "message"),
+    [
+        ({"num_hidden_layers": 2}, "pretrained", "model.arch_overrides reshapes a randomly initialised model"),
+        ({"vocab_size": 512}, "random", "model.arch_overrides.vocab_size is not a size of the architecture"),
+        ({"num_hidden_layers": 0}, "random", "must be a whole number >= 1"),
+        ({"num_attention_heads": 3}, "random", "do not split into 8 key/value groups"),
+    ],
+)
+def test_arch_overrides_are_refused_in_one_line(overrides: dict, init: str, message: str) -> None:
+    from gridrun.runconfig import ConfigError, ModelSpec
+
+    with pytest.raises(ConfigError, match=message):
+        ModelSpec(name_or_path="Qwen/Qwen3-1.7B", init=init, arch_overrides=overrides)  # type: ignore[arg-type]
+
+
+def test_a_cell_without_arch_overrides_keeps_its_config_yaml() -> None:
+    from gridrun.grid.compose import Composer
+    from gridrun.grid.plan import run_config
+    from gridrun.runconfig import dump_config
+
+    config = run_config(Composer().compose(["scale=1.7b", "task=math", "workflow=voting"]), {"id": "c", "kind": "train", "seed": 0})
+    assert "arch_overrides" not in dump_config(config)

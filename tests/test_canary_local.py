@@ -1,6 +1,8 @@
 """`gridrun canary cluster=local` end to end on this machine's CPU (issue 29): the canary's
-shape on the toy world, run by the local launcher, reported from its run dir alone.
-Slow: about a minute on 2 busy cores (3 steps of 8 problems x 8 rollouts, 4 calls each)."""
+cell (Voting-IP, Qwen3-1.7B's class, math) against `model.init=random` cut to a CPU's size
+(canary.CPU_SHAPE), run by the local launcher, reported from its run dir alone.
+Slow: about 80 s on 2 busy cores (2 steps of 2 problems x 2 rollouts, 4 calls each, on the
+real math prompts)."""
 
 from __future__ import annotations
 
@@ -12,25 +14,41 @@ from pathlib import Path
 
 import pytest
 
+from gridrun.rundir import RunDir
+
 pytestmark = pytest.mark.slow
 
 
-def test_the_canary_runs_on_cpu_and_says_go(toy_world: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "GRIDRUN_RESULTS": str(tmp_path / "results")}
-    done = subprocess.run([sys.executable, "-m", "gridrun.cli", "canary", "cluster=local", "--cpu"],
+def test_the_canary_runs_the_real_cell_on_a_random_model_on_cpu_and_says_go(toy_world: Path, math_data: Path,
+                                                                            tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    env = {**os.environ, "GRIDRUN_RESULTS": str(results), "GRIDRUN_DATA": str(math_data)}
+    done = subprocess.run([sys.executable, "-m", "gridrun.cli", "canary", "cluster=local"],
                           capture_output=True, text=True, env=env, timeout=900, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    assert "canary voting-ip-toy-arith-s0: done" in out
-    assert "rank 0/1 on " in out and ": CPU; CUDA_VISIBLE_DEVICES=" in out
-    assert "free GPU memory before the engine sleeps n/a (CPU), after n/a (CPU) (step 3)" in out
-    # Voting: the voters' stage (8 problems x 8 rollouts x 3) and the aggregators' (x 1).
-    assert "rollout stage 0: 192 requests, " in out and "rollout stage 1: 64 requests, " in out
+    # No GPU here: --cpu is the default, and the cell is the real one's id.
+    assert "(CPU: a random-init model of the cell's architecture, cut to CPU size)" in out
+    assert "canary voting-ip-1.7b-math-s0: done" in out
+    assert "rank 0/1 on " in out and ": CPU; CUDA_VISIBLE_DEVICES=unset (trainer cpu, engine hf" in out
+    assert "free GPU memory before the engine sleeps n/a (CPU), after n/a (CPU) (step 2)" in out
+    # Voting: the voters' stage (2 problems x 2 rollouts x 3 voters) and the aggregators' (x 1),
+    # every response at its 8-token limit (a random model never stops).
+    assert "rollout stage 0: 12 requests, " in out and ", 96 tokens (" in out
+    assert "rollout stage 1: 4 requests, " in out and ", 32 tokens (" in out
     assert "gather across ranks 0.000 s" in out
-    assert "adapter check aggregator: " in out and "adapter check generator: " in out
+    assert "adapter check aggregator: not run (engine hf" in out and "adapter check generator: not run (engine hf" in out
     last = out.strip().splitlines()[-1]
-    assert last.startswith("GO: projected ") and "for full_matrix (72 cells; CPU toy world, not a GPU number;" in last
+    assert last.startswith("GO: projected ") and "for full_matrix (72 cells; CPU random-init model, not a GPU number;" in last
+    # The cell trained Qwen3's class on the math task with two LoRA adapters (IP).
+    (cell,) = (results / "canary" / "cells").iterdir()
+    config = (cell / "config.yaml").read_text()
+    assert "name_or_path: Qwen/Qwen3-1.7B" in config and "init: random" in config and "num_hidden_layers: 2" in config
+    rows = RunDir(cell).read_metrics()
+    train = [r for r in rows if r["split"] == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    assert {"role/generator/opt_steps", "role/aggregator/opt_steps"} <= set(train[-1])
     # Its step is kept for later plans (the dry run takes it for cells of its shape).
-    kept = json.loads((tmp_path / "results" / "canary" / "measured-step.json").read_text())
-    assert kept["shape"] == {"workflow": "voting", "task": "arith", "model": "toy", "policy": "isolated", "gpu": "cpu",
-                             "engine": "hf"} and kept["batch_problems"] == 8 and kept["step_s"] > 0
+    kept = json.loads((results / "canary" / "measured-step.json").read_text())
+    assert kept["shape"] == {"workflow": "voting", "task": "math", "model": "Qwen/Qwen3-1.7B", "policy": "isolated",
+                             "gpu": "cpu", "engine": "hf"} and kept["batch_problems"] == 2 and kept["step_s"] > 0

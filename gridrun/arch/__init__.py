@@ -55,6 +55,30 @@ def published(name_or_path: str) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+# Published values `model.arch_overrides` may replace: sizes only, so the model stays
+# Qwen3's class (attention, norms, rope, tied 151,936-entry vocabulary untouched).
+RESHAPEABLE = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
+
+
+def shaped(name_or_path: str, overrides: dict[str, int]) -> dict[str, Any]:
+    """The published config of `name_or_path` with `overrides` (model.arch_overrides) applied."""
+    arch = dict(published(name_or_path))
+    for key, value in overrides.items():
+        if key not in RESHAPEABLE:
+            raise UnknownArchitecture(
+                f"model.arch_overrides.{key} is not a size of the architecture: use {', '.join(RESHAPEABLE)}"
+            )
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UnknownArchitecture(f"model.arch_overrides.{key} must be a whole number >= 1, not {value!r}")
+        arch[key] = value
+    if arch["num_attention_heads"] % arch["num_key_value_heads"]:
+        raise UnknownArchitecture(
+            f"model.arch_overrides: {arch['num_attention_heads']} attention heads do not split into "
+            f"{arch['num_key_value_heads']} key/value groups: make num_attention_heads a multiple of num_key_value_heads"
+        )
+    return arch
+
+
 def linear_shapes(arch: dict[str, Any]) -> dict[str, tuple[int, int]]:
     """(in, out) features of each decoder layer's linear layers."""
     h, i = arch["hidden_size"], arch["intermediate_size"]

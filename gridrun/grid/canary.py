@@ -20,8 +20,10 @@ a SLURM profile, else locally), waits for it, and reports from its run directory
   dry run reads it. The report says how far the model's prediction for the canary cell was.
 
 `--cpu` (the default with cluster=local on a machine without an NVIDIA GPU) runs the same
-shape on the toy world (scale=toy, task=arith): on a SLURM profile still as two tasks with
-one GPU each bound, so the binding is exercised (the trainer stays on the CPU).
+cell (CPU_SHAPE) against `model.init=random` with the architecture cut to a CPU's size and
+tiny lengths: the real workflow, task data, Qwen3 class, LoRA and live-adapter check, on the
+hf engine; on a SLURM profile still as two tasks with one GPU each bound, so the binding is
+exercised (the trainers stay on the CPU).
 Grid side: reads files, never imports torch.
 """
 
@@ -31,6 +33,7 @@ import shutil
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,8 +48,21 @@ from gridrun.grid.sweepdir import SweepDir
 from gridrun.rundir import RunDir
 
 CANARY_SWEEP = "canary"
-# The toy world in the canary's shape: what --cpu runs.
-CPU_SHAPE = ("scale=toy", "task=arith")
+# What --cpu runs: the same cell (workflow, task and its data, policy, LoRA, the scale's
+# Qwen3 class and vocabulary, prompt limit) on a random-init model cut to a CPU's size
+# (2 layers, 256 wide), float32, the hf engine, 8-token responses, 2 problems x 2 rollouts
+# x 2 steps, validation on 2 problems: about a minute on 2 cores.
+CPU_SHAPE = (
+    "model.init=random", "model.dtype=float32", "engine=hf",
+    "+model.arch_overrides.num_hidden_layers=2", "+model.arch_overrides.hidden_size=256",
+    "+model.arch_overrides.intermediate_size=768", "+model.arch_overrides.num_attention_heads=4",
+    "+model.arch_overrides.num_key_value_heads=2",
+    "lengths.max_response_tokens=8", "train.batch_problems=2", "train.ppo_mini_batch=2", "grpo.n=2",
+    "train.total_steps=2", "train.val_problems=2", "train.val_every=2", "train.save_every=2",
+    # This shape's own cost (x Voting-math's 3.5: ~21 s a step; measured 18 s on 2 busy cores),
+    # so a scheduler's time limit and warning lead are sized for it, not for the GPU cell.
+    "grid.estimate.step_s=6",
+)
 # Seconds between two looks at a SLURM canary's state.
 POLL_S = 5.0
 
@@ -71,15 +87,17 @@ def canary_overrides(cluster: str, slurm: bool, cpu: bool) -> list[str]:
     lines = [f"cluster={cluster}", f"launcher={'slurm' if slurm else 'local'}"]
     if cpu:
         lines += list(CPU_SHAPE)
-        if slurm:
-            # Two tasks with a GPU each, as a real cell's job: the binding is what is checked.
-            lines.append("grid.gpu.gpus_per_cell=2")
+        if not slurm:
+            # One process on this machine's CPU; on a SLURM profile the cell keeps its two
+            # tasks with a GPU each, as a real cell's job: the binding is what is checked.
+            lines.append("grid.gpu.gpus_per_cell=0")
     return lines
 
 
 def run_canary(results: Path, cluster: str, project: str, overrides: list[str], cpu: bool | None,
-               timeout_min: float) -> int:
-    """Plan, run and report the canary; 0 on GO, 1 on NO-GO."""
+               timeout_min: float, preflight: Callable[..., None] | None = None) -> int:
+    """Plan, run and report the canary; 0 on GO, 1 on NO-GO. `preflight(plan, cells,
+    results, timeout_min, cpu_ok=)` runs before anything is submitted (and raises to stop it)."""
     composer = Composer()
     profile = load_spec(CANARY_SWEEP, [f"cluster={cluster}"], composer)
     slurm = bool(make_plan(profile, composer).cluster.get("partitions"))
@@ -92,6 +110,8 @@ def run_canary(results: Path, cluster: str, project: str, overrides: list[str], 
     (cell,) = plan.cells
     sweep = SweepDir(results, CANARY_SWEEP)
     _fresh(sweep)
+    if preflight is not None:
+        preflight(plan, plan.cells, results, timeout_min, cpu_ok=cpu)
 
     from gridrun.grid.launchers.base import make_launcher
     from gridrun.grid.launchers.dispatch import queue
@@ -102,7 +122,7 @@ def run_canary(results: Path, cluster: str, project: str, overrides: list[str], 
         submitted = queue(sweep, [cell.id], launcher)
     if not submitted:
         raise GridError(f"the canary cell {cell.id} was not submitted: see `gridrun status conf={CANARY_SWEEP}`")
-    where = f"cluster={cluster}" + (" (CPU: the toy world)" if cpu else "")
+    where = f"cluster={cluster}" + (" (CPU: a random-init model of the cell's architecture, cut to CPU size)" if cpu else "")
     print(f"canary {cell.id} submitted with launcher={launcher.name} on {where}; waiting for it", flush=True)
     started = time.time()
     if launcher.name == "slurm":
@@ -194,8 +214,9 @@ def rank_lines(record: dict[str, Any]) -> list[str]:
     return lines
 
 
-def adapter_lines(rows: list[dict[str, Any]], roles: list[str]) -> list[str]:
-    """The live-adapter check per role from the last training row that has it."""
+def adapter_lines(rows: list[dict[str, Any]], roles: list[str], engine: str) -> list[str]:
+    """The live-adapter check per role from the last training row that has it (the vllm
+    engine runs it; the hf engine samples from the trainer's own adapters, so has none)."""
     train = [row for row in rows if row.get("split") == "train"]
     lines = []
     for role in roles:
@@ -206,7 +227,8 @@ def adapter_lines(rows: list[dict[str, Any]], roles: list[str]) -> list[str]:
             lines.append(f"adapter check {role} (step {found[-1]['step']}): served {served:.4g}, "
                          f"zero adapter {zero:.4g}, trainer {trainer:.4g}")
         else:
-            lines.append(f"adapter check {role}: not run")
+            why = " (engine hf samples from the trainer's own adapters)" if engine == "hf" else ""
+            lines.append(f"adapter check {role}: not run{why}")
     return lines
 
 
@@ -234,7 +256,7 @@ def report(run_dir: RunDir, cell: PlannedCell, project_name: str, project: list[
     for rank in records:
         lines += rank_lines(rank)
     roles = sorted(set(cell.config.workflow_entry().roles))
-    lines += adapter_lines(rows, roles)
+    lines += adapter_lines(rows, roles, cell.config.engine.name)
     problems = []
     if record.state != CellState.DONE:
         error = (record.error or "").strip().splitlines()
@@ -251,7 +273,7 @@ def report(run_dir: RunDir, cell: PlannedCell, project_name: str, project: list[
     step_s = measured_step_s(rows)
     if step_s is not None:
         days, factor = projection(cell, step_s, project)
-        basis = "CPU toy world, not a GPU number; " if cpu else ""
+        basis = "CPU random-init model, not a GPU number; " if cpu else ""
         lines.append(f"measured step {step_s:.2f} s ({cell.config.train.batch_problems} problems; {factor:.2f}x the "
                      f"cost model's {cell.est_step_s:.2f} s for this cell)")
         taken = sum(1 for c in project if c.rate_source.startswith("canary"))

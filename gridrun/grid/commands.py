@@ -110,8 +110,13 @@ def _plan(args: argparse.Namespace) -> int:
     launcher = make_launcher(plan.launcher) if dispatching else None
     with sweep.lock():
         done = freeze(plan, sweep, args.replace)
-        submitted: list[str] = []
-        if launcher is not None:
+    submitted: list[str] = []
+    if launcher is not None:
+        to_run = set(runnable(sweep, [pc.id for pc in plan.cells]))
+        if launcher.name == "slurm" and not args.no_preflight and to_run:
+            # Planned, nothing queued yet: a failing preflight leaves the cells planned.
+            _require_preflight(plan, [pc for pc in plan.cells if pc.id in to_run], results, args.preflight_timeout_min)
+        with sweep.lock():
             submitted = queue(sweep, runnable(sweep, [pc.id for pc in plan.cells]), launcher)
     console.print(
         f"planned {len(plan.cells)} cells of '{sweep.name}' in {sweep.root}: {len(done.new)} new, "
@@ -163,14 +168,50 @@ def _fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _require_preflight(plan: Any, cells: list[Any], results: Path, timeout_min: float, cpu_ok: bool = False) -> None:
+    """The preflight of these cells of a plan, failing closed: each failure on stderr, then a refusal."""
+    from gridrun.grid.preflight import preflight
+
+    print(f"preflight: checking {len(cells)} cell(s) where they will run (launcher={plan.launcher['name']})",
+          flush=True)
+    failures = preflight(cells, plan.cluster, plan.launcher["name"], results, timeout_min, cpu_ok=cpu_ok)
+    for line in failures:
+        print(f"preflight: {line}", file=sys.stderr)
+    if failures:
+        raise GridError(f"the preflight found {len(failures)} problem(s), listed above: nothing was queued; fix them "
+                        "(`gridrun preflight conf=<sweep>` checks again), or pass --no-preflight to queue anyway")
+
+
+def _preflight(args: argparse.Namespace) -> int:
+    from gridrun.grid.compose import Composer
+    from gridrun.grid.plan import make_plan
+    from gridrun.grid.preflight import preflight
+    from gridrun.grid.spec import load_spec, split_conf
+    from gridrun.grid.sweepdir import results_root
+
+    conf, overrides = split_conf(args.overrides)
+    composer = Composer()
+    plan = make_plan(load_spec(conf, overrides, composer), composer)
+    results = results_root(args.results_dir)
+    failures = preflight(plan.cells, plan.cluster, plan.launcher["name"], results, args.timeout_min,
+                         min_free_gb=args.min_free_gb)
+    for line in failures:
+        print(f"preflight: {line}")
+    where = "a job on the cells' partition" if plan.launcher["name"] == "slurm" else "this machine"
+    print(f"preflight {'FAILED' if failures else 'ok'}: {len(plan.cells)} cell(s) of '{plan.spec.name}', checked on "
+          f"{where}" + (f"; {len(failures)} problem(s)" if failures else ""))
+    return 1 if failures else 0
+
+
 def _canary(args: argparse.Namespace) -> int:
     from gridrun.grid.canary import run_canary
     from gridrun.grid.sweepdir import results_root
 
     named = {line.split("=", 1)[0]: line.split("=", 1)[1] for line in args.overrides if line.split("=", 1)[0] in ("cluster", "conf")}
     rest = [line for line in args.overrides if line.split("=", 1)[0] not in ("cluster", "conf")]
+    check = None if args.no_preflight else _require_preflight
     return run_canary(results_root(args.results_dir), named.get("cluster", "local"), named.get("conf", "full_matrix"),
-                      rest, args.cpu, args.timeout_min)
+                      rest, args.cpu, args.timeout_min, check)
 
 
 def _results_flag(args: argparse.Namespace) -> str:
@@ -375,6 +416,10 @@ def add_commands(sub: Any) -> None:
         parser.add_argument("--replace", action="store_true", help="re-plan cells whose config changed")
         if name == "sweep":
             parser.add_argument("--max-parallel", type=int, metavar="N", help="cells running at once (local)")
+            parser.add_argument("--no-preflight", action="store_true",
+                                help="queue without the preflight job a SLURM sweep runs first")
+            parser.add_argument("--preflight-timeout-min", type=float, default=30.0, metavar="MIN",
+                                help="give up on the preflight job after MIN minutes, queue wait included (default 30)")
         results_option(parser)
         config_option(parser)
         parser.set_defaults(func=_guarded(_plan))
@@ -436,10 +481,24 @@ def add_commands(sub: Any) -> None:
                              "then Hydra overrides of the canary cell")
     cpu = canary.add_mutually_exclusive_group()
     cpu.add_argument("--cpu", dest="cpu", action="store_true", default=None,
-                     help="run the shape on the toy world (default with cluster=local and no NVIDIA GPU)")
+                     help="run the cell on a random-init model cut to CPU size (default with cluster=local and no "
+                          "NVIDIA GPU)")
     cpu.add_argument("--gpu", dest="cpu", action="store_false", help="run the real shape even where no GPU is seen")
     canary.add_argument("--timeout-min", type=float, default=60.0, metavar="MIN",
                         help="cancel a scheduler's canary not finished after MIN minutes (default 60)")
+    canary.add_argument("--no-preflight", action="store_true", help="submit without the preflight check first")
+
+    check = sub.add_parser(
+        "preflight", help="check where a sweep's cells will run (a tiny job on their SLURM partition): venv, torch/CUDA, "
+                          "vLLM, one GPU per task, the sandbox, models and data, disk; one line per problem")
+    check.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="conf=<sweep> and Hydra overrides, as for plan")
+    check.add_argument("--timeout-min", type=float, default=30.0, metavar="MIN",
+                       help="give up on the preflight job after MIN minutes, queue wait included (default 30)")
+    check.add_argument("--min-free-gb", type=float, default=0.0, metavar="GB",
+                       help="free disk the results root must have at least (default: the checkpoints' estimate)")
+    results_option(check)
+    config_option(check)
+    check.set_defaults(func=_guarded(_preflight))
     results_option(canary)
     canary.set_defaults(func=_guarded(_canary))
 

@@ -51,7 +51,7 @@ def load_base(spec: ModelSpec, files: str, device: torch.device | None = None) -
         from gridrun.train.random_init import load_random
 
         try:
-            model, tokenizer = load_random(spec.name_or_path, dtype, device, Path(files))
+            model, tokenizer = load_random(spec.name_or_path, dtype, device, Path(files), spec.arch_overrides)
         except UnknownArchitecture as err:
             raise ModelLoadError(str(err)) from None
     else:

@@ -32,7 +32,7 @@ import torch
 from filelock import FileLock
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-from gridrun.arch import QWEN3_SPECIAL_IDS, published
+from gridrun.arch import QWEN3_SPECIAL_IDS, shaped
 from gridrun.train.seeds import INIT_SEED
 
 
@@ -77,9 +77,12 @@ def tokenizer_dir(toy_dir: Path) -> Path:
     return target
 
 
-def load_random(name_or_path: str, dtype: torch.dtype, device: torch.device, toy_dir: Path) -> tuple[Any, Any]:
-    """(randomly initialised Qwen3 of the published architecture, Qwen3-vocabulary tokenizer)."""
-    config = Qwen3Config(**{k: v for k, v in published(name_or_path).items() if k not in ("architectures", "model_type")})
+def load_random(name_or_path: str, dtype: torch.dtype, device: torch.device, toy_dir: Path,
+                arch_overrides: dict[str, int] | None = None) -> tuple[Any, Any]:
+    """(randomly initialised Qwen3 of the published architecture, its sizes replaced by
+    `arch_overrides`, Qwen3-vocabulary tokenizer)."""
+    arch = shaped(name_or_path, dict(arch_overrides or {}))
+    config = Qwen3Config(**{k: v for k, v in arch.items() if k not in ("architectures", "model_type")})
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir(toy_dir), padding_side="left")
     # The caller's RNG streams are left as they were: seeding the init must not reseed training.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):

@@ -117,10 +117,12 @@ def test_the_canary_reports_each_rank_and_says_go(tmp_path: Path) -> None:
     continuous["steps"][0]["stages"][0]["continuous"] = True  # engine=vllm: the rollout has no stages
     assert "rollout (continuous, no stages): 96 requests, 2.00 s" in rank_lines(continuous)[2]
     assert "update: 4.00 s, 8000 tokens (2,000 tok/s); gather across ranks 0.250 s" in lines[3]
-    assert adapter_lines(rows, ["aggregator", "generator"]) == [
+    assert adapter_lines(rows, ["aggregator", "generator"], "vllm") == [
         "adapter check aggregator: not run",
         "adapter check generator (step 3): served -1.25, zero adapter -1.5, trainer -1.25",
     ]
+    assert adapter_lines(rows, ["aggregator"], "hf") == [
+        "adapter check aggregator: not run (engine hf samples from the trainer's own adapters)"]
     # The projection is the dry run's plan with the canary's step in place of the model's for
     # its shape (here both cells are of it): 8 problems in 11 s, per problem, for the cell's own.
     measured = MeasuredStep(cell_shape(cell.config, "h100"), 11.0, 8, "canary: test")

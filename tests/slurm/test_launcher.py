@@ -69,8 +69,11 @@ class Gridrun:
         return RunDir(self.results / sweep / "cells" / cell_id)
 
     def one_cell(self, sweep: str, *overrides: str) -> tuple[str, RunDir]:
-        """Dispatch the one-cell sweep `sweep` (a copy of smoke) with these overrides."""
-        result = self("sweep", f"conf={self.copy_of_smoke(sweep)}", *ON_CLUSTER, *ONE_CELL, *SMALL, *overrides)
+        """Dispatch the one-cell sweep `sweep` (a copy of smoke) with these overrides; without
+        the preflight job (the smoke sweep passes it; tests/slurm/test_preflight.py tests it),
+        which would wait for a slot behind the smoke array on the one node."""
+        result = self("sweep", f"conf={self.copy_of_smoke(sweep)}", *ON_CLUSTER, *ONE_CELL, *SMALL, *overrides,
+                      "--no-preflight")
         assert result.returncode == 0, result.stderr
         (cell_id,) = self.rows(sweep)
         return cell_id, self.cell(sweep, cell_id)

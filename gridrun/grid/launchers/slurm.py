@@ -343,6 +343,18 @@ def job_spec(cell: Mapping[str, Any], cluster: Mapping[str, Any], env: Mapping[s
     )
 
 
+def rejection(spec: JobSpec, cluster: str, reason: str) -> str:
+    """One line for a job spec sbatch refuses (`reason`, its last line), naming the fix."""
+    fix = f"fix conf/cluster/{cluster}.yaml"
+    if "partition" in reason.lower():
+        names = _run(["sinfo", "-h", "-o", "%R"], "listing partitions", check=False).stdout.split()
+        fix += f" (partitions here: {', '.join(sorted(set(names)))})" if names else ""
+    elif spec.gpus_per_task:
+        fix = (f"the cells ask {spec.ntasks} tasks with --gpus-per-task={spec.gpus_per_task} on one node: set "
+               f"grid.gpu.gpus_per_cell (or gpu=) to what a node of '{spec.partition}' has, or " + fix)
+    return f"sbatch rejects the jobs of partition '{spec.partition}' ({reason}): {fix}"
+
+
 # Seconds a checkpoint takes to write and fsync (adapters and AdamW state: ~5 GB for a 4B
 # cell's three adapters) on shared storage, on top of the step the warning interrupts.
 CHECKPOINT_S = 120
@@ -466,12 +478,7 @@ class SlurmLauncher(Launcher):
         if result.returncode == 0:
             return
         reason = (result.stderr or result.stdout).strip().splitlines()
-        reason_text = reason[-1] if reason else f"exit {result.returncode}"
-        fix = f"fix conf/cluster/{cluster.name}.yaml"
-        if "partition" in reason_text.lower():
-            names = _run(["sinfo", "-h", "-o", "%R"], "listing partitions", check=False).stdout.split()
-            fix += f" (partitions here: {', '.join(sorted(set(names)))})" if names else ""
-        raise GridError(f"sbatch rejects the jobs of partition '{spec.partition}' ({reason_text}): {fix}")
+        raise GridError(rejection(spec, cluster.name, reason[-1] if reason else f"exit {result.returncode}"))
 
     def submit(self, sweep: SweepDir, ids: list[str], accepted: Accepted | None = None) -> dict[str, str]:
         """Each array's ids go to `accepted` as sbatch takes it; an array sbatch refuses
