@@ -76,20 +76,24 @@ def test_missing_models_and_data_are_named_with_the_command_that_fetches_them(tm
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     needs = Needs(models=["Qwen/Qwen3-1.7B"], data=[["math", str(tmp_path / "data" / "math")]])
     model, data = inputs_missing(needs)
-    assert model == (f"model Qwen/Qwen3-1.7B is not in the Hugging Face cache (HF_HOME={tmp_path / 'hf'}): fetch it on "
-                     "a login node first (gridrun fetch conf=<sweep>, or hf download Qwen/Qwen3-1.7B)")
+    assert model == (f"model Qwen/Qwen3-1.7B is not in the hub cache {tmp_path / 'hf' / 'hub'}: fetch it on a login "
+                     "node first (gridrun fetch conf=<sweep>)")
     assert data.startswith(f"no prepared math data at {tmp_path / 'data' / 'math'} (train.jsonl, val.jsonl, meta.json "
                            f"missing): run `gridrun data prepare math --out {tmp_path / 'data' / 'math'}`")
-    # The hub cache's layout (what `hf download` writes), and a local model folder.
+    # The hub cache's layout (what `hf download` writes), whole; and a local model folder
+    # (a cluster profile's model_dirs entry) that lacks its weights: the same check as the plan's.
     snapshot = tmp_path / "hf" / "hub" / "models--Qwen--Qwen3-1.7B" / "snapshots" / "abc"
     snapshot.mkdir(parents=True)
-    (snapshot / "config.json").write_text("{}")
+    for name in ("config.json", "tokenizer_config.json", "tokenizer.json", "model.safetensors"):
+        (snapshot / name).write_text("{}")
     (snapshot.parents[1] / "refs").mkdir()
     (snapshot.parents[1] / "refs" / "main").write_text("abc")
     folder = tmp_path / "qwen3-4b"
     folder.mkdir()
+    (folder / "config.json").write_text("{}")
     assert inputs_missing(Needs(models=["Qwen/Qwen3-1.7B", str(folder)])) == [
-        f"model folder {folder} holds no config.json: download the model into it"]
+        (f"model {folder}: {folder} lacks tokenizer_config.json, vocab.json, merges.txt, model.safetensors: fetch it "
+         "on a login node first (gridrun fetch conf=<sweep>)")]
 
 
 def test_the_disk_estimate_counts_adapters_with_adamw_and_every_kept_copy() -> None:

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gridrun.grid.errors import GridError
+from gridrun.modelfiles import missing_model, model_source
 
 if TYPE_CHECKING:  # the probe on the node runs without the planner (Hydra) loaded
     from gridrun.grid.plan import PlannedCell
@@ -80,24 +81,20 @@ class Needs:
 
 # --- what the cells need (login node) ----------------------------------------------------------
 def checkpoint_gb(cell: PlannedCell) -> float:
-    """Disk one cell's checkpoints take at their peak: each trained adapter in float32 with
-    AdamW's two moments (12 bytes a parameter), times the newest `keep_checkpoints`, the peak
-    the trainer protects, and a save's temporary copy. 0 for models whose architecture is not
-    shipped (the toy world: kilobytes). The one place the preflight asks; swap in the dry
-    run's per-cell estimate where it has one."""
-    from gridrun.arch import lora_parameter_count
-    from gridrun.memory import architecture, trainable_adapters
+    """Disk one cell's run directory takes at its peak (kept checkpoints, the peak and a save's
+    temporary copy), as the dry run estimates it (gridrun/disk.py); 0 where it has no estimate
+    (the toy world: kilobytes)."""
+    from gridrun.disk import cell_disk
 
-    arch = architecture(cell.config)
-    if arch is None:
-        return 0.0
-    per_save = trainable_adapters(cell.config) * lora_parameter_count(arch, cell.config.lora.rank) * 12
-    return per_save * (cell.config.train.keep_checkpoints + 2) / 1e9
+    estimate = cell_disk(cell.config)
+    return 0.0 if estimate is None else estimate.results / 1e9
 
 
-def needs_of(cell: PlannedCell, results: Path, cpu_ok: bool = False) -> Needs:
+def needs_of(cell: PlannedCell, results: Path, cpu_ok: bool = False,
+             model_dirs: dict[str, str] | None = None) -> Needs:
     """What one cell needs on its node; `cpu_ok`: its GPUs are asked for the binding only
-    (a `--cpu` canary), its trainer runs on the CPU."""
+    (a `--cpu` canary), its trainer runs on the CPU; `model_dirs`: the cluster profile's local
+    model folders (a mapped model is checked in its folder)."""
     config = cell.config
     task = config.task
     data_path = getattr(task, "data_path", None)
@@ -106,7 +103,7 @@ def needs_of(cell: PlannedCell, results: Path, cpu_ok: bool = False) -> Needs:
     return Needs(
         gpus=gpus, cuda=bool(gpus) and not cpu_ok, vllm=config.engine.name == "vllm",
         sandbox=getattr(task, "sandbox", "none") == "bwrap",
-        models=[config.model.name_or_path] if pretrained else [],
+        models=[model_source(config.model.name_or_path, model_dirs or {})] if pretrained else [],
         data=[[task.name, str(data_path)]] if data_path else [],
         results=str(results.absolute()), disk_gb=checkpoint_gb(cell),
     )
@@ -204,27 +201,13 @@ def sandbox_failures(python: str | None = None) -> list[str]:
 
 
 def inputs_missing(needs: Needs) -> list[str]:
-    """Each model and prepared data set the cells load that is not on this node. The one
-    place the preflight asks; swap in `gridrun fetch`'s cache check where it exists."""
+    """Each model and prepared data set the cells load that is not on this node, by the same
+    check `gridrun plan` makes on the login node (gridrun/modelfiles.py)."""
     failures = []
     for model in needs.models:
-        if Path(model).is_dir():
-            if not (Path(model) / "config.json").is_file():
-                failures.append(f"model folder {model} holds no config.json: download the model into it")
-            continue
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            cached = try_to_load_from_cache(model, "config.json")
-        except ImportError:
-            cached = None
-        except ValueError:  # not a valid repo id and not a folder
-            failures.append(f"model {model} is neither a folder nor a hub id: set model.name_or_path")
-            continue
-        if not isinstance(cached, str):
-            home = os.environ.get("HF_HOME", "~/.cache/huggingface")
-            failures.append(f"model {model} is not in the Hugging Face cache (HF_HOME={home}): fetch it on a login "
-                            f"node first (gridrun fetch conf=<sweep>, or hf download {model})")
+        why = missing_model(model, {})
+        if why:
+            failures.append(f"{why}: fetch it on a login node first (gridrun fetch conf=<sweep>)")
     for task, path in needs.data:
         missing = [name for name in ("train.jsonl", "val.jsonl", "meta.json") if not (Path(path) / name).is_file()]
         if missing:
@@ -374,12 +357,12 @@ def preflight(cells: list[PlannedCell], cluster: dict[str, Any], launcher: str, 
         for cell in cells:
             spec = job_spec(cell.entry(), cluster)
             key = spec.key()
-            needs = needs_of(cell, results, cpu_ok)
+            needs = needs_of(cell, results, cpu_ok, dict(cluster.get("model_dirs") or {}))
             groups[key] = (spec, groups[key][1].merge(needs) if key in groups else needs)
     else:
         merged = None
         for cell in cells:
-            needs = needs_of(cell, results, cpu_ok)
+            needs = needs_of(cell, results, cpu_ok, dict(cluster.get("model_dirs") or {}))
             merged = needs if merged is None else merged.merge(needs)
         if merged is not None:
             groups["local"] = (None, merged)
