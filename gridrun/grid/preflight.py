@@ -352,8 +352,11 @@ def preflight(cells: list[PlannedCell], cluster: dict[str, Any], launcher: str, 
     launcher, the probe here otherwise. `min_free_gb`: the disk the cells need at least."""
     groups: dict[str, tuple[Any, Needs]] = {}
     if launcher == "slurm":
-        from gridrun.grid.launchers.slurm import job_spec
+        from gridrun.grid.launchers.slurm import job_spec, require_sbatch, require_slurm_profile
 
+        # What the launcher would refuse first, in its own one line, before any probe.
+        require_sbatch()
+        require_slurm_profile(cluster)
         for cell in cells:
             spec = job_spec(cell.entry(), cluster)
             key = spec.key()

@@ -371,7 +371,8 @@ echo "Submitted batch job $((100 * n))"
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     slurm.max_array_size.cache_clear()
     monkeypatch.setattr(slurm, "max_array_size", lambda: 4)
-    result = gridrun("sweep", "conf=smoke", "cluster=testcluster", "launcher=slurm", "kind=base,sa_rl")
+    # The launcher's submission is under test, not the preflight (tests/slurm/test_preflight.py).
+    result = gridrun("sweep", "conf=smoke", "cluster=testcluster", "launcher=slurm", "kind=base,sa_rl", "--no-preflight")
     sweep = SweepDir(results, "smoke")
     states = {cell_id: sweep.cell(cell_id).read_state().to_json() for cell_id in sweep.cell_ids()}
     accepted = {c: s["job_id"] for c, s in states.items() if s["state"] == "queued"}

@@ -416,6 +416,25 @@ def chunks(items: list[Any], size: int) -> list[list[Any]]:
 
 
 # --- the launcher ---------------------------------------------------------------------------
+def require_sbatch() -> None:
+    """GridError, naming the fix, where this machine cannot submit (the launcher and the
+    preflight both ask before anything else)."""
+    if shutil.which("sbatch") is None:
+        raise GridError(
+            "sbatch is not on PATH: run launcher=slurm on a SLURM login node, start the test cluster with "
+            "`eval \"$(slurm/testcluster/up.sh)\"`, or use launcher=local"
+        )
+
+
+def require_slurm_profile(cluster: Mapping[str, Any]) -> None:
+    """GridError, naming the fix, for a cluster profile with no SLURM partitions."""
+    if not cluster_spec(cluster).partitions:
+        raise GridError(
+            f"launcher=slurm needs a SLURM cluster profile, and cluster={cluster.get('name')} has no partitions: "
+            "set cluster=testcluster, cluster=paper or your own conf/cluster/<name>.yaml"
+        )
+
+
 class SlurmLauncher(Launcher):
     name = "slurm"
     # A killed job may be requeued by SLURM: sacct, not a free run lock, says whether it is lost.
@@ -432,21 +451,13 @@ class SlurmLauncher(Launcher):
     def _specs(self, sweep: SweepDir, ids: list[str]) -> dict[str, JobSpec]:
         data = sweep.read()
         cluster = data.cluster
-        if not cluster_spec(cluster).partitions:
-            raise GridError(
-                f"launcher=slurm needs a SLURM cluster profile, and cluster={cluster.get('name')} has no partitions: "
-                "set cluster=testcluster, cluster=paper or your own conf/cluster/<name>.yaml"
-            )
+        require_slurm_profile(cluster)
         cells = data.entries()
         return {cell_id: job_spec(cells[cell_id].to_json(), cluster) for cell_id in ids}
 
     # --- the Launcher interface ----------------------------------------------------------
     def admit(self, sweep: SweepDir, ids: list[str]) -> list[str]:
-        if shutil.which("sbatch") is None:
-            raise GridError(
-                "sbatch is not on PATH: run launcher=slurm on a SLURM login node, start the test cluster with "
-                "`eval \"$(slurm/testcluster/up.sh)\"`, or use launcher=local"
-            )
+        require_sbatch()
         specs = self._specs(sweep, ids)
         cluster = cluster_spec(sweep.read().cluster)
         for spec in {spec.key(): spec for spec in specs.values()}.values():
