@@ -446,6 +446,15 @@ class RunDir:
             return None
         return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
 
+    def gpus_to_train_on(self) -> int:
+        """GPUs the cell's trainer must be able to use: cell.json's resources.gpus, 0 where the
+        plan asked for them for their binding only (`gridrun canary --cpu` on SLURM)."""
+        try:
+            resources = (self.read_record() or {}).get("resources") or {}
+        except DamagedFile:
+            return 0
+        return 0 if resources.get("binding_only") is True else (self.planned_count("gpus") or 0)
+
     def inspect(self) -> StateRecord:
         """The state as `gridrun show` shows it: state.json's, unless state.json or cell.json
         is damaged, then `damaged` with the first damaged file's message as the error.

@@ -91,6 +91,8 @@ def canary_overrides(cluster: str, slurm: bool, cpu: bool) -> list[str]:
             # One process on this machine's CPU; on a SLURM profile the cell keeps its two
             # tasks with a GPU each, as a real cell's job: the binding is what is checked.
             lines.append("grid.gpu.gpus_per_cell=0")
+        else:
+            lines.append("+grid.gpu.binding_only=true")
     return lines
 
 

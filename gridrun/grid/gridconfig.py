@@ -34,6 +34,10 @@ class GpuSpec:
     gpus_per_cell: int = 0
     # Memory of one GPU, GB (the dry run's fit check).
     memory_gb: int | float = 0
+    # The GPUs are asked for but the trainer runs on the CPU: `gridrun canary --cpu` on a SLURM
+    # profile, whose job checks each task's GPU binding (cell.json says so; the trainer then
+    # does not require a GPU it can use).
+    binding_only: bool = False
 
 
 @dataclass

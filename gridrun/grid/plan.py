@@ -337,6 +337,7 @@ def _resources(grid: GridSpec) -> dict[str, Any]:
         "mem_gb": cluster.mem_gb_per_cell,
         "time_limit_h": cluster.time_limit_h,
         "partition": cluster.partitions.get(gpu.name),
+        **({"binding_only": True} if gpu.binding_only else {}),
     }
 
 

@@ -526,7 +526,7 @@ def run_under_lock(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int
             return 1
         previous = {s: signal.signal(s, _raise_cancelled) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            require_gpus(run_dir.planned_count("gpus") or 0)
+            require_gpus(run_dir.gpus_to_train_on())
             with usr2_stops(dist):
                 stopped = Trainer(config, run_dir, resolve_model(config.model), dist).fit()
         except Cancelled as stop:

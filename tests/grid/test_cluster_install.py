@@ -34,7 +34,7 @@ def test_a_gpu_cell_that_sees_no_gpu_fails_at_once_naming_why(gridrun: Gridrun, 
                       "model.init=random", "engine=hf", "engine.max_batch_size=4", "--results-dir", str(results))
     assert planned.code == 0, planned.err
     cell = RunDir(results / "full_matrix" / "cells" / "base-single-0.6b-math")
-    assert cell.planned_count("gpus") == 2
+    assert cell.planned_count("gpus") == 2 and cell.gpus_to_train_on() == 2
     # The old code built the random 0.6B on the CPU and went on to validate (minutes, then
     # vLLM's death on a real node): the timeout would end it.
     run = subprocess.run([sys.executable, "-m", "gridrun.cli", "run", str(cell.root)], capture_output=True, text=True,
@@ -48,6 +48,17 @@ def test_a_gpu_cell_that_sees_no_gpu_fails_at_once_naming_why(gridrun: Gridrun, 
         assert f"its torch {torch.__version__} is a CPU-only build" in state["error"]
         assert "make install-cluster" in state["error"]
     assert not cell.metrics_jsonl.exists()
+
+
+def test_gpus_asked_for_their_binding_only_are_not_required_by_the_trainer(gridrun: Gridrun, tmp_path: Path) -> None:
+    # `gridrun canary --cpu` on a SLURM profile: the job asks for its GPUs (the binding is what
+    # it checks) and cell.json says the trainer runs on the CPU.
+    results = tmp_path / "results"
+    planned = gridrun("plan", "conf=canary", "cluster=testcluster", "launcher=slurm", "model.init=random", "engine=hf",
+                      "engine.max_batch_size=4", "+grid.gpu.binding_only=true", "--results-dir", str(results))
+    assert planned.code == 0, planned.err
+    (cell,) = [RunDir(p) for p in (results / "canary" / "cells").iterdir()]
+    assert cell.planned_count("gpus") == 2 and cell.gpus_to_train_on() == 0
 
 
 def test_node_local_paths_are_named_and_shared_ones_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
