@@ -135,7 +135,9 @@ def run_canary(results: Path, cluster: str, project: str, overrides: list[str], 
     run_dir = sweep.cell(cell.id)
     step_s = measured_step_s(run_dir.read_metrics())
     if step_s is not None and run_dir.read_state().state == CellState.DONE:
-        write_measured_step(sweep.measured_step_json, cell.config, cell.resources["gpu_class"], step_s, cell.id)
+        # A CPU canary's step stands for the CPU, whatever GPU class its job asked for.
+        gpu = "cpu" if cpu else cell.resources["gpu_class"]
+        write_measured_step(sweep.measured_step_json, cell.config, gpu, step_s, cell.id)
     measured = read_measured_step(sweep.measured_step_json)
     verdict = report(run_dir, cell, project, _projection_plan(project, cluster, composer, measured), cpu)
     for line in verdict.lines:
