@@ -206,6 +206,11 @@ def read_json_file(path: Path, fields: dict[str, tuple[type, ...]], fix: str) ->
     return data
 
 
+def _positive(count: Any) -> int | None:
+    """`count` when it is a positive int (not a bool), else None."""
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
+
+
 class RunDir:
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root)
@@ -437,23 +442,23 @@ class RunDir:
         fix = "re-plan the sweep (`gridrun plan conf=<sweep>`) to write it again from config.yaml"
         return read_json_file(self.cell_json, RECORD_FIELDS, fix)
 
+    def _planned_resources(self) -> dict[str, Any]:
+        """cell.json's resources ({} when cell.json is absent or damaged: a run dir made by hand)."""
+        try:
+            return dict((self.read_record() or {}).get("resources") or {})
+        except DamagedFile:
+            return {}
+
     def planned_count(self, resource: str) -> int | None:
         """A positive count the plan gave this cell (cell.json's resources: "cpus", "gpus");
         None when it gave none, or cell.json is absent or damaged (a run dir made by hand)."""
-        try:
-            count = ((self.read_record() or {}).get("resources") or {}).get(resource)
-        except DamagedFile:
-            return None
-        return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
+        return _positive(self._planned_resources().get(resource))
 
     def gpus_to_train_on(self) -> int:
         """GPUs the cell's trainer must be able to use: cell.json's resources.gpus, 0 where the
         plan asked for them for their binding only (`gridrun canary --cpu` on SLURM)."""
-        try:
-            resources = (self.read_record() or {}).get("resources") or {}
-        except DamagedFile:
-            return 0
-        return 0 if resources.get("binding_only") is True else (self.planned_count("gpus") or 0)
+        resources = self._planned_resources()
+        return 0 if resources.get("binding_only") is True else (_positive(resources.get("gpus")) or 0)
 
     def inspect(self) -> StateRecord:
         """The state as `gridrun show` shows it: state.json's, unless state.json or cell.json

@@ -142,21 +142,27 @@ def _plan(args: argparse.Namespace) -> int:
     return launcher.wait(sweep, submitted)
 
 
-def _fetch(args: argparse.Namespace) -> int:
+def _composed_plan(args: argparse.Namespace) -> Any:
+    """The plan of `conf=<sweep>` and its overrides on the command line, written nowhere."""
     from gridrun.grid.compose import Composer
-    from gridrun.grid.fetch import fetch
     from gridrun.grid.plan import make_plan
     from gridrun.grid.spec import load_spec, split_conf
 
     conf, overrides = split_conf(args.overrides)
+    composer = Composer()
+    return make_plan(load_spec(conf, overrides, composer), composer)
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from gridrun.grid.fetch import fetch
+
     data_from = {}
     for line in args.data_from or []:
         task, eq, path = line.partition("=")
         if not eq or not task or not path:
             raise GridError(f"--data-from takes TASK=PATH (e.g. math=/shared/dapo-math-17k), not '{line}'")
         data_from[task] = path
-    composer = Composer()
-    plan = make_plan(load_spec(conf, overrides, composer), composer)
+    plan = _composed_plan(args)
     console = make_console()
     done = fetch(plan, data_from, console)
     if not done.fetched:
@@ -183,15 +189,10 @@ def _require_preflight(plan: Any, cells: list[Any], results: Path, timeout_min: 
 
 
 def _preflight(args: argparse.Namespace) -> int:
-    from gridrun.grid.compose import Composer
-    from gridrun.grid.plan import make_plan
     from gridrun.grid.preflight import preflight
-    from gridrun.grid.spec import load_spec, split_conf
     from gridrun.grid.sweepdir import results_root
 
-    conf, overrides = split_conf(args.overrides)
-    composer = Composer()
-    plan = make_plan(load_spec(conf, overrides, composer), composer)
+    plan = _composed_plan(args)
     results = results_root(args.results_dir)
     failures = preflight(plan.cells, plan.cluster, plan.launcher["name"], results, args.timeout_min,
                          min_free_gb=args.min_free_gb)
