@@ -169,20 +169,28 @@ def test_per_role_credit_is_refused_where_no_per_role_rewards_are_defined(compos
                                       "reward.credit=per_role"], composer), composer)
 
 
-def test_the_credit_study_plans_36_cells_whose_natural_and_injected_are_the_mechanisms_studys(composer: Composer) -> None:
+def test_the_credit_study_plans_36_cells_whose_controls_are_the_earlier_studies(composer: Composer) -> None:
     plan = make_plan(load_spec("credit", [], composer), composer)
     by_id = {pc.id: pc for pc in plan.cells}
     assert len(by_id) == 36 and {pc.cell.kind for pc in plan.cells} == {"train"}
     mechanisms = {pc.id: pc for pc in make_plan(load_spec("mechanisms", ["workflow=voting", "kind=train",
                                                                           "variant=natural,injected"], composer),
                                                 composer).cells}
-    for cell_id, mine in by_id.items():
-        if cell_id in mechanisms:
-            assert mine.config.to_dict() == mechanisms[cell_id].config.to_dict(), cell_id
-    assert sum(cell_id in mechanisms for cell_id in by_id) == 12
+    # `natural` and the IP `injected` are the mechanisms study's cells, config for config.
+    same = [cell_id for cell_id in by_id if cell_id in mechanisms
+            and by_id[cell_id].config.to_dict() == mechanisms[cell_id].config.to_dict()]
+    assert sorted(same) == sorted(f"voting-{p}-toy-arith-s{s}-{v}" for p, v in
+                                  [("ip", "natural"), ("sp", "natural"), ("ip", "injected")] for s in range(3))
+    # The SP `injected` is the early-warning study's SP positive control (its LR ramp and stop).
+    warning = next(pc.config for pc in make_plan(load_spec("early_warning", ["workflow=voting", "policy=shared",
+                                                                            "variant=injected"], composer),
+                                                 composer).cells)
+    sp = by_id["voting-sp-toy-arith-s0-injected"].config
+    assert (sp.optim, sp.train.total_steps) == (warning.optim, warning.train.total_steps) == (sp.optim, 18)
     ip = by_id["voting-ip-toy-arith-s0-injected_credit"].config
     assert ip.reward.credit == "per_role" and ip.optim.role_lr_scale == {"parallel": 4.0}
-    assert by_id["voting-sp-toy-arith-s2-injected_per_role_adv"].config.grpo.estimator == "per_role"
+    sp_remedy = by_id["voting-sp-toy-arith-s2-injected_per_role_adv"].config
+    assert sp_remedy.grpo.estimator == "per_role" and sp_remedy.optim == sp.optim
 
 
 def test_table1_has_a_column_per_grouping(gridrun, results: Path) -> None:
