@@ -136,7 +136,8 @@ def adapter_parameters(model: Any, adapter: str) -> dict[str, torch.nn.Parameter
 
 def activate(model: Any, adapter: str) -> None:
     """Make `adapter` the active, trainable one (and only it)."""
-    model.set_adapter(adapter)
+    if model.active_adapter != adapter:  # peft's set_adapter walks every module; requires_grad is set below
+        model.set_adapter(adapter)
     owned = _owned_by(adapter)
     for name, param in model.named_parameters():
         if "lora_" in name:
