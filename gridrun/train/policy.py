@@ -134,10 +134,18 @@ def adapter_parameters(model: Any, adapter: str) -> dict[str, torch.nn.Parameter
     return {n: p for n, p in model.named_parameters() if owned.search(n)}
 
 
+def switch_adapter(model: Any, adapter: str) -> Any:
+    """Make `adapter` peft's active one; returns the one active before. peft's set_adapter
+    walks every module (and sets requires_grad), so an adapter already active is left alone."""
+    previous = model.active_adapter
+    if previous != adapter:
+        model.set_adapter(adapter)
+    return previous
+
+
 def activate(model: Any, adapter: str) -> None:
     """Make `adapter` the active, trainable one (and only it)."""
-    if model.active_adapter != adapter:  # peft's set_adapter walks every module; requires_grad is set below
-        model.set_adapter(adapter)
+    switch_adapter(model, adapter)
     owned = _owned_by(adapter)
     for name, param in model.named_parameters():
         if "lora_" in name:

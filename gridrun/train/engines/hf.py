@@ -42,6 +42,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from gridrun.train.logprobs import prompt_owners
 from gridrun.train.padding import pad_rows
+from gridrun.train.policy import switch_adapter
 from gridrun.train.rollout import Completion, GenRequest, RolloutEngine, SamplingParams
 
 # The largest merged copy of the LoRA-wrapped base weights the engine makes unasked.
@@ -132,16 +133,12 @@ class HFEngine(RolloutEngine):
             return
         if not is_peft or adapter not in self.model.peft_config:
             raise KeyError(f"adapter '{adapter}' is not loaded in the rollout model")
-        previous = self.model.active_adapter
-        switch = previous != adapter  # peft's set_adapter walks every module: not for a no-op
-        if switch:
-            self.model.set_adapter(adapter)
+        previous = switch_adapter(self.model, adapter)
         try:
             with _merged(self.model, adapter) if self.merge_lora else contextlib.nullcontext():
                 yield
         finally:
-            if switch:
-                self.model.set_adapter(previous)
+            switch_adapter(self.model, previous)
 
     def generate(self, requests: Sequence[GenRequest], sampling: SamplingParams) -> list[Completion]:
         results: list[Completion | None] = [None] * len(requests)
