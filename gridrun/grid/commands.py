@@ -406,6 +406,10 @@ def add_commands(sub: Any) -> None:
             "(default: $GRIDRUN_CONFIG_DIR or the working directory)",
         )
 
+    def preflight_timeout_option(parser: argparse.ArgumentParser, flag: str) -> None:
+        parser.add_argument(flag, type=float, default=30.0, metavar="MIN",
+                            help="give up on the preflight job after MIN minutes, queue wait included (default 30)")
+
     overrides_help = "conf=<sweep> then Hydra overrides: axes (seed=0,1,2, 'seed=range(0,16)') or settings"
     for name, helptext in (
         ("plan", "expand, validate and freeze a sweep's cells; dispatch nothing"),
@@ -419,8 +423,7 @@ def add_commands(sub: Any) -> None:
             parser.add_argument("--max-parallel", type=int, metavar="N", help="cells running at once (local)")
             parser.add_argument("--no-preflight", action="store_true",
                                 help="queue without the preflight job a SLURM sweep runs first")
-            parser.add_argument("--preflight-timeout-min", type=float, default=30.0, metavar="MIN",
-                                help="give up on the preflight job after MIN minutes, queue wait included (default 30)")
+            preflight_timeout_option(parser, "--preflight-timeout-min")
         results_option(parser)
         config_option(parser)
         parser.set_defaults(func=_guarded(_plan))
@@ -488,20 +491,19 @@ def add_commands(sub: Any) -> None:
     canary.add_argument("--timeout-min", type=float, default=60.0, metavar="MIN",
                         help="cancel a scheduler's canary not finished after MIN minutes (default 60)")
     canary.add_argument("--no-preflight", action="store_true", help="submit without the preflight check first")
+    results_option(canary)
+    canary.set_defaults(func=_guarded(_canary))
 
     check = sub.add_parser(
         "preflight", help="check where a sweep's cells will run (a tiny job on their SLURM partition): venv, torch/CUDA, "
                           "vLLM, one GPU per task, the sandbox, models and data, disk; one line per problem")
     check.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="conf=<sweep> and Hydra overrides, as for plan")
-    check.add_argument("--timeout-min", type=float, default=30.0, metavar="MIN",
-                       help="give up on the preflight job after MIN minutes, queue wait included (default 30)")
+    preflight_timeout_option(check, "--timeout-min")
     check.add_argument("--min-free-gb", type=float, default=0.0, metavar="GB",
                        help="free disk the results root must have at least (default: the checkpoints' estimate)")
     results_option(check)
     config_option(check)
     check.set_defaults(func=_guarded(_preflight))
-    results_option(canary)
-    canary.set_defaults(func=_guarded(_canary))
 
     show = sub.add_parser("show", help="a cell's resolved config and state")
     show.add_argument("cell", help="a cell id (voting-ip-1.7b-math-s0) or a cell directory")
