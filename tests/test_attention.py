@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -40,3 +42,45 @@ def test_the_trainer_loads_cpu_models_with_grouped_attention(toy_model) -> None:
 
     model, _ = toy_model
     assert model.config._attn_implementation == GROUPED_SDPA
+
+
+def _layout(prompt: int, completions: list[int], groups: int = 1) -> Any:
+    from gridrun.train.attention import PackedLayout
+
+    built, at = [], 0
+    for _ in range(groups):
+        pieces = []
+        start, at = at, at + prompt
+        for n in completions:
+            pieces.append((at, n))
+            at += n
+        built.append(((start, prompt), tuple(pieces)))
+    return PackedLayout(tuple(built))
+
+
+def test_packed_pieces_batch_where_padding_is_cheap_and_give_the_group_by_group_values(monkeypatch) -> None:
+    from gridrun.train import attention
+
+    cpu = torch.device("cpu")
+    # The toy world's update: 8 prompts of 20 tokens, 8 completions of 17-20 each: batched.
+    assert _layout(20, [17, 18, 19, 20, 20, 18, 19, 20], groups=8).batched(cpu) is not None
+    # A long-tailed mix pads each short completion to 500 tokens: 4 x 500 x 520 padded entries
+    # against ~261k of its own, past the limit of 2: group by group.
+    assert _layout(20, [5, 5, 5, 500]).batched(cpu) is None
+    # Same values, forward and backward, whichever way it runs: prompts of different lengths,
+    # an empty completion, a group with none.
+    from gridrun.train.attention import PackedLayout
+
+    layout = PackedLayout((((0, 5), ((5, 3), (8, 0), (8, 6))), ((14, 2), ()), ((16, 7), ((23, 1),))))
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, h, layout.tokens, 8, requires_grad=True) for h in (4, 2, 2))
+    results = []
+    for limit in (float("inf"), 0.0):
+        monkeypatch.setattr(attention, "BATCH_PADDING_LIMIT", limit)
+        fresh = PackedLayout(layout.groups)  # plans are cached per layout
+        assert (fresh.batched(cpu) is not None) == (limit > 0)
+        out = attention.packed_sdpa(q, k, v, fresh, None)
+        grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(), (q, k, v))
+        results.append((out, *grads))
+    for batched, by_group in zip(*results):
+        torch.testing.assert_close(batched, by_group, rtol=1e-5, atol=1e-6)
