@@ -84,21 +84,31 @@ def _step(roles: dict[str, str], packed: bool, budget: int, minibatch: int, monk
     {"generator": "generator", "evaluator": "evaluator"},
 ], ids=["SP", "IP"])
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
-def test_the_packed_update_equals_the_padded_one(roles: dict[str, str], checkpointing: bool,
+@pytest.mark.parametrize("batched", [False, True], ids=["by_group", "batched"])
+def test_the_packed_update_equals_the_padded_one(roles: dict[str, str], checkpointing: bool, batched: bool,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from gridrun.train import attention
+
+    monkeypatch.setattr(attention, "BATCH_PADDING_LIMIT", float("inf") if batched else 0.0)
     # Mini-batches of 8 rows: each adapter takes several optimizer steps, so the old-log-prob
     # pass runs (every mini-batch after the first); one micro-batch per role and mini-batch on
     # both paths (a large budget), so the per-micro-batch means (chi2, ppl) see the same rows.
     padded = _step(roles, False, 100_000, 8, monkeypatch, checkpointing)
     packed = _step(roles, True, 100_000, 8, monkeypatch, checkpointing)
-    assert padded[0].keys() == packed[0].keys()
-    for key, value in padded[0].items():
-        assert packed[0][key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
-    assert any(key.endswith("/grad_norm") and value > 0 for key, value in packed[0].items())
-    for key, grad in padded[1].items():
-        torch.testing.assert_close(packed[1][key], grad, rtol=1e-4, atol=1e-6)
-    assert any(grad.abs().max() > 0 for grad in packed[1].values())
-    for a, b in zip(padded[2], packed[2]):
+    assert_same_update(packed, padded)
+
+
+def assert_same_update(ours: Any, reference: Any) -> None:
+    """Two `_step` results agree to float rounding: metrics, every adapter's gradient, the
+    old log-probs and entropies (and something was learned)."""
+    assert reference[0].keys() == ours[0].keys()
+    for key, value in reference[0].items():
+        assert ours[0][key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert any(key.endswith("/grad_norm") and value > 0 for key, value in ours[0].items())
+    for key, grad in reference[1].items():
+        torch.testing.assert_close(ours[1][key], grad, rtol=1e-4, atol=1e-6)
+    assert any(grad.abs().max() > 0 for grad in ours[1].values())
+    for a, b in zip(reference[2], ours[2]):
         assert (a.old_logp is None) == (b.old_logp is None)
         if a.old_logp is not None and b.old_logp is not None:
             torch.testing.assert_close(torch.tensor(b.old_logp), torch.tensor(a.old_logp), rtol=0, atol=1e-5)
@@ -131,12 +141,18 @@ def test_packed_micro_batches_count_real_tokens_and_each_prompt_once() -> None:
     assert len(list(micro_batches(seqs, 200, packed=True))) < len(list(micro_batches(seqs, 200)))
 
 
-@pytest.mark.parametrize("group_mask_entries", [0, 1 << 20], ids=["piece_by_piece", "group_at_once"])
-def test_packed_log_probs_match_full_rows_and_the_layout_refuses_gaps(group_mask_entries: int,
+# The three ways packed attention runs: every piece its own call, a prompt's completions in
+# one call, every prompt and every completion in one padded batch each.
+STRATEGIES = {"piece_by_piece": (0, 0.0), "group_at_once": (1 << 20, 0.0), "batched": (0, float("inf"))}
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_packed_log_probs_match_full_rows_and_the_layout_refuses_gaps(strategy: str,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from gridrun.train import attention
 
-    monkeypatch.setattr(attention, "GROUP_MASK_ENTRIES", group_mask_entries)
+    monkeypatch.setattr(attention, "GROUP_MASK_ENTRIES", STRATEGIES[strategy][0])
+    monkeypatch.setattr(attention, "BATCH_PADDING_LIMIT", STRATEGIES[strategy][1])
     model = _model(("policy",))
     rows = _rows({"generator": "policy"}, seed=3)
     prompts, completions = [s.prompt_ids for s in rows], [s.completion_ids for s in rows]
@@ -146,6 +162,8 @@ def test_packed_log_probs_match_full_rows_and_the_layout_refuses_gaps(group_mask
         ids, attention = pad_rows([p + c for p, c in zip(prompts, completions)], 0, "left")
         full, full_entropy = logprobs.completion_logprobs(model, ids, attention, targets, 0.7)
     assert packed_entropy is not None and full_entropy is not None
+    layout = logprobs.packed_rows(prompts, completions)[2]
+    assert (layout.batched(torch.device("cpu")) is not None) == (strategy == "batched")
     torch.testing.assert_close(packed * mask, full * mask, rtol=0, atol=1e-5)
     torch.testing.assert_close(packed_entropy * mask, full_entropy * mask, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="tile the row"):

@@ -24,6 +24,8 @@ Semantics (the paper's stack, reproduced rather than smoothed; `preset=` picks t
   set number of mini-batches (each weighed as a full one); the LR scale is in `lrs`.
 - A mini-batch whose loss or gradient norm is not finite is skipped for its adapter: no
   optimizer step, counted in `train/skipped_nonfinite`.
+- Float32 LoRA layers run fused for the whole update (gridrun/train/lora_kernels.py: one
+  product with W + s BA, a closed-form backward; peft's gradients to float rounding).
 - PPO's old log-probs are recomputed before the update (grpo.old_logprobs=recompute)
   except for each adapter's first mini-batch, whose weights have not moved since the
   rollout: there the update's own forward, detached, is the old policy (verl's on-policy
@@ -62,6 +64,7 @@ from gridrun.runconfig import GRPOSpec, RunConfig
 from gridrun.train import logprobs, minibatches, ppo
 from gridrun.train.coherence import Coherence
 from gridrun.train.distributed import Dist
+from gridrun.train.lora_kernels import fused_lora
 from gridrun.train.losses import DEFAULT_POLICY_LOSS, policy_loss
 from gridrun.train.padding import pad_rows
 from gridrun.train.policy import Routing, activate, adapter_parameters
@@ -297,15 +300,16 @@ def update(
     plan = minibatch_plan(
         seqs, adapters, settings.grpo, settings.minibatch_size, dist.world, rng, settings.adapter_steps
     )
-    _fill_old_logprobs(model, plan, settings, dist)
     stats: dict[str, _RoleStats] = defaultdict(_RoleStats)
     metrics: dict[str, float] = {}
     skipped_total = 0
-    for adapter, cuts in plan.items():
-        done = _optimizer_steps(model, adapter, cuts, optimizers[adapter], lrs[adapter], settings, stats, dist,
-                                coherence)
-        skipped_total += done.skipped
-        metrics.update(_adapter_metrics(adapter, done, lrs[adapter], routing.roles_of(adapter)))
+    with fused_lora(model):
+        _fill_old_logprobs(model, plan, settings, dist)
+        for adapter, cuts in plan.items():
+            done = _optimizer_steps(model, adapter, cuts, optimizers[adapter], lrs[adapter], settings, stats, dist,
+                                    coherence)
+            skipped_total += done.skipped
+            metrics.update(_adapter_metrics(adapter, done, lrs[adapter], routing.roles_of(adapter)))
     metrics["train/skipped_nonfinite"] = skipped_total
     if dist.world > 1:
         _sum_stats(stats, sorted({s.role for s in seqs}), dist)
