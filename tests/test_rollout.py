@@ -141,7 +141,8 @@ def test_hf_greedy_batch_equals_one_at_a_time(toy_model) -> None:
 
 def test_hf_shared_prefill_draws_the_same_tokens_as_the_full_prefill(toy_model) -> None:
     """A repeated prompt's prefill runs once and its cache is copied to its rows; generate
-    then runs only the prompts' last column. Sampling draws from torch's RNG in the same
+    then runs only the prompts' last column (transformers' generate here: the lean Qwen3 loop
+    takes the same cache, tests/test_qwen3_decode.py). Sampling draws from torch's RNG in the same
     order over the same rows, and the logits differ from the full prefill's only by float
     rounding (other matrix shapes), so the same seed draws the same tokens unless a uniform
     draw falls within ~1e-6 of a boundary of the cumulative distribution."""
@@ -159,7 +160,7 @@ def test_hf_shared_prefill_draws_the_same_tokens_as_the_full_prefill(toy_model) 
     first_tokens: dict[bool, list[int]] = {}
     try:
         for shared in (False, True):
-            engine = HFEngine(model, tokenizer, share_prefill=shared)
+            engine = HFEngine(model, tokenizer, share_prefill=shared, lean_decode=False)
             seen.clear()
             runs[shared] = []
             for seed in range(3):
