@@ -22,8 +22,8 @@ from gridrun.train.rollout import Completion, GenRequest, SamplingParams
 def adapted(toy_world: Any) -> tuple[Any, Any]:
     """The toy model with one adapter whose B is not zero (a real delta to merge)."""
     base, tokenizer = load_base(ModelSpec(name_or_path="toy", toy=ToySpec()), str(toy_world))
+    torch.manual_seed(0)  # A's initialisation too: the same adapter in every process
     model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"), adapter_name="gen")
-    torch.manual_seed(0)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "lora_B" in name:
