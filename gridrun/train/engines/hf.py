@@ -184,14 +184,10 @@ class HFEngine(RolloutEngine):
         copied to its rows (each row its own with share_prefill off); decoding then starts at
         the last column. None where prompts are one column wide, or, unless `always`, where
         no prompt repeats or sharing is off (generate then prefills every column itself)."""
-        distinct, owners = prompt_owners(prompts)
         if input_ids.shape[1] < 2:
             return None
-        if not self.share_prefill:
-            if not always:
-                return None
-            distinct, owners = prompts, list(range(len(prompts)))
-        elif len(distinct) == len(prompts) and not always:
+        distinct, owners = prompt_owners(prompts) if self.share_prefill else (prompts, list(range(len(prompts))))
+        if len(distinct) == len(prompts) and not always:
             return None
         first_row = {owner: row for row, owner in reversed(list(enumerate(owners)))}
         rows = torch.tensor([first_row[i] for i in range(len(distinct))], device=self.device)
@@ -208,7 +204,6 @@ class HFEngine(RolloutEngine):
     def _generate(self, prompts: list[list[int]], sampling: SamplingParams, lean: bool) -> list[Completion]:
         input_ids, attention = pad_rows(prompts, self.pad_id, "left")
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
-        greedy = sampling.temperature <= 0
         cache = self._prefill(prompts, input_ids, attention, always=lean)
         if lean and cache is not None:
             generated, logprobs = qwen3_decode.sample(
@@ -216,6 +211,7 @@ class HFEngine(RolloutEngine):
                 self.stop_ids, self.pad_id,
             )
         else:
+            greedy = sampling.temperature <= 0
             # top_k=0 switches off transformers' default top-50 truncation when sampling.
             sampler = {} if greedy else {"temperature": sampling.temperature, "top_k": 0, "top_p": sampling.top_p}
             config = GenerationConfig(

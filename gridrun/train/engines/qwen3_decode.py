@@ -5,9 +5,9 @@ A decoding step of the toy world's model does ~2 ms of matrix products for 64 ro
 `generate` it took ~6.5 ms, the rest Python: generate's per-step bookkeeping (input
 preparation, logits processors, stopping criteria, its mask construction) and each of the
 model's ~30 modules per layer dispatching its own forward. Here one function runs the same
-tensor operations in the same order on the same weights, so it draws the same tokens and
-records the same log-probs, to the bit (tests/test_qwen3_decode.py), about a fifth faster
-per rollout. Its key/value cache is allocated ahead and doubled when full, attention reading
+tensor operations in the same order on the same weights (the norms' forwards and rotate_half
+are transformers' own), so it draws the same tokens and records the same log-probs, to the
+bit (tests/test_qwen3_decode.py), about a fifth faster per rollout. Its key/value cache is allocated ahead and doubled when full, attention reading
 the filled part (generate's cache grows by concatenation, copying all of it every step).
 
 What it computes, per step, for rows (batch, 1) after a prefill of every prompt column but
@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from peft.tuners.lora import LoraLayer
 from transformers import Qwen3ForCausalLM
+from transformers.models.qwen3.modeling_qwen3 import rotate_half
 
 from gridrun.train.attention import GROUPED_SDPA
 
@@ -42,17 +43,6 @@ def _weight(module: Any) -> torch.Tensor:
     """A projection's serving weight: a LoRA-wrapped layer's base weight (the merged copy
     while the engine serves an adapter merged)."""
     return module.get_base_layer().weight if isinstance(module, LoraLayer) else module.weight
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Qwen3RMSNorm's forward on float32 input."""
-    variance = x.pow(2).mean(-1, keepdim=True)
-    return weight * (x * torch.rsqrt(variance + eps))
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 # Decoding steps the key/value cache holds at first; it doubles when full (up to the prompt
@@ -103,20 +93,21 @@ def sample(
     of every row. temperature <= 0 is greedy (log-probs then of softmax(logits))."""
     backbone = causal_lm.model
     config = causal_lm.config
-    eps, head_dim = config.rms_norm_eps, config.head_dim
+    head_dim = config.head_dim
     batch, prefilled = last_column.shape[0], attention.shape[1] - 1
     layers = []
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     for index, layer in enumerate(backbone.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        layers.append((layer.input_layernorm.weight, _weight(attn.q_proj), _weight(attn.k_proj), _weight(attn.v_proj),
-                       attn.q_norm.weight, attn.k_norm.weight, _weight(attn.o_proj), attn.scaling,
-                       layer.post_attention_layernorm.weight, _weight(mlp.gate_proj), _weight(mlp.up_proj),
-                       _weight(mlp.down_proj)))
+        # The norms are the model's own forwards (past the module call's hooks).
+        layers.append((layer.input_layernorm.forward, _weight(attn.q_proj), _weight(attn.k_proj),
+                       _weight(attn.v_proj), attn.q_norm.forward, attn.k_norm.forward, _weight(attn.o_proj),
+                       attn.scaling, layer.post_attention_layernorm.forward, _weight(mlp.gate_proj),
+                       _weight(mlp.up_proj), _weight(mlp.down_proj)))
         for store, cached in ((keys, cache.layers[index].keys), (values, cache.layers[index].values)):
             store.append(_grown(cached, prefilled + min(max_new_tokens, FIRST_CACHE_STEPS)))
-    embedding, final_norm, head = backbone.embed_tokens.weight, backbone.norm.weight, _weight(causal_lm.lm_head)
+    embedding, final_norm, head = backbone.embed_tokens.weight, backbone.norm.forward, _weight(causal_lm.lm_head)
     inv_freq, rope_scale = backbone.rotary_emb.inv_freq.float(), backbone.rotary_emb.attention_scaling
     greedy = temperature <= 0
     scale = 1.0 if greedy else temperature
@@ -142,12 +133,12 @@ def sample(
         cos, sin = (angles.cos() * rope_scale)[:, None], (angles.sin() * rope_scale)[:, None]
         for (norm1, wq, wk, wv, q_norm, k_norm, wo, scaling, norm2, w_gate, w_up, w_down), layer_keys, layer_values \
                 in zip(layers, keys, values):
-            normed = _rms_norm(hidden, norm1, eps)
-            query = _rms_norm(F.linear(normed, wq).view(batch, 1, -1, head_dim), q_norm, eps).transpose(1, 2)
-            key = _rms_norm(F.linear(normed, wk).view(batch, 1, -1, head_dim), k_norm, eps).transpose(1, 2)
+            normed = norm1(hidden)
+            query = q_norm(F.linear(normed, wq).view(batch, 1, -1, head_dim)).transpose(1, 2)
+            key = k_norm(F.linear(normed, wk).view(batch, 1, -1, head_dim)).transpose(1, 2)
             value = F.linear(normed, wv).view(batch, 1, -1, head_dim).transpose(1, 2)
-            query = query * cos + _rotate_half(query) * sin
-            key = key * cos + _rotate_half(key) * sin
+            query = query * cos + rotate_half(query) * sin
+            key = key * cos + rotate_half(key) * sin
             layer_keys[:, :, filled - 1] = key[:, :, 0]
             layer_values[:, :, filled - 1] = value[:, :, 0]
             attended = F.scaled_dot_product_attention(
@@ -156,14 +147,16 @@ def sample(
             )
             attended = attended.transpose(1, 2).contiguous().reshape(batch, 1, -1).contiguous()
             hidden = hidden + F.linear(attended, wo)
-            normed = _rms_norm(hidden, norm2, eps)
+            normed = norm2(hidden)
             hidden = hidden + F.linear(F.silu(F.linear(normed, w_gate)) * F.linear(normed, w_up), w_down)
-        logits = F.linear(_rms_norm(hidden, final_norm, eps)[:, -1:], head)[:, -1].float()  # (batch, vocab)
-        step_logprobs = torch.log_softmax(logits / scale, dim=-1)
+        logits = F.linear(final_norm(hidden)[:, -1:], head)[:, -1].float()  # (batch, vocab)
+        # generate divides twice (its recorder, then its temperature warper): the same values.
+        scaled = logits / scale
+        step_logprobs = torch.log_softmax(scaled, dim=-1)
         if greedy:
             token = torch.argmax(logits, dim=-1)
         else:
-            token = torch.multinomial(torch.softmax(logits / scale, dim=-1), num_samples=1).squeeze(1)
+            token = torch.multinomial(torch.softmax(scaled, dim=-1), num_samples=1).squeeze(1)
         token = token * unfinished + pad_id * (1 - unfinished)
         drawn.append(token)
         logprobs.append(step_logprobs.gather(-1, token[:, None]).squeeze(-1))
