@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,13 @@ def start(results: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
+def freeze_once(cell: RunDir, ready: Callable[[], bool]) -> int | None:
+    """SIGSTOP the cell's process as soon as `ready()` holds; its pid, else None."""
+    if not ready():
+        return None
+    pid = cell.read_state().to_json()["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    return pid
 
 
 def status(results: Path) -> dict[str, dict]:
@@ -79,12 +87,16 @@ def test_smoke_sweep_runs_every_cell_and_table1_has_every_number(results: Path) 
 
 
 def test_kill_9_of_a_cell_then_resubmit_resumes_from_its_checkpoint(results: Path) -> None:
-    args = ["conf=smoke", "kind=sa_rl", "train.total_steps=6", "train.save_every=2", "train.val_every=3", *TINY]
+    args = ["conf=smoke", "kind=sa_rl", "train.total_steps=12", "train.save_every=2", "train.val_every=6", *TINY]
     launcher = start(results, "sweep", *args)
     cell = RunDir(results / "smoke" / "cells" / "sa_rl-toy-arith-s0")
-    wait_until(lambda: (cell.latest_checkpoint() or (0,))[0] >= 2 and cell.read_state().to_json().get("step", 0) >= 3,
-               "a checkpoint at step 2 and step 3 under way", 900)
-    os.kill(cell.read_state().to_json()["pid"], signal.SIGKILL)
+    # Frozen the moment the predicate holds: a toy step takes a fraction of a second, so a
+    # cell left running between the poll and the kill could finish first.
+    pid = wait_until(lambda: freeze_once(cell, lambda: (cell.latest_checkpoint() or (0,))[0] >= 2
+                                         and cell.read_state().to_json().get("step", 0) >= 3),
+                     "a checkpoint at step 2 and step 3 under way", 900)
+    assert cell.read_state().to_json()["state"] == "running"
+    os.kill(pid, signal.SIGKILL)
     assert launcher.wait(120) == 1, launcher.stdout.read() if launcher.stdout else ""
     state = cell.read_state().to_json()
     assert state["state"] == "failed" and "killed by SIGKILL" in state["error"]
@@ -95,21 +107,20 @@ def test_kill_9_of_a_cell_then_resubmit_resumes_from_its_checkpoint(results: Pat
     proc = gridrun(results, "resubmit", "conf=smoke", "--failed")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     state = cell.read_state().to_json()
-    assert (state["state"], state["attempt"], state["step"]) == ("done", 2, 6)
+    assert (state["state"], state["attempt"], state["step"]) == ("done", 2, 12)
     assert state["attempts"][0]["state"] == "failed"
     assert f"resumed from {checkpoint[1]}" in cell.stderr_log.read_text()
     # Resuming replays from the checkpoint: each training step is recorded once.
-    assert train_steps(cell) == [1, 2, 3, 4, 5, 6]
+    assert train_steps(cell) == list(range(1, 13))
 
 
 def test_a_cell_whose_launcher_and_process_died_is_lost_and_resubmittable(results: Path) -> None:
-    args = ["conf=smoke", "kind=sa_rl", "train.total_steps=6", "train.save_every=2", "train.val_every=2", *TINY]
+    args = ["conf=smoke", "kind=sa_rl", "train.total_steps=12", "train.save_every=2", "train.val_every=6", *TINY]
     launcher = start(results, "sweep", *args)
     cell = RunDir(results / "smoke" / "cells" / "sa_rl-toy-arith-s0")
-    wait_until(lambda: (cell.latest_checkpoint() or (0,))[0] >= 2, "a checkpoint at step 2", 900)
     # Frozen first, so the cell cannot finish (and record `done`) while its launcher is killed.
-    pid = cell.read_state().to_json()["pid"]
-    os.kill(pid, signal.SIGSTOP)
+    pid = wait_until(lambda: freeze_once(cell, lambda: (cell.latest_checkpoint() or (0,))[0] >= 2),
+                     "a checkpoint at step 2", 900)
     assert cell.read_state().to_json()["state"] == "running"
     launcher.kill()
     launcher.wait(30)
@@ -122,7 +133,7 @@ def test_a_cell_whose_launcher_and_process_died_is_lost_and_resubmittable(result
     proc = gridrun(results, "resubmit", "conf=smoke", "--failed")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (cell.read_state().to_json()["state"], cell.read_state().to_json()["attempt"]) == ("done", 2)
-    assert train_steps(cell) == [1, 2, 3, 4, 5, 6]
+    assert train_steps(cell) == list(range(1, 13))
 
 
 def test_ctrl_c_cancels_running_and_waiting_cells(results: Path) -> None:
@@ -184,7 +195,8 @@ def test_transfer_cells_wait_for_their_sa_rl_a_failed_one_blocks_them_and_resubm
 def test_a_cell_deleted_while_it_trains_is_missing_and_the_others_finish(results: Path) -> None:
     # The probe, on the real trainer: before, the sweep died with a traceback
     # (IllegalTransition from the launcher) and the queued cells read lost without running.
-    args = ["conf=smoke", "workflow=eval_opt,voting", "kind=train", "train.total_steps=2", *TINY, "--max-parallel", "1"]
+    # Eight steps: the folder goes while its cell trains, however fast a toy step is here.
+    args = ["conf=smoke", "workflow=eval_opt,voting", "kind=train", "train.total_steps=8", *TINY, "--max-parallel", "1"]
     launcher = start(results, "sweep", *args)
     cells = results / "smoke" / "cells"
 

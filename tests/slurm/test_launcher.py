@@ -143,7 +143,9 @@ def test_smoke_sweep_submits_one_array_and_returns_at_once(smoke: dict[str, Any]
 
 # ---------------------------------------------------------------- cancel, resubmit
 def test_scancel_shows_cancelled_and_resubmit_resumes_from_the_checkpoint(gridrun: Gridrun) -> None:
-    cell_id, run_dir = gridrun.one_cell("cancel", "train.total_steps=8", "train.save_every=1", "train.val_every=100")
+    # Steps enough that the signals below land mid-training: a toy step can take well under
+    # a second, and a cell that finished first cannot be cancelled or requeued.
+    cell_id, run_dir = gridrun.one_cell("cancel", "train.total_steps=20", "train.save_every=1", "train.val_every=100")
     wait_until(lambda: state(run_dir).get("step", 0) >= 2, "step 2")
     job = state(run_dir)["job_id"]
     subprocess.run(["scancel", job], check=True, timeout=30)
@@ -174,7 +176,7 @@ def test_gridrun_cancel_stops_a_pending_job_and_records_it(gridrun: Gridrun) -> 
 # ---------------------------------------------------------------- preemption and requeue
 def test_usr2_and_scontrol_requeue_resume_from_a_checkpoint(gridrun: Gridrun) -> None:
     # save_every 100: the only checkpoints are those the USR2 stop writes (and the last step).
-    cell_id, run_dir = gridrun.one_cell("preempt", "train.total_steps=10", "train.save_every=100",
+    cell_id, run_dir = gridrun.one_cell("preempt", "train.total_steps=30", "train.save_every=100",
                                         "train.val_every=100")
     wait_until(lambda: state(run_dir).get("step", 0) >= 1, "step 1")
     job = state(run_dir)["job_id"]
@@ -201,7 +203,7 @@ def test_a_spent_timeout_budget_stops_the_cell_as_preempted(gridrun: Gridrun) ->
     # Under a 5 min limit submitit reads every USR2 as the time limit (a timeout once the job
     # ran min(80%, limit - 10 min) < 0 of it); with max_num_timeout=0 the first one spends the
     # budget: the trainer checkpoints, the job is not requeued, the cell stops as preempted.
-    cell_id, run_dir = gridrun.one_cell("timeout", "train.total_steps=10", "train.save_every=100",
+    cell_id, run_dir = gridrun.one_cell("timeout", "train.total_steps=20", "train.save_every=100",
                                         "train.val_every=100", "grid.cluster.time_limit_h=0.08", "grid.launcher.max_num_timeout=0")
     wait_until(lambda: state(run_dir).get("step", 0) >= 1, "step 1")
     subprocess.run(["scancel", "--signal=USR2", state(run_dir)["job_id"]], check=True, timeout=30)
