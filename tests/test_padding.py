@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gridrun.train.padding import pad_rows
+from gridrun.train.padding import generate_positions, pad_rows
 
 
 def test_left_and_right_padding_with_their_masks() -> None:
@@ -28,3 +28,8 @@ def test_float_rows_to_a_given_width() -> None:
 def test_a_row_wider_than_the_width_is_refused() -> None:
     with pytest.raises(ValueError, match="row 0 has 3 entries, more than the width 2: pass a larger width"):
         pad_rows([[1, 2, 3]], 0, "left", width=2)
+
+
+def test_generate_positions_count_real_tokens_from_zero_and_give_pads_one() -> None:
+    _, mask = pad_rows([[5, 6, 7], [8]], 0, "left")
+    assert generate_positions(mask).tolist() == [[0, 1, 2], [1, 1, 0]]

@@ -3,7 +3,8 @@
 The one padding helper of the package: the rollout engine left-pads prompts, the update
 left-pads prompt + completion so every completion ends at the right edge, the toy world's
 warm start right-pads transcripts. Leaves out truncation: a row longer than `width` is an
-error, never cut.
+error, never cut. `generate_positions` gives left-padded rows the position ids generate
+gives them.
 """
 
 from __future__ import annotations
@@ -36,3 +37,10 @@ def pad_rows(
         padded[index, span] = torch.tensor(row, dtype=dtype)
         mask[index, span] = 1
     return padded, mask
+
+
+def generate_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of left-padded rows as transformers' `generate` derives them from the
+    (batch, width) mask: each real token its index among the row's tokens, pads 1 (they are
+    masked out). The engine's prefill and its decoding loop must agree with generate to the bit."""
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)

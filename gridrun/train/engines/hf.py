@@ -47,7 +47,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from gridrun.train.engines import qwen3_decode
 from gridrun.train.logprobs import prompt_owners
 from gridrun.train.lora_kernels import merged_weight, plain_float32_lora
-from gridrun.train.padding import pad_rows
+from gridrun.train.padding import generate_positions, pad_rows
 from gridrun.train.policy import switch_adapter
 from gridrun.train.rollout import Completion, GenRequest, RolloutEngine, SamplingParams
 
@@ -192,10 +192,8 @@ class HFEngine(RolloutEngine):
         first_row = {owner: row for row, owner in reversed(list(enumerate(owners)))}
         rows = torch.tensor([first_row[i] for i in range(len(distinct))], device=self.device)
         mask = attention[rows, :-1]
-        # Positions as generate derives them from the mask (pads get 1; they are masked out).
-        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
         cache = self.causal_lm.model(
-            input_ids=input_ids[rows, :-1], attention_mask=mask, position_ids=positions, use_cache=True
+            input_ids=input_ids[rows, :-1], attention_mask=mask, position_ids=generate_positions(mask), use_cache=True
         ).past_key_values
         cache.reorder_cache(torch.tensor(owners, device=self.device))
         return cache

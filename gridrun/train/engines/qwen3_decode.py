@@ -37,6 +37,7 @@ from transformers import Qwen3ForCausalLM
 from transformers.models.qwen3.modeling_qwen3 import rotate_half
 
 from gridrun.train.attention import GROUPED_SDPA
+from gridrun.train.padding import generate_positions
 
 
 def _weight(module: Any) -> torch.Tensor:
@@ -111,8 +112,7 @@ def sample(
     inv_freq, rope_scale = backbone.rotary_emb.inv_freq.float(), backbone.rotary_emb.attention_scaling
     greedy = temperature <= 0
     scale = 1.0 if greedy else temperature
-    # Positions as generate derives them from the mask (pads get 1; they are masked out).
-    position = ((attention.cumsum(-1) - 1).masked_fill(attention == 0, 1))[:, -1:]
+    position = generate_positions(attention)[:, -1:]
     # transformers passes no mask where no row is padded (then no later step is either).
     padded = not bool(attention.all())
     mask = attention.new_ones(batch, prefilled + max_new_tokens, dtype=torch.bool)
