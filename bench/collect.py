@@ -33,7 +33,7 @@ from wall import gridrun, summary, time_command
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.rundir import atomic_write_json
+from gridrun.seam.rundir import atomic_write_json
 
 BUDGET_S = 30.0
 STEPS = 500

@@ -76,11 +76,11 @@ def run_case(args: argparse.Namespace) -> dict:
     """One training step of one case, in this process."""
     import torch
 
-    from gridrun import cellstate
     from gridrun.cellrun import model_files
     from gridrun.memory import predict
-    from gridrun.runconfig import dump_config
-    from gridrun.rundir import RunDir
+    from gridrun.seam import cellstate
+    from gridrun.seam.runconfig import dump_config
+    from gridrun.seam.rundir import RunDir
     from gridrun.train.trainer import Trainer
 
     config, gpu = compose(args, args.scale, args.workflow, args.policy, args.data_root)
@@ -132,7 +132,7 @@ def run_case(args: argparse.Namespace) -> dict:
     def recording_micro_batches(seqs, token_budget, packed=False):
         for chunk in packer(seqs, token_budget, packed):
             if packed:
-                from gridrun.train.logprobs import packed_rows
+                from gridrun.train.cpu.packed import packed_rows
 
                 tokens = len(packed_rows([s.prompt_ids for s in chunk], [s.completion_ids for s in chunk])[0])
             else:
@@ -163,7 +163,7 @@ def run_case(args: argparse.Namespace) -> dict:
         "micro_batches": largest["count"], "largest_micro_tokens": largest["tokens"],
         "load_s": round(load_s, 1), "step_s": round(row["time/step_s"], 2),
         "rollout_s": round(row["time/rollout_s"], 2), "update_s": round(row["time/update_s"], 2),
-        # The update's row tokens: gridrun/cost.py fits the update's rate to these.
+        # The update's row tokens: gridrun/grid/cost.py fits the update's rate to these.
         "update_tokens": int(row["time/update_tokens"]),
         "peak_gb": {k: round(v, 2) for k, v in peaks.items()},
         "predicted_gb": {k: round(v, 2) for k, v in predicted.as_gb().items()},

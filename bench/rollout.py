@@ -26,7 +26,7 @@ import torch
 from transformers import GenerationConfig
 
 from gridrun.cellrun import model_files
-from gridrun.runconfig import CellSpec, LoraSpec, PolicySpec, RunConfig
+from gridrun.seam.runconfig import CellSpec, LoraSpec, PolicySpec, RunConfig
 from gridrun.tasks.arith import ArithTask
 from gridrun.train.engines.hf import HFEngine, stop_token_ids
 from gridrun.train.episode import Episode

@@ -33,7 +33,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 import torch
 
 from gridrun.cellrun import model_files
-from gridrun.runconfig import (
+from gridrun.seam.runconfig import (
     CellSpec,
     LengthSpec,
     LoraSpec,

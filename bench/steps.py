@@ -23,7 +23,7 @@ import torch
 import yaml
 
 from gridrun.cellrun import run_cell
-from gridrun.rundir import RunDir
+from gridrun.seam.rundir import RunDir
 
 WORKFLOWS = ("eval_opt", "voting", "orch_workers")
 

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gridrun.runconfig import ToySpec
+from gridrun.seam.runconfig import ToySpec
 from gridrun.toy import build
 
 

@@ -46,8 +46,8 @@ sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).re
 import torch
 
 from gridrun.cellrun import model_files
-from gridrun.runconfig import config_from_dict, dump_config
-from gridrun.rundir import RunDir
+from gridrun.seam.runconfig import config_from_dict, dump_config
+from gridrun.seam.rundir import RunDir
 from gridrun.tasks.arith import ArithTask
 from gridrun.tasks.base import Problem
 from gridrun.train.model import load_base

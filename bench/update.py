@@ -20,7 +20,7 @@ Token ids are drawn uniformly from the vocabulary; rewards and rollout log-probs
 gridrun's side is `gridrun.train.update.update` under Shared-Policy (one adapter, every role),
 the released preset's GRPO, the mini-batch `problems x n` sequences (4 optimizer steps: the
 paper's 4 rows per episode), micro-batches by `--token-budget`: packed (the default path) and
-padded (`logprobs.can_pack` off), each on its own fresh adapter from the same initial weights.
+padded (`gridrun.train.cpu.applies` off), each on its own fresh adapter from the same initial weights.
 Phases: old log-probs (the pass over every mini-batch but the first), forward (the loss's
 log-probs), backward (the rest of each micro-batch: loss and backward), optimizer (AdamW's
 step), bookkeeping (the remainder: per-role gradient reads at role boundaries, clipping, the
@@ -60,10 +60,12 @@ sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).re
 import torch
 
 import gridrun.train.update as update_module
-from gridrun.runconfig import GRPOSpec
-from gridrun.train import logprobs
-from gridrun.train.attention import GROUPED_SDPA
-from gridrun.train.policy import Routing, activate, adapter_parameters
+from gridrun.seam.routing import Routing
+from gridrun.seam.runconfig import GRPOSpec
+from gridrun.train import cpu
+from gridrun.train.cpu.attention import GROUPED_SDPA
+from gridrun.train.cpu.packed import packed_rows
+from gridrun.train.policy import activate, adapter_parameters
 from gridrun.train.update import TrainSeq, UpdateSettings
 
 SHARED = "shared"
@@ -119,11 +121,11 @@ def base_model(name: str, layers: int | None, dtype: torch.dtype, device: torch.
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from gridrun.arch import published
-    from gridrun.train.attention import use_grouped_attention
+    from gridrun.train.cpu.attention import use_grouped_attention
 
     if name == "toy":
         from gridrun.cellrun import model_files
-        from gridrun.runconfig import ModelSpec, ToySpec
+        from gridrun.seam.runconfig import ModelSpec, ToySpec
         from gridrun.train.model import load_base
 
         spec = ModelSpec(name_or_path="toy", toy=ToySpec())
@@ -179,7 +181,7 @@ class Phases:
             self.tokens["real"] += sum(p + c for p, c in rows)
             self.tokens["real_trained" if torch.is_grad_enabled() else "real_old"] += sum(p + c for p, c in rows)
             self.tokens["padded"] += len(rows) * max(p + c for p, c in rows)
-            self.tokens["packed"] += len(logprobs.packed_rows([s.prompt_ids for s in micro.seqs],
+            self.tokens["packed"] += len(packed_rows([s.prompt_ids for s in micro.seqs],
                                                              [s.completion_ids for s in micro.seqs])[0])
             if not torch.is_grad_enabled():
                 return saved[1](model, micro, *args, **kwargs)
@@ -214,14 +216,14 @@ def gridrun_update(model: Any, rows: list[TrainSeq], settings: UpdateSettings, p
     seqs = [TrainSeq(s.role, adapter, s.prompt_ids, s.completion_ids, s.rollout_logp, s.advantage, s.truncated)
             for s in rows]
     phases = Phases(sync)
-    can_pack = logprobs.can_pack
-    logprobs.can_pack = lambda _model: packed and can_pack(_model)  # type: ignore[assignment]
+    applies = cpu.applies
+    cpu.applies = lambda _model: packed and applies(_model)  # type: ignore[assignment]
     try:
         with phases.installed(optimizer), phases.timing("total"):
             metrics = update_module.update(model, Routing({r: adapter for r in ("aggregator", "generator")}, (adapter,)),
                                            {adapter: optimizer}, seqs, settings, {adapter: LR}, random.Random(0))
     finally:
-        logprobs.can_pack = can_pack  # type: ignore[assignment]
+        cpu.applies = applies  # type: ignore[assignment]
     s = phases.seconds
     split = {
         "old_logprobs": s["old_logprobs"], "forward": s["forward"], "backward": s["accumulate"] - s["forward"],
@@ -365,7 +367,7 @@ def main() -> None:
         from transformers import AutoTokenizer
 
         from gridrun.cellrun import model_files
-        from gridrun.runconfig import ModelSpec, ToySpec
+        from gridrun.seam.runconfig import ModelSpec, ToySpec
         from gridrun.train.random_init import tokenizer_dir
 
         toy = model_files(ModelSpec(name_or_path="toy", toy=ToySpec()))

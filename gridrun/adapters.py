@@ -27,9 +27,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gridrun.accuracy import first_peak, val_accuracy
-from gridrun.cellstate import FINISHED_STATES
-from gridrun.rundir import COMPLETE_MARKER, ROLES_FILE, RunDir, adapter_dir
+from gridrun.seam.accuracy import first_peak, val_accuracy
+from gridrun.seam.cellstate import FINISHED_STATES
+from gridrun.seam.rundir import COMPLETE_MARKER, ROLES_FILE, RunDir, adapter_dir
 
 STEP_CHOICES = "peak, last or a step number"
 PEFT_CONFIG = "adapter_config.json"

@@ -19,7 +19,7 @@ def _setup_logging() -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from gridrun.rundir import RUN_DISK_FIXES, RunDir, disk_error
+    from gridrun.seam.rundir import RUN_DISK_FIXES, RunDir, disk_error
 
     RunDir(args.run_dir).require()  # fail fast, before torch is imported
     from gridrun.cellrun import run_cell
@@ -37,8 +37,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cell_task(cell: str, kind: str, flags: list[str]) -> Any:
     """The task params of the cell at `cell` (for `gridrun reward ... --cell`), checked to be
     scored by `gridrun reward <kind>` and not set twice by `flags` (those given by hand)."""
-    from gridrun.runconfig import load_config
-    from gridrun.rundir import RunDir
+    from gridrun.seam.runconfig import load_config
+    from gridrun.seam.rundir import RunDir
 
     if flags:
         raise UserError(f"--cell scores with the cell's own reward settings: drop {' and '.join(flags)}")
@@ -101,7 +101,7 @@ def _cmd_data(args: argparse.Namespace) -> int:
 
 
 def _cmd_toy(args: argparse.Namespace) -> int:
-    from gridrun.runconfig import ToySpec
+    from gridrun.seam.runconfig import ToySpec
     from gridrun.toy.build import SHIPPED, ToyWorldError, ensure_toy_world, file_hashes, rebuild, shipped_world
 
     spec = ToySpec() if args.seed is None else ToySpec(seed=args.seed)
@@ -124,7 +124,7 @@ def _cmd_toy(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from gridrun.grid.analysis.paper_figures import plot_cell
+    from gridrun.analysis.paper_figures import plot_cell
     from gridrun.grid.errors import GridError
     from gridrun.grid.show import find_cell
     from gridrun.grid.sweepdir import results_root
@@ -139,15 +139,18 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from gridrun.export import ExportError, export
+    from gridrun.export import ExportError, MergeWriter, export
     from gridrun.grid.errors import GridError
     from gridrun.grid.show import find_cell
     from gridrun.grid.sweepdir import results_root
 
     conf = _conf_arg(args.conf, "export")
+    merge: MergeWriter | None = None
+    if args.merged:
+        from gridrun.cellrun import write_merged as merge
     try:
         run_dir = find_cell(args.cell, results_root(args.results_dir), conf)
-        out = export(run_dir, args.step, Path(args.out) if args.out else None, merged=args.merged)
+        out = export(run_dir, args.step, Path(args.out) if args.out else None, merge=merge)
     except (GridError, ExportError) as err:
         raise UserError(str(err)) from None
     print(out)
@@ -234,10 +237,13 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--results-dir", metavar="DIR", help="results root (default: $GRIDRUN_RESULTS or ./results)")
     export.set_defaults(func=_cmd_export)
 
-    # The orchestration half: plan, sweep, status, resubmit, cancel, collect, show.
-    from gridrun.grid.commands import add_commands
+    # The orchestration half (plan, sweep, fetch, status, resubmit, cancel, canary, preflight,
+    # show), then the analysis (collect).
+    from gridrun.analysis.commands import add_commands as add_analysis_commands
+    from gridrun.grid.commands import add_commands as add_grid_commands
 
-    add_commands(sub)
+    add_grid_commands(sub)
+    add_analysis_commands(sub)
     return parser
 
 
@@ -264,8 +270,8 @@ def missing_train_stack(err: ModuleNotFoundError, command: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     args = build_parser().parse_args(argv)
-    from gridrun.runconfig import ConfigError
-    from gridrun.rundir import DamagedFile, NotARunDir, RunLocked
+    from gridrun.seam.runconfig import ConfigError
+    from gridrun.seam.rundir import DamagedFile, NotARunDir, RunLocked
 
     try:
         return int(args.func(args) or 0)

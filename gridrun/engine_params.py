@@ -2,14 +2,14 @@
 config node takes. Torch-free, so the grid checks an engine node at plan time; the engines
 themselves live in the train half (gridrun/train/engines/<name>.py), reached through each
 entry's `factory`. Sampling settings are not here: they are one `sampling:` block whatever
-the engine (gridrun/runconfig.py).
+the engine (gridrun/seam/runconfig.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gridrun.registry import Engine, EngineParams, register_engine
+from gridrun.seam.registry import Engine, EngineParams, register_engine
 
 
 @dataclass

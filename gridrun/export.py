@@ -9,7 +9,7 @@ folder)` and serves with vLLM's `LoRARequest(name, id, folder)`. `--merged` also
 base model with the adapter merged in (`merged/`), for a cell with one adapter only.
 
 The step is `peak`, `last` or a number, as gridrun/adapters.py resolves it. It imports no
-torch unless `merged` is asked for, so the grid half calls it too (`gridrun collect
+torch (the merged model is written by the writer its caller hands it), so the grid half calls it too (`gridrun collect
 --export-peaks`). Left out: the base model's own files (the card names
 them), and adapters of cells that train none (base, transfer, eval cells).
 """
@@ -20,14 +20,14 @@ import errno
 import json
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from gridrun.accuracy import first_peak, val_accuracy
 from gridrun.adapters import AdapterSourceError, Checkpoint, find_checkpoint
-from gridrun.runconfig import ConfigError, RunConfig, load_config
-from gridrun.rundir import ROLES_FILE, DamagedFile, RunDir, disk_error
+from gridrun.seam.accuracy import first_peak, val_accuracy
+from gridrun.seam.runconfig import ConfigError, RunConfig, load_config
+from gridrun.seam.rundir import ROLES_FILE, DamagedFile, RunDir, disk_error
 
 
 class ExportError(ValueError):
@@ -49,12 +49,19 @@ def _config(run_dir: RunDir) -> RunConfig:
         raise ExportError(str(err)) from None
 
 
-def export(run_dir: RunDir, which: str | int = "peak", out: Path | None = None, merged: bool = False,
+# Writes the base model with one adapter merged in: (the cell's config, the adapter's folder,
+# the folder to write). gridrun/cellrun.py's `write_merged` loads the model with torch.
+MergeWriter = Callable[[RunConfig, Path, Path], None]
+
+
+def export(run_dir: RunDir, which: str | int = "peak", out: Path | None = None, merge: MergeWriter | None = None,
            val_acc: Mapping[int, float] | None = None) -> Path:
     """Write the cell's adapters at `which` into `out` (default: the run dir's exports/
     folder); returns `out`. Refuses an `out` that already exists (nothing is overwritten).
+    `merge`: also write the base model with the adapter merged in (`merged/`), by that writer.
     `val_acc`: the cell's step -> validation accuracy where the caller has read its metrics
     already (`gridrun collect --export-peaks`); None reads metrics.jsonl, once."""
+    merged = merge is not None
     config = _config(run_dir)
     if not config.trains:
         raise ExportError(
@@ -88,8 +95,8 @@ def export(run_dir: RunDir, which: str | int = "peak", out: Path | None = None, 
                 shutil.copytree(folder, tmp / name)
             (tmp / ROLES_FILE).write_text(json.dumps(found.roles(), indent=1) + "\n")
             (tmp / "README.md").write_text(model_card(config, found, adapters, merged, acc))
-            if merged:
-                _write_merged(config, tmp / next(iter(adapters)), tmp / "merged")
+            if merge is not None:
+                merge(config, tmp / next(iter(adapters)), tmp / "merged")
             os.replace(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -164,15 +171,3 @@ def model_card(config: RunConfig, found: Checkpoint, adapters: dict[str, Path], 
     if merged:
         lines += ["`merged/` holds the base model with the adapter merged in (loads with transformers alone).", ""]
     return "\n".join(lines)
-
-
-def _write_merged(config: RunConfig, adapter: Path, out: Path) -> None:
-    """The base model with `adapter` merged in, saved with its tokenizer (loads the model)."""
-    from peft import PeftModel
-
-    from gridrun.cellrun import model_files
-    from gridrun.train.model import load_base
-
-    base, tokenizer = load_base(config.model, model_files(config.model))
-    PeftModel.from_pretrained(base, str(adapter)).merge_and_unload().save_pretrained(out)
-    tokenizer.save_pretrained(out)

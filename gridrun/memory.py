@@ -35,7 +35,8 @@ from dataclasses import asdict, dataclass, replace
 
 from gridrun.arch import lora_parameter_count, parameter_count, shaped
 from gridrun.engine_params import HFParams, VLLMParams
-from gridrun.runconfig import RunConfig
+from gridrun.seam.routing import adapter_groups
+from gridrun.seam.runconfig import RunConfig
 
 GIB = 2**30
 # Completion positions whose float32 logits exist at once (gridrun/train/logprobs.py).
@@ -57,7 +58,7 @@ ENGINE_SHARE_CAP = 0.85
 # The released code's vLLM batch limits, as the engine starts on a GPU (engines/vllm.py): the
 # tokens of one engine step (chunked prefill), as released; the sequences decoded at once,
 # vLLM's own H100 default (256 on smaller GPUs such as the L40S). Not the released 2048: the
-# KV share holds a few hundred of the matrix's sequences at once (gridrun/cost.py), and vLLM
+# KV share holds a few hundred of the matrix's sequences at once (gridrun/grid/cost.py), and vLLM
 # sizes its profiling run's sampler buffers (sequences x vocabulary) out of that share.
 ENGINE_MAX_BATCHED_TOKENS = 16384
 ENGINE_MAX_SEQS = 1024
@@ -97,7 +98,7 @@ def architecture(config: RunConfig) -> dict | None:
 def trainable_adapters(config: RunConfig) -> int:
     if not config.trains:
         return 0
-    return len(config.adapter_groups())
+    return len(adapter_groups(config))
 
 
 def adapter_bytes(config: RunConfig, arch: dict) -> float:

@@ -9,7 +9,7 @@
 
 `load` reads what `gridrun collect` wrote (cells.parquet, metrics.parquet, table*.csv);
 `load(..., fresh=True)` reads the run dirs instead and writes nothing, for a sweep still
-running or never collected. Column meanings: gridrun/grid/analysis/summary.py and the
+running or never collected. Column meanings: gridrun/analysis/summary.py and the
 docs/analysis.md. Never imports torch (a test checks), so it runs on any laptop.
 """
 
@@ -57,7 +57,7 @@ def load(sweep_dir: str | Path, fresh: bool = False) -> Results:
     if not sweep.exists():
         raise GridError(f"{root} is not a sweep's directory (no sweep.json): pass results/<sweep>")
     if fresh:
-        from gridrun.grid.collect import metrics_frame, read_sweep
+        from gridrun.analysis.collect import metrics_frame, read_sweep
 
         data = read_sweep(sweep)
         return Results(sweep.name, data.cells, metrics_frame(data.columns))

@@ -121,7 +121,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def toy_world() -> Path:
     """The default toy world (built once per machine, then cached)."""
-    from gridrun.runconfig import ToySpec
+    from gridrun.seam.runconfig import ToySpec
     from gridrun.toy.build import ensure_toy_world
 
     return ensure_toy_world(ToySpec())
@@ -155,7 +155,7 @@ def twin_cell(root: Path, name: str, of: str, **overrides: Any) -> Path:
 
 def start_run(cell: Path, until_step: int, stderr: Any = None) -> subprocess.Popen:
     """`gridrun run cell` in a subprocess, returned once its state reaches `until_step`."""
-    from gridrun.rundir import RunDir
+    from gridrun.seam.rundir import RunDir
 
     env = {**os.environ, "GRIDRUN_LOG": "WARNING"}
     proc = subprocess.Popen([sys.executable, "-m", "gridrun.cli", "run", str(cell)], env=env,
@@ -180,7 +180,7 @@ def wait_until(predicate: Callable[[], Any], what: str, timeout: float, poll: fl
 
 def metric_rows(cell: Path) -> list[dict[str, Any]]:
     """metrics.jsonl without wall-clock keys: what must be equal between equivalent runs."""
-    from gridrun.rundir import RunDir
+    from gridrun.seam.rundir import RunDir
 
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in RunDir(cell).read_metrics()]
 
@@ -188,7 +188,7 @@ def metric_rows(cell: Path) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def toy_model(toy_world: Path):
     """(the toy base model, its tokenizer), frozen, on the CPU."""
-    from gridrun.runconfig import ModelSpec, ToySpec
+    from gridrun.seam.runconfig import ModelSpec, ToySpec
     from gridrun.train.model import load_base
 
     return load_base(ModelSpec(name_or_path="toy", toy=ToySpec()), str(toy_world))

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gridrun.runconfig import ProtocolSpec
+from gridrun.seam.runconfig import ProtocolSpec
 from gridrun.tasks.base import Messages
 from gridrun.train.episode import Episode, Turn
 

@@ -1,6 +1,6 @@
 """state.json as some run left it, for test fixtures.
 
-The code writes state.json only through the named transitions of gridrun/cellstate.py
+The code writes state.json only through the named transitions of gridrun/seam/cellstate.py
 (`RunDir.record`), which refuse a change the state machine does not allow; a fixture that
 needs a cell in a given state (running on a dead pid, failed twice, done with an accuracy)
 writes that record directly, as a run, a crash or an older gridrun could have left it."""
@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gridrun.rundir import RunDir, atomic_write_json
+from gridrun.seam.rundir import RunDir, atomic_write_json
 
 
 def put_state(run_dir: RunDir, **fields: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import pytest
 
 from gridrun.cellrun import run_cell
 from gridrun.export import ExportError, export
-from gridrun.rundir import RunDir
+from gridrun.seam.rundir import RunDir
 from tests.conftest import make_cell
 
 pytestmark = pytest.mark.usefixtures("toy_world")

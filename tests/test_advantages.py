@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from gridrun.registry import workflow as get_workflow
-from gridrun.runconfig import GRPOSpec
+from gridrun.seam.registry import workflow as get_workflow
+from gridrun.seam.runconfig import GRPOSpec
 from gridrun.tasks.base import Problem, Score
 from gridrun.train.advantages import shuffle_rewards, turn_advantages
 from gridrun.train.episode import Episode, Turn
@@ -285,7 +285,7 @@ def test_per_role_under_as_written_replaces_the_problem_wide_baseline_by_each_ro
 
 
 def test_a_researchers_estimator_is_named_module_colon_name(tmp_path, monkeypatch) -> None:
-    from gridrun.registry import ConfigError
+    from gridrun.seam.registry import ConfigError
     from gridrun.train import advantages
 
     monkeypatch.setattr(advantages, "ESTIMATORS", dict(advantages.ESTIMATORS))

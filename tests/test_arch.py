@@ -88,7 +88,7 @@ def test_arch_overrides_build_qwen3_at_the_size_asked(toy_world) -> None:
     ],
 )
 def test_arch_overrides_are_refused_in_one_line(overrides: dict, init: str, message: str) -> None:
-    from gridrun.runconfig import ConfigError, ModelSpec
+    from gridrun.seam.runconfig import ConfigError, ModelSpec
 
     with pytest.raises(ConfigError, match=message):
         ModelSpec(name_or_path="Qwen/Qwen3-1.7B", init=init, arch_overrides=overrides)  # type: ignore[arg-type]
@@ -97,7 +97,7 @@ def test_arch_overrides_are_refused_in_one_line(overrides: dict, init: str, mess
 def test_a_cell_without_arch_overrides_keeps_its_config_yaml() -> None:
     from gridrun.grid.compose import Composer
     from gridrun.grid.plan import run_config
-    from gridrun.runconfig import dump_config
+    from gridrun.seam.runconfig import dump_config
 
     config = run_config(Composer().compose(["scale=1.7b", "task=math", "workflow=voting"]), {"id": "c", "kind": "train", "seed": 0})
     assert "arch_overrides" not in dump_config(config)

@@ -13,7 +13,7 @@ def test_grouped_attention_equals_sdpa_to_the_bit_in_forward_backward_and_sampli
     sampled tokens (same seed) must be equal, not close: swapping the kernel may not move a run."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gridrun.train.attention import GROUPED_SDPA, use_grouped_attention
+    from gridrun.train.cpu.attention import GROUPED_SDPA, use_grouped_attention
 
     tokenizer = AutoTokenizer.from_pretrained(toy_world, padding_side="left")
     plain = AutoModelForCausalLM.from_pretrained(toy_world)
@@ -38,14 +38,14 @@ def test_grouped_attention_equals_sdpa_to_the_bit_in_forward_backward_and_sampli
 
 
 def test_the_trainer_loads_cpu_models_with_grouped_attention(toy_model) -> None:
-    from gridrun.train.attention import GROUPED_SDPA
+    from gridrun.train.cpu.attention import GROUPED_SDPA
 
     model, _ = toy_model
     assert model.config._attn_implementation == GROUPED_SDPA
 
 
 def _layout(prompt: int, completions: list[int], groups: int = 1) -> Any:
-    from gridrun.train.attention import PackedLayout
+    from gridrun.train.cpu.attention import PackedLayout
 
     built, at = [], 0
     for _ in range(groups):
@@ -59,7 +59,7 @@ def _layout(prompt: int, completions: list[int], groups: int = 1) -> Any:
 
 
 def test_packed_pieces_batch_where_padding_is_cheap_and_give_the_group_by_group_values(monkeypatch) -> None:
-    from gridrun.train import attention
+    from gridrun.train.cpu import attention
 
     cpu = torch.device("cpu")
     # The toy world's update: 8 prompts of 20 tokens, 8 completions of 17-20 each: batched.
@@ -69,7 +69,7 @@ def test_packed_pieces_batch_where_padding_is_cheap_and_give_the_group_by_group_
     assert _layout(20, [5, 5, 5, 500]).batched(cpu) is None
     # Same values, forward and backward, whichever way it runs: prompts of different lengths,
     # an empty completion, a group with none.
-    from gridrun.train.attention import PackedLayout
+    from gridrun.train.cpu.attention import PackedLayout
 
     layout = PackedLayout((((0, 5), ((5, 3), (8, 0), (8, 6))), ((14, 2), ()), ((16, 7), ((23, 1),))))
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""The cell's state machine (gridrun/cellstate.py): one test per rule, on the pure
+"""The cell's state machine (gridrun/seam/cellstate.py): one test per rule, on the pure
 transitions, then the one writer (`RunDir.record`) refusing without writing."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gridrun import cellstate
-from gridrun.cellstate import CellState, IllegalTransition, StateRecord
-from gridrun.rundir import NotARunDir, RunDir
+from gridrun.seam import cellstate
+from gridrun.seam.cellstate import CellState, IllegalTransition, StateRecord
+from gridrun.seam.rundir import NotARunDir, RunDir
 
 # name -> the transition, given the record it leaves (queued is judged from it as observed).
 EVERY_TRANSITION: dict[str, Callable[[dict[str, object]], cellstate.Transition]] = {

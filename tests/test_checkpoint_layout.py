@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from gridrun.arch import QWEN3_SPECIAL_IDS
 from gridrun.cellrun import run_cell
-from gridrun.rundir import RunDir
+from gridrun.seam.rundir import RunDir
 from gridrun.train.engines.hf import stop_token_ids
 from gridrun.train.random_init import tokenizer_dir
 from tests.conftest import make_cell

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gridrun.cellrun import run_cell
-from gridrun.rundir import RunDir
+from gridrun.seam.rundir import RunDir
 from tests.conftest import make_cell
 
 

@@ -234,7 +234,7 @@ def test_opting_out_by_name_runs_without_bubblewrap(data_path: Path, tmp_path: P
 def test_a_code_cell_without_a_sandbox_fails_at_start_in_one_line(data_path: Path, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from gridrun.cellrun import run_cell
-    from gridrun.rundir import RunDir
+    from gridrun.seam.rundir import RunDir
 
     cell = make_cell(tmp_path, "code-cell", task={"name": "code", "data_path": str(data_path)})
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from gridrun.runconfig import ConfigError, config_from_dict, dump_config, load_config
+from gridrun.seam.runconfig import ConfigError, config_from_dict, dump_config, load_config
 
 
 def minimal(**overrides: dict) -> dict:

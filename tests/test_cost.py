@@ -1,4 +1,4 @@
-"""The dry run's cost model (gridrun/cost.py) and disk model (gridrun/disk.py): one cell worked
+"""The dry run's cost model (gridrun/grid/cost.py) and disk model (gridrun/grid/disk.py): one cell worked
 out by hand, the measured rates read from the GPU check's rows, and the canary's step
 replacing the model's for its shape."""
 
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from gridrun import cost
-from gridrun.cost import MeasuredStep, Rate, measured_update_rates, read_measured_step, shape, step_cost
-from gridrun.disk import cell_disk
+from gridrun.grid import cost
 from gridrun.grid.compose import Composer
+from gridrun.grid.cost import MeasuredStep, Rate, measured_update_rates, read_measured_step, shape, step_cost
+from gridrun.grid.disk import cell_disk
 from gridrun.grid.plan import make_plan
 from gridrun.grid.spec import load_spec
 from gridrun.memory import GIB
-from gridrun.runconfig import config_from_dict
+from gridrun.seam.runconfig import config_from_dict
 
 N_1_7B = 1_720_574_976  # Qwen3-1.7B's parameters (tests/test_memory.py works them out)
 LORA_1_7B = 69_730_304  # one rank-64 all-linear adapter of it

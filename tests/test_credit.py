@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gridrun.registry import workflow as get_workflow
+from gridrun.seam.registry import workflow as get_workflow
 from gridrun.tasks.arith import ArithTask
 from gridrun.tasks.base import Problem
 from gridrun.train.credit import assign_credit, role_reward_metrics
@@ -85,7 +85,7 @@ def test_broadcast_role_rewards_are_the_episodes() -> None:
 @pytest.mark.usefixtures("toy_world")
 def test_a_per_role_credit_cell_with_per_role_advantages_trains_and_logs_each_roles_reward(tmp_path) -> None:
     from gridrun.cellrun import run_cell
-    from gridrun.rundir import RunDir
+    from gridrun.seam.rundir import RunDir
     from tests.conftest import make_cell
 
     cell = make_cell(tmp_path, workflow={"name": "voting"}, policy={"name": "isolated"},

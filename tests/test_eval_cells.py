@@ -14,8 +14,8 @@ import pytest
 from gridrun.adapters import AdapterSourceError, resolve
 from gridrun.cellrun import run_cell
 from gridrun.export import ExportError, export
-from gridrun.runconfig import load_config
-from gridrun.rundir import RunDir
+from gridrun.seam.runconfig import load_config
+from gridrun.seam.rundir import RunDir
 from gridrun.tasks import make_task
 from tests.conftest import make_cell
 

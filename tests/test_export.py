@@ -20,11 +20,11 @@ import torch
 from peft import PeftModel
 from safetensors.torch import load_file
 
-from gridrun.cellrun import model_files, run_cell
+from gridrun.cellrun import model_files, run_cell, write_merged
 from gridrun.cli import main
 from gridrun.export import ExportError, export, find_checkpoint
-from gridrun.runconfig import load_config
-from gridrun.rundir import RunDir
+from gridrun.seam.runconfig import load_config
+from gridrun.seam.rundir import RunDir
 from gridrun.train import trainer as trainer_module
 from gridrun.train.model import load_base
 from gridrun.train.policy import adapter_parameters
@@ -205,7 +205,7 @@ def test_merged_export_generates_as_the_adapter_does(peaked_cell: tuple[Path, di
     from transformers import AutoModelForCausalLM
 
     cell, seen = peaked_cell
-    out = export(RunDir(cell), "peak", cell.parent / "merged-export", merged=True)
+    out = export(RunDir(cell), "peak", cell.parent / "merged-export", merge=write_merged)
     merged = AutoModelForCausalLM.from_pretrained(out / "merged")
     config = load_config(cell / "config.yaml")
     trainer = Trainer(config, RunDir(cell), model_files(config.model))
@@ -222,4 +222,4 @@ def test_isolated_export_writes_one_folder_per_role_with_its_weights(tmp_path: P
     # The two roles' adapters differ (both trained on their own tokens).
     assert_exported_as_trained(out, RunDir(cell).checkpoint(2) / "adapters", ("generator", "aggregator"))
     with pytest.raises(ExportError, match="has 2 adapters .* one per role.*load them with peft instead"):
-        export(RunDir(cell), "last", tmp_path / "m", merged=True)
+        export(RunDir(cell), "last", tmp_path / "m", merge=write_merged)

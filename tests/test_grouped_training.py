@@ -10,7 +10,7 @@ import pytest
 
 from gridrun.cellrun import run_cell
 from gridrun.export import export
-from gridrun.rundir import RunDir
+from gridrun.seam.rundir import RunDir
 from tests.conftest import make_cell
 from tests.test_export import assert_exported_as_trained
 from tests.test_training import changed, run_update, seqs_for, snapshot, trainer_for

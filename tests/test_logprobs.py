@@ -116,7 +116,7 @@ def test_shared_prompts_give_the_full_rows_logprobs_and_gradients(toy_model) -> 
 def test_gradient_checkpointing_keeps_the_full_rows(toy_world) -> None:
     # transformers drops the cache under gradient checkpointing in training mode: there the
     # shared path has no prompt to score completions on, so the update takes the full rows.
-    from gridrun.runconfig import ModelSpec, ToySpec
+    from gridrun.seam.runconfig import ModelSpec, ToySpec
     from gridrun.train.model import load_base
 
     model, _ = load_base(ModelSpec(name_or_path="toy", toy=ToySpec()), str(toy_world))

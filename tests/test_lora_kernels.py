@@ -1,4 +1,4 @@
-"""The update's fused LoRA layers (gridrun/train/lora_kernels.py) against peft's own: the same
+"""The update's fused LoRA layers (gridrun/train/cpu/lora_kernels.py) against peft's own: the same
 outputs, the same update (metrics, every adapter's gradient, old log-probs) to float rounding,
 and peft's forward wherever the merge would not be the same function."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gridrun.train import update as update_module
-from gridrun.train.lora_kernels import LoraLinear, fused_lora
+from gridrun.train.cpu.lora_kernels import LoraLinear, fused_lora
 from tests.test_packed import _model, _step, assert_same_update
 
 
@@ -74,7 +74,7 @@ def test_fused_lora_swaps_float32_lora_layers_and_steps_aside_where_peft_must_ru
 def test_the_rollout_s_merge_is_peft_s_to_the_bit_and_refuses_a_non_finite_adapter() -> None:
     from peft.tuners.lora import Linear as PeftLoraLinear
 
-    from gridrun.train.lora_kernels import merged_weight, plain_float32_lora
+    from gridrun.train.cpu.lora_kernels import merged_weight, plain_float32_lora
 
     model = _model(("one", "two"))
     layers = [m for m in model.modules() if isinstance(m, PeftLoraLinear)]

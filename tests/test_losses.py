@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from gridrun.cellrun import model_files
-from gridrun.registry import ConfigError
-from gridrun.runconfig import GRPOSpec, config_from_dict, load_config
-from gridrun.rundir import RunDir
+from gridrun.seam.registry import ConfigError
+from gridrun.seam.runconfig import GRPOSpec, config_from_dict, load_config
+from gridrun.seam.rundir import RunDir
 from gridrun.train import losses
 from gridrun.train.losses import register_policy_loss
 from gridrun.train.trainer import Trainer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gridrun.registry import ConfigError
+from gridrun.seam.registry import ConfigError
 from gridrun.tasks import make_task
 from gridrun.tasks.arith import ArithParams, ArithTask
 

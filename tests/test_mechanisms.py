@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gridrun.mechanisms import THRESHOLDS, MechanismWatch, Thresholds, alert_history, firings
+from gridrun.seam.mechanisms import THRESHOLDS, MechanismWatch, Thresholds, alert_history, firings
 
 
 def train_rows(**series: list[float]) -> list[dict[str, Any]]:
@@ -238,7 +238,7 @@ def test_the_sp_signature_alone_is_the_drift_toward_the_dominant_role() -> None:
     # while its length moves 6 -> 6 -> 30 tokens (the generator's 19): the signature holds at
     # the step-6 validation (a 90-point terse fall), not at step 3 (10 points, under the
     # default terse_drop of 20), and the alert never fires.
-    from gridrun.mechanisms import signature_steps
+    from gridrun.seam.mechanisms import signature_steps
 
     rows: list[dict] = []
     for step, terse, length in ((0, 1.0, 6.0), (3, 0.9, 6.0), (6, 0.1, 30.0)):

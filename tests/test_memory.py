@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gridrun.memory import GIB, LOGITS_COPIES, RESERVE_BYTES, predict
-from gridrun.registry import Engine, EngineParams, register_engine
-from gridrun.runconfig import config_from_dict
+from gridrun.seam.registry import Engine, EngineParams, register_engine
+from gridrun.seam.runconfig import config_from_dict
 
 QWEN3_1_7B = {"name_or_path": "Qwen/Qwen3-1.7B", "dtype": "bfloat16"}
 

@@ -1,4 +1,4 @@
-"""The packed, unpadded update (gridrun/train/logprobs.py `packed_logprobs`, attention.py
+"""The packed, unpadded update (gridrun/train/cpu/packed.py `packed_logprobs`, cpu/attention.py
 `PackedLayout`) against the padded one it replaces: the same log-probs, entropies, every
 role's gradient and gradient norm, and the same metrics, to float rounding (float32,
 random-init Qwen3 architecture, mixed lengths, repeated prompts, SP and IP)."""
@@ -13,11 +13,13 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from gridrun.runconfig import GRPOSpec
-from gridrun.train import logprobs
-from gridrun.train.attention import PackedLayout, use_grouped_attention
+from gridrun.seam.routing import Routing
+from gridrun.seam.runconfig import GRPOSpec
+from gridrun.train import cpu, logprobs
+from gridrun.train.cpu.attention import PackedLayout, use_grouped_attention
+from gridrun.train.cpu.packed import packed_logprobs, packed_rows
 from gridrun.train.padding import pad_rows
-from gridrun.train.policy import Routing, adapter_parameters
+from gridrun.train.policy import adapter_parameters
 from gridrun.train.update import TrainSeq, UpdateSettings, micro_batches, update
 
 VOCAB = 512
@@ -68,7 +70,7 @@ def _step(roles: dict[str, str], packed: bool, budget: int, minibatch: int, monk
     """One update with SGD at lr 1 and no clipping: each weight moves by minus its gradient."""
     adapters = tuple(dict.fromkeys(roles.values()))
     model = _model(adapters, checkpointing)
-    monkeypatch.setattr(logprobs, "can_pack", lambda _model: packed)
+    monkeypatch.setattr(cpu, "applies", lambda _model: packed)
     before = {f"{a}/{k}": v.detach().clone() for a in adapters for k, v in adapter_parameters(model, a).items()}
     optimizers = {a: torch.optim.SGD(list(adapter_parameters(model, a).values()), lr=1.0) for a in adapters}
     seqs = _rows(roles)
@@ -87,7 +89,7 @@ def _step(roles: dict[str, str], packed: bool, budget: int, minibatch: int, monk
 @pytest.mark.parametrize("batched", [False, True], ids=["by_group", "batched"])
 def test_the_packed_update_equals_the_padded_one(roles: dict[str, str], checkpointing: bool, batched: bool,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from gridrun.train import attention
+    from gridrun.train.cpu import attention
 
     monkeypatch.setattr(attention, "BATCH_PADDING_LIMIT", float("inf") if batched else 0.0)
     # Mini-batches of 8 rows: each adapter takes several optimizer steps, so the old-log-prob
@@ -134,7 +136,7 @@ def test_packed_micro_batches_count_real_tokens_and_each_prompt_once() -> None:
         chunks = list(micro_batches(seqs, budget, packed=True))
         assert sorted(map(id, (s for c in chunks for s in c))) == sorted(map(id, seqs))
         for chunk in chunks:
-            ids, _, layout, _ = logprobs.packed_rows([s.prompt_ids for s in chunk], [s.completion_ids for s in chunk])
+            ids, _, layout, _ = packed_rows([s.prompt_ids for s in chunk], [s.completion_ids for s in chunk])
             assert len(ids) == layout.tokens
             assert len(ids) <= budget or len(chunk) == 1
     # The padded cut computes rows x width, the packed one only real tokens: fewer micro-batches.
@@ -149,7 +151,7 @@ STRATEGIES = {"piece_by_piece": (0, 0.0), "group_at_once": (1 << 20, 0.0), "batc
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_packed_log_probs_match_full_rows_and_the_layout_refuses_gaps(strategy: str,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from gridrun.train import attention
+    from gridrun.train.cpu import attention
 
     monkeypatch.setattr(attention, "GROUP_MASK_ENTRIES", STRATEGIES[strategy][0])
     monkeypatch.setattr(attention, "BATCH_PADDING_LIMIT", STRATEGIES[strategy][1])
@@ -157,19 +159,19 @@ def test_packed_log_probs_match_full_rows_and_the_layout_refuses_gaps(strategy: 
     rows = _rows({"generator": "policy"}, seed=3)
     prompts, completions = [s.prompt_ids for s in rows], [s.completion_ids for s in rows]
     with torch.no_grad():
-        packed, packed_entropy = logprobs.packed_logprobs(model, prompts, completions, 0.7)
+        packed, packed_entropy = packed_logprobs(model, prompts, completions, 0.7)
         targets, mask = pad_rows(completions, 0, "left")
         ids, attention = pad_rows([p + c for p, c in zip(prompts, completions)], 0, "left")
         full, full_entropy = logprobs.completion_logprobs(model, ids, attention, targets, 0.7)
     assert packed_entropy is not None and full_entropy is not None
-    layout = logprobs.packed_rows(prompts, completions)[2]
+    layout = packed_rows(prompts, completions)[2]
     assert (layout.batched(torch.device("cpu")) is not None) == (strategy == "batched")
     torch.testing.assert_close(packed * mask, full * mask, rtol=0, atol=1e-5)
     torch.testing.assert_close(packed_entropy * mask, full_entropy * mask, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="tile the row"):
         PackedLayout((((0, 3), ((4, 2),)),))
     with pytest.raises(ValueError, match="at least one token"):
-        logprobs.packed_rows([[]], [[1, 2]])
+        packed_rows([[]], [[1, 2]])
 
 
 def test_the_update_benchmark_runs_on_the_toy_world() -> None:

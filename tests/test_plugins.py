@@ -24,8 +24,8 @@ from gridrun.grid.launchers.dispatch import queue, runnable
 from gridrun.grid.plan import freeze, make_plan
 from gridrun.grid.spec import load_spec
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.registry import ConfigError
-from gridrun.runconfig import config_from_dict, load_config
+from gridrun.seam.registry import ConfigError
+from gridrun.seam.runconfig import config_from_dict, load_config
 
 EXAMPLE = Path(__file__).parent / "plugin_example" / "debate_and_subtraction.py"
 ROW = {"max_prompt_tokens": 256, "max_response_tokens": 24, "relative_cost": 1.0}

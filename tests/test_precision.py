@@ -30,7 +30,7 @@ def test_an_emulated_dtype_is_refused_naming_the_fix_and_the_opt_in(monkeypatch:
 
 
 def test_loading_a_model_on_cpu_checks_its_dtype(monkeypatch: pytest.MonkeyPatch, toy_world) -> None:
-    from gridrun.runconfig import ModelSpec, ToySpec
+    from gridrun.seam.runconfig import ModelSpec, ToySpec
     from gridrun.train import precision
     from gridrun.train.model import ModelLoadError, load_base
 

@@ -1,4 +1,4 @@
-"""engine=hf's lean Qwen3 loop (gridrun/train/engines/qwen3_decode.py) against transformers'
+"""engine=hf's lean Qwen3 loop (gridrun/train/cpu/qwen3_decode.py) against transformers'
 generate from the same prefilled cache: the same tokens and the same log-probs, to the bit,
 with padding and without, sampled and greedy, on the base model and on a merged adapter; and
 generate wherever the loop does not apply."""
@@ -11,8 +11,8 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from gridrun.runconfig import ModelSpec, ToySpec
-from gridrun.train.engines import qwen3_decode
+from gridrun.seam.runconfig import ModelSpec, ToySpec
+from gridrun.train.cpu import qwen3_decode
 from gridrun.train.engines.hf import HFEngine
 from gridrun.train.model import load_base
 from gridrun.train.rollout import Completion, GenRequest, SamplingParams

@@ -19,8 +19,8 @@ import pytest
 
 from gridrun.grid.compose import Composer
 from gridrun.grid.plan import run_config
-from gridrun.runconfig import dump_config
-from gridrun.rundir import RunDir
+from gridrun.seam.runconfig import dump_config
+from gridrun.seam.rundir import RunDir
 from gridrun.tasks.data import prepare
 
 pytestmark = pytest.mark.slow

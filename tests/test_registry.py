@@ -1,4 +1,4 @@
-"""The registries' own checks (gridrun/registry.py): what a registration or a lookup refuses."""
+"""The registries' own checks (gridrun/seam/registry.py): what a registration or a lookup refuses."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gridrun import registry
-from gridrun.registry import ConfigError, Workflow, WorkflowParams
+from gridrun.seam import registry
+from gridrun.seam.registry import ConfigError, Workflow, WorkflowParams
 from gridrun.workflows.voting import run as voting_run
 
 

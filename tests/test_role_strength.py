@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from gridrun.cellrun import model_files
-from gridrun.registry import ConfigError
-from gridrun.runconfig import config_from_dict, load_config
-from gridrun.rundir import RunDir
+from gridrun.seam import routing
+from gridrun.seam.registry import ConfigError
+from gridrun.seam.runconfig import config_from_dict, load_config
+from gridrun.seam.rundir import RunDir
 from gridrun.train.coherence import Coherence, coherence_scale
+from gridrun.train.lr_schedule import ramp_reached
 from gridrun.train.policy import adapter_parameters
 from gridrun.train.trainer import Trainer
 from gridrun.train.update import TrainSeq, UpdateSettings, update
@@ -42,7 +44,7 @@ def rollout_seqs(trainer: Trainer) -> list[TrainSeq]:
 
 
 def step(trainer: Trainer, seqs: list[TrainSeq], lr: float, coherence: Coherence | None = None) -> dict[str, float]:
-    lrs = {name: lr * trainer.config.role_lr_scales().get(name, 1.0) for name in trainer.routing.trainable}
+    lrs = {name: lr * routing.role_lr_scales(trainer.config).get(name, 1.0) for name in trainer.routing.trainable}
     fresh = [TrainSeq(s.role, s.adapter, s.prompt_ids, s.completion_ids, s.rollout_logp, s.advantage, s.truncated)
              for s in seqs]
     return update(trainer.model, trainer.routing, trainer.optimizers, fresh,
@@ -131,25 +133,25 @@ def voting(policy: str, **nodes: Any) -> dict[str, Any]:
 
 def test_multiplicity_normalization_equals_one_slot_in_each_form() -> None:
     # Voting has k = 3 voters: share -> loss weight 1/3, lr -> LR x 1/3, steps -> one step.
-    assert config_from_dict(voting("shared", grpo={"multiplicity_norm": "share"})).role_weights() == {
+    assert routing.role_weights(config_from_dict(voting("shared", grpo={"multiplicity_norm": "share"}))) == {
         "generator": pytest.approx(1 / 3)}
-    assert config_from_dict(voting("isolated", grpo={"multiplicity_norm": "lr"})).role_lr_scales() == {
+    assert routing.role_lr_scales(config_from_dict(voting("isolated", grpo={"multiplicity_norm": "lr"}))) == {
         "generator": pytest.approx(1 / 3)}
-    assert config_from_dict(voting("isolated", grpo={"multiplicity_norm": "steps"})).role_steps() == {"generator": 1}
+    assert routing.role_steps(config_from_dict(voting("isolated", grpo={"multiplicity_norm": "steps"}))) == {"generator": 1}
     # `parallel` names the parallel role whatever it is called; a role not listed weighs 1.
-    assert config_from_dict(voting("shared", grpo={"role_weight": {"parallel": 2.0}})).role_weights() == {"generator": 2.0}
+    assert routing.role_weights(config_from_dict(voting("shared", grpo={"role_weight": {"parallel": 2.0}}))) == {"generator": 2.0}
 
 
 def test_lr_scale_ramps_linearly_from_one_to_its_value() -> None:
     # role_lr_scale 3 over a 10-step ramp: 1 + 2 * step / 10 until step 10, then 3; no ramp: 3 at once.
     ramped = config_from_dict(voting("isolated", optim={"role_lr_scale": {"parallel": 3.0}, "role_lr_ramp": 10}))
-    assert [ramped.role_lr_scales(s)["generator"] for s in (1, 5, 10, 30)] == pytest.approx([1.2, 2.0, 3.0, 3.0])
+    assert [routing.role_lr_scales(ramped, ramp_reached(s, 10))["generator"] for s in (1, 5, 10, 30)] == pytest.approx([1.2, 2.0, 3.0, 3.0])
     at_once = config_from_dict(voting("isolated", optim={"role_lr_scale": {"parallel": 3.0}}))
-    assert at_once.role_lr_scales(1)["generator"] == 3.0
+    assert routing.role_lr_scales(at_once, ramp_reached(1, 0))["generator"] == 3.0
     # The ramp is on the scale; multiplicity_norm=lr still divides the result by k = 3.
     both = config_from_dict(voting("isolated", optim={"role_lr_scale": {"parallel": 3.0}, "role_lr_ramp": 4},
                                    grpo={"multiplicity_norm": "lr"}))
-    assert both.role_lr_scales(2)["generator"] == pytest.approx(2.0 / 3)
+    assert routing.role_lr_scales(both, ramp_reached(2, 4))["generator"] == pytest.approx(2.0 / 3)
 
 
 @pytest.mark.parametrize(("nodes", "message"), [

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from gridrun.registry import workflow as get_workflow
-from gridrun.runconfig import ProtocolSpec
+from gridrun.seam.registry import workflow as get_workflow
+from gridrun.seam.runconfig import ProtocolSpec
 from gridrun.tasks.arith import ArithTask
 from gridrun.train.episode import Episode
 from gridrun.train.rollout import (
@@ -189,7 +189,7 @@ def test_hf_merged_adapter_samples_the_trained_policy_and_leaves_the_base_untouc
     log-probs must be the unmerged policy's up to float rounding."""
     from peft import LoraConfig, get_peft_model
 
-    from gridrun.runconfig import ModelSpec, ToySpec
+    from gridrun.seam.runconfig import ModelSpec, ToySpec
     from gridrun.train.engines.hf import HFEngine
     from gridrun.train.model import load_base
 
@@ -236,7 +236,7 @@ def test_hf_merges_only_float32_weights_that_fit_the_copy_limit(toy_world, monke
     a copy over the limit doubles a large model's memory: neither is merged unasked."""
     from peft import LoraConfig, get_peft_model
 
-    from gridrun.runconfig import ModelSpec, ToySpec
+    from gridrun.seam.runconfig import ModelSpec, ToySpec
     from gridrun.train.engines import hf
     from gridrun.train.model import load_base
     from gridrun.train.precision import ALLOW_EMULATED

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gridrun.cellrun import model_files, run_cell
-from gridrun.runconfig import ModelSpec, ToySpec
-from gridrun.rundir import RunDir
+from gridrun.seam.runconfig import ModelSpec, ToySpec
+from gridrun.seam.rundir import RunDir
 from tests.conftest import make_cell
 
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gridrun.accuracy import val_accuracy
 from gridrun.cellrun import model_files, run_cell
-from gridrun.runconfig import load_config
-from gridrun.rundir import RunDir
+from gridrun.seam.accuracy import val_accuracy
+from gridrun.seam.runconfig import load_config
+from gridrun.seam.rundir import RunDir
 from gridrun.train.policy import adapter_parameters
 from gridrun.train.trainer import Trainer
 from gridrun.train.update import TrainSeq, UpdateSettings, update
@@ -314,7 +314,7 @@ def test_mechanism_alerts_go_to_the_train_rows_and_state(tmp_path: Path, monkeyp
     # With ppl_factor 0 any known generator perplexity ratio is "amplified" (perplexity is > 0,
     # so every ratio is known): Voting-IP fires from step 1 on, and the trainer logs what a
     # replay of its metrics.jsonl says, row by row.
-    from gridrun.mechanisms import MechanismWatch, Thresholds, alert_flags
+    from gridrun.seam.mechanisms import MechanismWatch, Thresholds, alert_flags
     from gridrun.train import trainer as trainer_module
 
     eager = Thresholds(ppl_factor=0.0)
@@ -471,7 +471,7 @@ def test_a_run_whose_cell_was_queued_again_meanwhile_stops_without_touching_the_
     # A job read lost (no job id recorded) is queued again by `gridrun resubmit --failed`
     # while its trainer still runs: that trainer's next record is refused by the state
     # machine; it stops with one line and leaves the new attempt as queued (issue 30).
-    from gridrun import cellstate
+    from gridrun.seam import cellstate
     from gridrun.train import trainer as trainer_module
 
     cell = make_cell(tmp_path, train={"total_steps": 3, "val_every": 1})
@@ -498,7 +498,7 @@ def test_an_alert_that_acts_exports_the_peak_and_stop_ends_the_cell(tmp_path: Pa
     # As above, Voting-IP's eager perplexity test fires from step 1 on. Under stop the cell
     # ends cleanly after step 1 (state `stopped`, exit 0) with the alert, its step and the
     # peak's adapters exported; under export_peak the same export happens and training goes on.
-    from gridrun.mechanisms import MechanismWatch, Thresholds
+    from gridrun.seam.mechanisms import MechanismWatch, Thresholds
     from gridrun.train import trainer as trainer_module
 
     eager = Thresholds(ppl_factor=0.0)

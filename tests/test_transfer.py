@@ -16,9 +16,9 @@ from peft import get_peft_model
 
 from gridrun.adapters import AdapterSourceError, resolve
 from gridrun.cellrun import model_files, run_cell
-from gridrun.registry import workflow as get_workflow
-from gridrun.runconfig import ConfigError, config_from_dict, load_config
-from gridrun.rundir import RunDir
+from gridrun.seam.registry import workflow as get_workflow
+from gridrun.seam.runconfig import ConfigError, config_from_dict, load_config
+from gridrun.seam.rundir import RunDir
 from gridrun.train import checkpoint
 from gridrun.train.model import load_base
 from gridrun.train.policy import SHARED, lora_config, routing_for

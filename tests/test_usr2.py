@@ -13,7 +13,7 @@ import textwrap
 _SCRIPT = textwrap.dedent("""
     import os, signal, subprocess, threading, time
     from gridrun.train.distributed import Dist
-    from gridrun.train.trainer import usr2_stops
+    from gridrun.cellrun import usr2_stops
 
     dist = Dist.from_env({})
     with usr2_stops(dist):

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gridrun.registry import workflow as get_workflow
-from gridrun.runconfig import ProtocolSpec
+from gridrun.seam.registry import workflow as get_workflow
+from gridrun.seam.runconfig import ProtocolSpec
 from gridrun.tasks.arith import ArithTask
 from gridrun.tasks.base import Problem
 from gridrun.train.episode import Episode

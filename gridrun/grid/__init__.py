@@ -1,4 +1,5 @@
-"""The orchestration half: Hydra composition, cells, launching, status and Table 1.
+"""The orchestration half: plan, launch, watch. Hydra composition, cells, launching, status;
+the analysis of a finished sweep is gridrun/analysis/.
 
     search.py      where sweeps and config groups are found: the user's folder, then the shipped ones
     spec.py        a sweep file + command-line overrides -> axes and settings
@@ -8,12 +9,16 @@
     cells.py       cell kinds, coordinates and readable ids
     plan.py        expand, validate and freeze cells into results/<sweep>/cells/<id>/
     sweepdir.py    SweepDir: the one owner of results/<sweep>/ paths, sweep.json and its lock
-    observe.py     a cell's observed state: lost jobs, the scheduler's word, waiting, blocked
-    launchers/     the Launcher interface (base.py), queueing (dispatch.py), the local launcher
+    launchers/     the Launcher interface (base.py), queueing (dispatch.py), a cell's observed
+                   state (observe.py), the cluster profile (cluster.py), the local launcher
                    (subprocesses with a progress display), the SLURM one (submitit job arrays)
     status.py      reading every cell's state fast (stdlib only) and drawing the table
     show.py        one cell's resolved config and state
-    collect.py     the analysis: cells/metrics.parquet, tables, figures, report (analysis/)
+    fetch.py       models and data a sweep needs, into shared storage (on a login node)
+    preflight.py   a tiny job where the cells will run: venv, CUDA, vLLM, GPUs, sandbox, data, disk
+    canary.py      the first job on a new cluster: one short real-shaped cell, go or no-go
+    cost.py        the dry run's cost model: a step's seconds, node-days, measured rates
+    disk.py        the dry run's disk model: a cell's checkpoints at their worst moment
     console.py     the rich Console the commands draw on
     errors.py      GridError, the one-line error that names the fix
     commands.py    the `gridrun` subcommands of this half

@@ -14,7 +14,7 @@ a SLURM profile, else locally), waits for it, and reports from its run directory
 - the live-adapter check per role (metrics.jsonl's `adapter_check/<role>/{served,zero,
   trainer}` where the engine records them, "not run" otherwise);
 - a go/no-go line with the projected node-days of `conf=<sweep>` (default full_matrix):
-  the dry run's cost model (gridrun/cost.py) with the canary's measured step, per problem,
+  the dry run's cost model (gridrun/grid/cost.py) with the canary's measured step, per problem,
   in place of the model's for the cells of its shape (workflow, task, model, policy, GPU
   class, engine); the step is kept in results/canary/measured-step.json, where every later
   dry run reads it. The report says how far the model's prediction for the canary cell was.
@@ -38,14 +38,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gridrun.cellstate import ACTIVE_STATES, CellState
-from gridrun.cost import MeasuredStep, node_days, read_measured_step, write_measured_step
 from gridrun.grid.compose import Composer
+from gridrun.grid.cost import MeasuredStep, node_days, read_measured_step, write_measured_step
 from gridrun.grid.errors import GridError
 from gridrun.grid.plan import PlannedCell, freeze, make_plan
 from gridrun.grid.spec import load_spec
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.rundir import RunDir
+from gridrun.seam.cellstate import ACTIVE_STATES, CellState
+from gridrun.seam.rundir import RunDir
 
 CANARY_SWEEP = "canary"
 # What --cpu runs: the same cell (workflow, task and its data, policy, LoRA, the scale's

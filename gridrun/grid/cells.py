@@ -33,8 +33,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from gridrun.registry import single_agent_workflow
-from gridrun.runconfig import CellKind
+from gridrun.seam.registry import single_agent_workflow
+from gridrun.seam.runconfig import CellKind
 
 AXES = ("workflow", "task", "scale", "policy", "seed", "kind")
 KINDS = tuple(kind.value for kind in CellKind)

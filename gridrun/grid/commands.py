@@ -1,4 +1,4 @@
-"""The grid's `gridrun` subcommands: plan, sweep, fetch, status, resubmit, cancel, collect, show.
+"""The grid's `gridrun` subcommands: plan, sweep, fetch, status, resubmit, cancel, canary, preflight, show.
 
 Registered into gridrun/cli.py's parser by `add_commands`. Each handler imports what it
 needs when it runs, so `gridrun status` loads neither Hydra nor pandas (nor torch), and
@@ -21,7 +21,7 @@ from gridrun.grid.errors import GridError, closest, disk_error
 Handler = Callable[[argparse.Namespace], int]
 
 
-def _guarded(handler: Handler) -> Handler:
+def guarded(handler: Handler) -> Handler:
     def run(args: argparse.Namespace) -> int:
         try:
             if getattr(args, "config_dir", None):
@@ -42,7 +42,7 @@ def _guarded(handler: Handler) -> Handler:
     return run
 
 
-def _conf_only(args: list[str], command: str) -> str | None:
+def conf_only(args: list[str], command: str) -> str | None:
     """The sweep named by `conf=<name or sweep file>` of commands that take no other override."""
     from gridrun.grid.sweepdir import sweep_name
 
@@ -72,9 +72,9 @@ def _require_conf(conf: str | None, command: str, results: Path) -> str:
 
 # --- plan / sweep ------------------------------------------------------------------------------
 def _plan(args: argparse.Namespace) -> int:
-    from gridrun.cost import read_measured_step
     from gridrun.grid.canary import CANARY_SWEEP
     from gridrun.grid.compose import Composer
+    from gridrun.grid.cost import read_measured_step
     from gridrun.grid.plan import check, freeze, make_plan, plan_table
     from gridrun.grid.spec import load_spec, split_conf
     from gridrun.grid.sweepdir import SweepDir, results_root
@@ -103,9 +103,9 @@ def _plan(args: argparse.Namespace) -> int:
     # Jobs never download: a cell whose model or data is not here would fail after its queue wait.
     check_fetched(plan, fetch_line)
 
-    from gridrun.cellstate import UNREADABLE_STATES
     from gridrun.grid.launchers.base import make_launcher
     from gridrun.grid.launchers.dispatch import queue, runnable
+    from gridrun.seam.cellstate import UNREADABLE_STATES
 
     launcher = make_launcher(plan.launcher) if dispatching else None
     with sweep.lock():
@@ -225,13 +225,13 @@ def _status(args: argparse.Namespace) -> int:
     from gridrun.grid.sweepdir import SweepDir, planned_sweeps, results_root
 
     results = results_root(args.results_dir)
-    conf = _conf_only(args.conf, "status")
+    conf = conf_only(args.conf, "status")
     if conf:
         SweepDir(results, conf).read()  # a missing sweep fails here with the fix
     skipped: list[str] = []
     if args.json:
         print(status.to_json(status.sorted_rows(status.all_rows(results, conf, skipped), args.sort)))
-        _warn(skipped)
+        warn_skipped(skipped)
         return 0
     console = make_console()
     if not conf and not planned_sweeps(results):
@@ -247,7 +247,7 @@ def _status(args: argparse.Namespace) -> int:
 
     if not args.watch:
         console.print(render())
-        _warn(skipped)
+        warn_skipped(skipped)
         return 0
     from rich.live import Live
 
@@ -260,7 +260,7 @@ def _status(args: argparse.Namespace) -> int:
         return 0
 
 
-def _warn(skipped: list[str]) -> None:
+def warn_skipped(skipped: list[str]) -> None:
     """Sweeps left out because their sweep.json is damaged: one line each, on stderr."""
     for message in skipped:
         print(f"gridrun: warning: skipped a sweep: {message}", file=sys.stderr)
@@ -281,14 +281,14 @@ def _selected(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]
 
 
 def _resubmit(args: argparse.Namespace) -> int:
-    from gridrun.cellstate import ACTIVE_STATES, FINISHED_STATES, UNREADABLE_STATES
     from gridrun.grid.launchers.base import make_launcher
     from gridrun.grid.launchers.dispatch import queue
     from gridrun.grid.status import sweep_rows
     from gridrun.grid.sweepdir import SweepDir, results_root
+    from gridrun.seam.cellstate import ACTIVE_STATES, FINISHED_STATES, UNREADABLE_STATES
 
     results = results_root(args.results_dir)
-    sweep = SweepDir(results, _require_conf(_conf_only(args.conf, "resubmit"), "resubmit", results))
+    sweep = SweepDir(results, _require_conf(conf_only(args.conf, "resubmit"), "resubmit", results))
     data = sweep.read()
     if not (args.failed or args.preempted or args.cells):
         raise GridError("say which cells to resubmit: --failed, --preempted and/or --cells ID ...")
@@ -324,13 +324,13 @@ def _resubmit(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    from gridrun.cellstate import CellState
     from gridrun.grid.launchers.base import launcher_class
     from gridrun.grid.status import sweep_rows
     from gridrun.grid.sweepdir import SweepDir, results_root
+    from gridrun.seam.cellstate import CellState
 
     results = results_root(args.results_dir)
-    sweep = SweepDir(results, _require_conf(_conf_only(args.conf, "cancel"), "cancel", results))
+    sweep = SweepDir(results, _require_conf(conf_only(args.conf, "cancel"), "cancel", results))
     planned = sweep.read().launcher
     rows = sweep_rows(sweep)
     ids = _selected(rows, args) if args.cells else [row["cell"] for row in rows]
@@ -356,48 +356,24 @@ def _cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- collect / show --------------------------------------------------------------------------
-def _collect(args: argparse.Namespace) -> int:
-    from gridrun.grid.collect import collect
-    from gridrun.grid.sweepdir import SweepDamaged, SweepDir, planned_sweeps, results_root
-
-    results = results_root(args.results_dir)
-    conf = _conf_only(args.conf, "collect")
-    names = [conf] if conf else planned_sweeps(results)
-    if not names:
-        raise GridError(f"no sweep is planned under {results}: plan one first (`gridrun sweep conf=smoke`)")
-    console = make_console()
-    skipped: list[str] = []
-    for name in names:
-        try:
-            collect(SweepDir(results, name), console, tolerance_pp=args.base_tolerance,
-                    export_to=Path(args.export_peaks) if args.export_peaks else None)
-        except SweepDamaged as err:
-            if conf:
-                raise
-            skipped.append(str(err))
-    _warn(skipped)
-    return 2 if skipped else 0
-
-
+# --- show ------------------------------------------------------------------------------------
 def _show(args: argparse.Namespace) -> int:
     from gridrun.grid.show import find_cell, show
     from gridrun.grid.sweepdir import results_root
 
     results = results_root(args.results_dir)
-    conf = _conf_only(args.conf, "show")
+    conf = conf_only(args.conf, "show")
     show(find_cell(args.cell, results, conf), make_console())
     return 0
+
+
+def results_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--results-dir", metavar="DIR", help="results root (default: $GRIDRUN_RESULTS or ./results)")
 
 
 # --- registration ------------------------------------------------------------------------------
 def add_commands(sub: Any) -> None:
     """Add the grid's subcommands to gridrun's subparsers."""
-
-    def results_option(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--results-dir", metavar="DIR", help="results root (default: $GRIDRUN_RESULTS or ./results)"
-        )
 
     def config_option(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
@@ -426,7 +402,7 @@ def add_commands(sub: Any) -> None:
             preflight_timeout_option(parser, "--preflight-timeout-min")
         results_option(parser)
         config_option(parser)
-        parser.set_defaults(func=_guarded(_plan))
+        parser.set_defaults(func=guarded(_plan))
 
     fetch = sub.add_parser(
         "fetch", help="put every model and data set a sweep's cells load where its jobs read them (on a login node)",
@@ -436,7 +412,7 @@ def add_commands(sub: Any) -> None:
     fetch.add_argument("--data-from", action="append", metavar="TASK=PATH",
                        help="prepare TASK's data from a local copy (as `gridrun data prepare TASK --from PATH`)")
     config_option(fetch)
-    fetch.set_defaults(func=_guarded(_fetch))
+    fetch.set_defaults(func=guarded(_fetch))
 
     status = sub.add_parser("status", help="a table of every cell's state (fast; works while a sweep runs)")
     status.add_argument("conf", nargs="*", metavar="conf=SWEEP", help="one sweep (default: every sweep)")
@@ -447,7 +423,7 @@ def add_commands(sub: Any) -> None:
     status.add_argument("--sort", choices=("plan", "delta"), default="plan",
                         help="the plan's order (default), or by Δ vs base: peak minus the base control, largest first")
     results_option(status)
-    status.set_defaults(func=_guarded(_status))
+    status.set_defaults(func=guarded(_status))
 
     resubmit = sub.add_parser("resubmit", help="dispatch cells again; they resume from their newest checkpoint")
     resubmit.add_argument("conf", nargs="*", metavar="conf=SWEEP")
@@ -456,26 +432,13 @@ def add_commands(sub: Any) -> None:
     resubmit.add_argument("--cells", nargs="+", metavar="ID", help="these cells")
     resubmit.add_argument("--max-parallel", type=int, metavar="N", help="cells running at once (local)")
     results_option(resubmit)
-    resubmit.set_defaults(func=_guarded(_resubmit))
+    resubmit.set_defaults(func=guarded(_resubmit))
 
     cancel = sub.add_parser("cancel", help="stop queued and running cells (all of the sweep's, or --cells)")
     cancel.add_argument("conf", nargs="*", metavar="conf=SWEEP")
     cancel.add_argument("--cells", nargs="+", metavar="ID", help="only these cells")
     results_option(cancel)
-    cancel.set_defaults(func=_guarded(_cancel))
-
-    collect = sub.add_parser("collect", help="the analysis: cells/metrics.parquet, Tables 1-6 (md, csv, tex), Figures 2-6, report.html")
-    collect.add_argument("conf", nargs="*", metavar="conf=SWEEP", help="one sweep (default: every sweep)")
-    collect.add_argument(
-        "--base-tolerance", type=float, default=1.0, metavar="PP",
-        help="flag a cell whose step-0 accuracy differs from its base control by more (points; default 1.0)",
-    )
-    collect.add_argument(
-        "--export-peaks", metavar="DIR",
-        help="also export every done cell's peak (`gridrun export`) into DIR/<sweep>/<cell>-step_XXXXXX",
-    )
-    results_option(collect)
-    collect.set_defaults(func=_guarded(_collect))
+    cancel.set_defaults(func=guarded(_cancel))
 
     canary = sub.add_parser(
         "canary", help="first job on a new cluster: one short cell of the paper's shape, per-rank devices and rates, "
@@ -492,7 +455,7 @@ def add_commands(sub: Any) -> None:
                         help="cancel a scheduler's canary not finished after MIN minutes (default 60)")
     canary.add_argument("--no-preflight", action="store_true", help="submit without the preflight check first")
     results_option(canary)
-    canary.set_defaults(func=_guarded(_canary))
+    canary.set_defaults(func=guarded(_canary))
 
     check = sub.add_parser(
         "preflight", help="check where a sweep's cells will run (a tiny job on their SLURM partition): venv, torch/CUDA, "
@@ -503,11 +466,11 @@ def add_commands(sub: Any) -> None:
                        help="free disk the results root must have at least (default: the checkpoints' estimate)")
     results_option(check)
     config_option(check)
-    check.set_defaults(func=_guarded(_preflight))
+    check.set_defaults(func=guarded(_preflight))
 
     show = sub.add_parser("show", help="a cell's resolved config and state")
     show.add_argument("cell", help="a cell id (voting-ip-1.7b-math-s0) or a cell directory")
     show.add_argument("conf", nargs="*", metavar="conf=SWEEP", help="the sweep, when the id is in several")
     results_option(show)
     config_option(show)
-    show.set_defaults(func=_guarded(_show))
+    show.set_defaults(func=guarded(_show))

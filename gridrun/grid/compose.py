@@ -13,7 +13,7 @@ the full matrix's 48 group combinations against the composer's 1.05 s (bench/com
 and a 3 s budget for the whole dry run (bench/plan.py).
 
 The workflow, task and engine nodes are each the chosen option's params dataclass
-(gridrun/registry.py): its fields at their defaults are stored with Hydra's ConfigStore as
+(gridrun/seam/registry.py): its fields at their defaults are stored with Hydra's ConfigStore as
 schema/<group>/<option> and placed under the option's file by conf/config.yaml, so the file
 holds only what differs. A plugin's option is stored once chosen, from the module its file
 names in `plugin:`. The launcher node (grid.launcher) likewise: each registered launcher's
@@ -54,12 +54,12 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from gridrun import registry
 from gridrun.grid import checkout, search
 from gridrun.grid.errors import GridError, closest
 from gridrun.grid.launchers.base import LAUNCHERS, LauncherSettings, launcher_class
-from gridrun.registry import ConfigError, OptionParams
-from gridrun.runconfig import ToySpec, run_defaults
+from gridrun.seam import registry
+from gridrun.seam.registry import ConfigError, OptionParams
+from gridrun.seam.runconfig import ToySpec, run_defaults
 
 # The shipped groups; a user's own conf/ comes before them (gridrun/grid/search.py).
 CONF_DIR = search.SHIPPED_CONF
@@ -77,7 +77,7 @@ TABLES = (
 # through Hydra's own structured-config source, so hydra.compose sees them too.
 ConfigStore.instance().store(name="run_schema", node=run_defaults())
 ConfigStore.instance().store(group="toy_recipe", name="schema", node=ToySpec)
-# Groups whose node is the chosen option's params (gridrun/registry.py). Each option's params
+# Groups whose node is the chosen option's params (gridrun/seam/registry.py). Each option's params
 # dataclass is its schema, stored as schema/<group>/<option> (its fields at their defaults);
 # conf/config.yaml places the chosen option's schema under its file (`schema/workflow@workflow:
 # ${workflow}`), so an option file holds only what differs from the defaults.
@@ -92,7 +92,7 @@ def store_option_schema(group: str, name: str, params: type[OptionParams | Launc
     """Register one option's params (or a launcher's settings) dataclass as its schema with
     Hydra's ConfigStore. A plain mapping, as run_schema: OmegaConf's structured configs take no
     Literal types; the types are checked when the composed tree is read into the run schema
-    (gridrun/runconfig.py) or the grid root's (gridrun/grid/gridconfig.py)."""
+    (gridrun/seam/runconfig.py) or the grid root's (gridrun/grid/gridconfig.py)."""
     node = {f.name: _field_default(f) for f in dataclasses.fields(params)}
     ConfigStore.instance().store(group=f"{SCHEMA_GROUP}/{group}", name=name, node={**node, "name": name})
 

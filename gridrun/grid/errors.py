@@ -9,8 +9,8 @@ import errno
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from gridrun.runconfig import ConfigError, from_dict
-from gridrun.rundir import disk_error as write_error
+from gridrun.seam.runconfig import ConfigError, from_dict
+from gridrun.seam.rundir import disk_error as write_error
 
 T = TypeVar("T")
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from gridrun import modelfiles
 from gridrun.grid.errors import GridError
-from gridrun.runconfig import RunConfig
+from gridrun.seam.runconfig import RunConfig
 
 if TYPE_CHECKING:
     from gridrun.grid.plan import Plan

@@ -3,7 +3,7 @@ launcher, the data root, the dry run's cost model, the tables), checked at plan 
 
 conf/cluster/*.yaml is the first file a new user writes, so a misspelled key there
 (`partiton:`) must fail `gridrun plan` in one line naming the key and its closest valid
-spelling, exactly as a run key does (the run schema's rules, gridrun/runconfig.py's
+spelling, exactly as a run key does (the run schema's rules, gridrun/seam/runconfig.py's
 `from_dict`), never be replaced by a default deep inside submission. Each launcher declares
 its own settings (`Launcher.settings_type`), as a workflow declares its params.
 
@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from gridrun.grid.errors import GridError, checked, option_file
 from gridrun.grid.launchers.base import LauncherSettings, launcher_class, launcher_settings
+from gridrun.grid.launchers.cluster import ClusterSpec, cluster_spec
 
 T = TypeVar("T")
 
@@ -38,56 +39,6 @@ class GpuSpec:
     # profile, whose job checks each task's GPU binding (cell.json says so; the trainer then
     # does not require a GPU it can use).
     binding_only: bool = False
-
-
-@dataclass
-class CellOverride:
-    """Scheduler settings for the cells whose id matches a glob (a cluster's cell_overrides);
-    unset keys keep the profile's."""
-
-    partition: str | None = None
-    time_limit_h: int | float | None = None
-    cpus_per_cell: int | None = None
-    mem_gb_per_cell: int | float | None = None
-    constraint: str | None = None
-    qos: str | None = None
-    account: str | None = None
-    tasks_per_cell: int | None = None
-    sbatch_extra: list[str] | None = None
-
-
-@dataclass
-class ClusterSpec:
-    """Where cells run (conf/cluster/<name>.yaml documents each key; paper.yaml is the template)."""
-
-    name: str
-    # GPU class -> scheduler partition (null or absent: none for that class); empty: no
-    # scheduler (launcher=local).
-    partitions: dict[str, str | None] = field(default_factory=dict)
-    # GPU class -> GPU type in --gres (null: untyped gpu:<n>).
-    gpu_types: dict[str, str | None] = field(default_factory=dict)
-    # GPU class -> --constraint (null: none).
-    constraints: dict[str, str | None] = field(default_factory=dict)
-    account: str | None = None
-    qos: str | None = None
-    cpus_per_cell: int = 1
-    mem_gb_per_cell: int | float = 4
-    time_limit_h: int | float = 24
-    # Data-parallel ranks per cell; null: one per GPU (one for a CPU cell).
-    tasks_per_cell: int | None = None
-    # Extra #SBATCH long options (--exclusive, --mail-type=FAIL).
-    sbatch_extra: list[str] = field(default_factory=list)
-    # Shell lines a job runs before its tasks.
-    setup: list[str] = field(default_factory=list)
-    # Glob on the cell id -> its own scheduler settings.
-    cell_overrides: dict[str, CellOverride] = field(default_factory=dict)
-    # Hub id -> a local folder holding that checkpoint, read instead of the hub cache. Where
-    # the files are, not what the model is: no config.yaml or fingerprint holds it
-    # (gridrun/modelfiles.py).
-    model_dirs: dict[str, str] = field(default_factory=dict)
-    # Refuse to submit when the venv, the results or HF_HOME sit on node-local storage (/tmp,
-    # a tmpfs): false only for a cluster that is one node.
-    check_shared_paths: bool = True
 
 
 @dataclass
@@ -135,11 +86,6 @@ def grid_root(node: Mapping[str, Any], files: Mapping[str, str] | None = None) -
     settings = launcher_settings(launcher, settings_type, files.get("launcher"))
     rest = {key: value for key, value in node.items() if key != "launcher"}
     return GridRoot(spec=checked(GridSpec, rest, "grid.", "conf/config.yaml's grid node"), launcher=settings)
-
-
-def cluster_spec(cluster: Mapping[str, Any], file: str | None = None) -> ClusterSpec:
-    """A cluster profile (as composed, or as sweep.json records it), checked, with its defaults."""
-    return checked(ClusterSpec, dict(cluster), "grid.cluster.", file or option_file("cluster", cluster))
 
 
 def as_dict(spec: Any) -> dict[str, Any]:

@@ -37,21 +37,21 @@ from typing import Any
 
 import yaml
 
-from gridrun import cellstate, cost, registry
-from gridrun.cellstate import StateRecord
-from gridrun.cost import MeasuredStep
-from gridrun.disk import GB, DiskEstimate, cell_disk
 from gridrun.engine_params import HFParams, VLLMParams
-from gridrun.grid import checkout
+from gridrun.grid import checkout, cost
 from gridrun.grid.cells import TOY_SCALE, Cell, expand
 from gridrun.grid.compose import Composer
 from gridrun.grid.console import track
+from gridrun.grid.cost import MeasuredStep
+from gridrun.grid.disk import GB, DiskEstimate, cell_disk
 from gridrun.grid.errors import GridError
 from gridrun.grid.gridconfig import GpuSpec, GridRoot, GridSpec, as_dict, grid_root
-from gridrun.grid.observe import live_state, observe
+from gridrun.grid.launchers.observe import live_state, observe
 from gridrun.grid.spec import SweepSpec
 from gridrun.grid.sweepdir import SweepDamaged, SweepDir, sibling_cell
-from gridrun.runconfig import (
+from gridrun.seam import cellstate, registry
+from gridrun.seam.cellstate import StateRecord
+from gridrun.seam.runconfig import (
     SCHEMA_VERSION,
     CellKind,
     ConfigError,
@@ -61,9 +61,9 @@ from gridrun.runconfig import (
     load_config,
     migrate,
 )
-from gridrun.rundir import DamagedFile, RunDir, atomic_write_json, atomic_write_text, config_digest
+from gridrun.seam.rundir import DamagedFile, RunDir, atomic_write_json, atomic_write_text, config_digest
 
-# Run nodes holding the chosen option's own settings (gridrun/registry.py).
+# Run nodes holding the chosen option's own settings (gridrun/seam/registry.py).
 OPTION_NODES = ("workflow", "task", "engine")
 VERSIONED = ("gridrun", "torch", "transformers", "peft", "vllm", "hydra-core", "omegaconf")
 
@@ -78,11 +78,11 @@ class PlannedCell:
     # Predicted peak GPU memory per GPU (gridrun/memory.py); None on CPU or for models
     # whose architecture is not shipped.
     gpu_mem_gb: float | None = None
-    # Seconds of one training step of this cell at its own batch (gridrun/cost.py; the
+    # Seconds of one training step of this cell at its own batch (gridrun/grid/cost.py; the
     # canary's measured step for its shape), and where the update's rate came from.
     est_step_s: float = 0.0
     rate_source: str = "conf: grid.estimate"
-    # Predicted disk at its worst moment (gridrun/disk.py); None for an unknown architecture.
+    # Predicted disk at its worst moment (gridrun/grid/disk.py); None for an unknown architecture.
     disk: DiskEstimate | None = None
 
     @property
@@ -148,7 +148,7 @@ def run_config(tree: dict[str, Any], cell: dict[str, Any]) -> RunConfig:
 
 def make_plan(spec: SweepSpec, composer: Composer, measured: MeasuredStep | None = None) -> Plan:
     """Every cell of the sweep, composed and validated; nothing is written. `measured`: a
-    canary's step (gridrun/cost.py), which replaces the cost model's for its cell shape."""
+    canary's step (gridrun/grid/cost.py), which replaces the cost model's for its cell shape."""
     composed: dict[tuple[tuple[str, ...], tuple[str, ...]], dict[str, Any]] = {}
     roots: dict[tuple[tuple[str, ...], tuple[str, ...]], GridRoot] = {}
     cells: list[PlannedCell] = []
@@ -343,7 +343,7 @@ def _resources(grid: GridSpec) -> dict[str, Any]:
 
 def _cost(grid: GridSpec, config: RunConfig, measured: MeasuredStep | None) -> tuple[float, float, str]:
     """(hours of one attempt, seconds of a training step, the update rate's source): the cost
-    model's (gridrun/cost.py) with a canary's measured step for its shape; conf's rough rates
+    model's (gridrun/grid/cost.py) with a canary's measured step for its shape; conf's rough rates
     (grid.estimate) where the model has nothing to go on (the toy world on CPU)."""
     gpu = grid.gpu
     predicted = cost.step_cost(config, gpu.name, gpu.gpus_per_cell, gpu.memory_gb)
@@ -673,7 +673,7 @@ def cost_lines(plan: Plan) -> list[str]:
     for source, scales in sorted(by_source.items(), key=lambda item: _rate_mark(item[0])):
         lines.append(f"  \\[{_rate_mark(source)}] {', '.join(scales)}: {source}")
     if any(source.split(":")[0] != "conf" for source in by_source):
-        lines.append("  rollouts everywhere: modelled (decode at the GPU's memory bandwidth, gridrun/cost.py) "
+        lines.append("  rollouts everywhere: modelled (decode at the GPU's memory bandwidth, gridrun/grid/cost.py) "
                      "unless a canary measured the cell's shape \\[c]")
     disks = [pc.disk for pc in cells if pc.disk is not None]
     if disks:

@@ -82,9 +82,9 @@ class Needs:
 # --- what the cells need (login node) ----------------------------------------------------------
 def checkpoint_gb(cell: PlannedCell) -> float:
     """Disk one cell's run directory takes at its peak (kept checkpoints, the peak and a save's
-    temporary copy), as the dry run estimates it (gridrun/disk.py); 0 where it has no estimate
+    temporary copy), as the dry run estimates it (gridrun/grid/disk.py); 0 where it has no estimate
     (the toy world: kilobytes)."""
-    from gridrun.disk import cell_disk
+    from gridrun.grid.disk import cell_disk
 
     estimate = cell_disk(cell.config)
     return 0.0 if estimate is None else estimate.results / 1e9

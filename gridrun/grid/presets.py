@@ -19,9 +19,9 @@ from typing import Any
 
 import yaml
 
-from gridrun import registry
 from gridrun.grid import search
-from gridrun.runconfig import run_defaults
+from gridrun.seam import registry
+from gridrun.seam.runconfig import run_defaults
 
 
 def _dirs(conf_dir: Path | None) -> list[Path]:

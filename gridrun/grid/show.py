@@ -13,7 +13,7 @@ from typing import Any
 
 from gridrun.grid.errors import GridError, closest
 from gridrun.grid.sweepdir import SweepDamaged, SweepDir, planned_sweeps
-from gridrun.rundir import DamagedFile, NotARunDir, RunDir
+from gridrun.seam.rundir import DamagedFile, NotARunDir, RunDir
 
 
 def find_cell(cell: str, results: Path, conf: str | None) -> RunDir:

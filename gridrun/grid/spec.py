@@ -47,13 +47,13 @@ from typing import Any
 import yaml
 from hydra.core.override_parser.types import Glob
 
-from gridrun import registry
 from gridrun.grid import search
 from gridrun.grid.cells import AXES, KINDS, SINGLE_KINDS
 from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError, closest
 from gridrun.grid.sweepdir import SWEEP_FILE_SUFFIXES, check_sweep_name
-from gridrun.runconfig import SEED_MAX
+from gridrun.seam import registry
+from gridrun.seam.runconfig import SEED_MAX
 
 # A variant's name ends cell ids: no '-' (the ids' separator) and nothing a path refuses,
 # short enough that an id (and replaced/<id>-<time>) fits a file name.
@@ -115,7 +115,7 @@ class SweepSpec:
 class EarlyWarningPlan:
     """A study's calibration, fixed in its sweep file before it runs: the alerts' thresholds
     are chosen on the cells of `fit_seeds` among every combination of `search`'s candidates
-    (a Thresholds field -> values) and reported on `held_out_seeds` (gridrun/grid/analysis/
+    (a Thresholds field -> values) and reported on `held_out_seeds` (gridrun/analysis/
     calibration.py). sweep.json records it, so collect applies the plan the cells ran under."""
 
     fit_seeds: tuple[int, ...]
@@ -134,7 +134,7 @@ class EarlyWarningPlan:
     @classmethod
     def parse(cls, data: Any, where: str) -> EarlyWarningPlan:
         """The plan from a sweep file's (or sweep.json's) mapping; one-line errors naming the fix."""
-        from gridrun.mechanisms import Thresholds
+        from gridrun.seam.mechanisms import Thresholds
 
         example = "{fit_seeds: [0, 1], held_out_seeds: [2], search: {chi2_factor: [2.0, 3.0]}}"
         if not isinstance(data, dict) or not {"fit_seeds", "held_out_seeds", "search"} <= set(data) <= {

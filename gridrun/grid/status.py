@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gridrun.cellstate import STATES, UNREADABLE_STATES, CellState
 from gridrun.grid.cells import base_control
-from gridrun.grid.observe import live_state, needs_of, observe
+from gridrun.grid.launchers.observe import live_state, needs_of, observe
 from gridrun.grid.sweepdir import SweepDamaged, SweepDir, planned_sweeps
+from gridrun.seam.cellstate import STATES, UNREADABLE_STATES, CellState
 
 STATE_STYLES = {
     "planned": "dim",

@@ -3,12 +3,12 @@
     results/<sweep>/
       sweep.json   the plan: every cell's id, kind, coordinates, fingerprint, resources
       .lock        held while cells are planned, queued or cancelled (no double submission)
-      cells/<id>/  one RunDir per cell (gridrun/rundir.py owns what is inside)
+      cells/<id>/  one RunDir per cell (gridrun/seam/rundir.py owns what is inside)
       replaced/    cells moved aside by `gridrun plan --replace`
       jobs/        the SLURM launcher's submitit folders: sbatch scripts, pickles, job logs
       cells.parquet  metrics.parquet  report.html  report.md
       table1.md  table1.csv  table1.tex  (and table1_final, table2 ... table6)
-      figures/     PNGs drawn by `gridrun collect` (gridrun/grid/analysis/)
+      figures/     PNGs drawn by `gridrun collect` (gridrun/analysis/)
 
 A damaged sweep.json (not UTF-8 JSON, wrong types) raises `SweepDamaged` for that sweep
 alone: plain `gridrun status` and `gridrun collect` go on with the other sweeps, and
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gridrun.grid.errors import GridError, closest
-from gridrun.rundir import RunDir, atomic_write_json
+from gridrun.seam.rundir import RunDir, atomic_write_json
 
 RESULTS_ENV = "GRIDRUN_RESULTS"
 SWEEP_JSON = "sweep.json"

@@ -1,6 +1,6 @@
 """Tasks: problems, role prompts and rewards (`arith`, `math`, `code`); torch-free, and
 importing neither the grid nor the trainer. Each task module declares its params and registers
-itself (gridrun/registry.py); `make_task` builds one from a run's task node.
+itself (gridrun/seam/registry.py); `make_task` builds one from a run's task node.
 
     base.py         what every task provides: problems, role prompts, a scorer
     arith.py math.py code.py   the tasks
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gridrun import registry
+from gridrun.seam import registry
 
 if TYPE_CHECKING:
     from gridrun.tasks.base import Task

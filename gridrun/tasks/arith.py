@@ -14,8 +14,8 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-from gridrun import registry
-from gridrun.registry import TaskParams, register_task
+from gridrun.seam import registry
+from gridrun.seam.registry import TaskParams, register_task
 from gridrun.tasks.base import Messages, Problem, RolePrompts, user_message
 from gridrun.tasks.math import BoxedAnswerTask, Grader
 

@@ -1,7 +1,7 @@
 """What every task provides: problems, role prompts and a scorer.
 
 A task is one module (here, or a plugin module of your own) plus one YAML in `conf/task/`:
-the module declares its params and registers itself (gridrun/registry.py). It imports
+the module declares its params and registers itself (gridrun/seam/registry.py). It imports
 neither half of gridrun: the trainer and the CLI (`gridrun reward`) both use it.
 """
 
@@ -48,10 +48,10 @@ class RolePrompts:
 
     A subclass writes one method per role (or turn, as Eval-Opt's `revision`) it knows, named
     after it; builders for roles it does not know (a new workflow's) are added by name with
-    `add` (the registry does it from `gridrun.registry.add_prompts`). Each returns the chat
+    `add` (the registry does it from `gridrun.seam.registry.add_prompts`). Each returns the chat
     messages of one call; the chat template is applied by the rollout side, so these stay
     plain text. A workflow asking for a role nobody wrote a prompt for is refused at plan
-    time (gridrun/runconfig.py), so a lookup here never misses in a planned cell.
+    time (gridrun/seam/runconfig.py), so a lookup here never misses in a planned cell.
     """
 
     def __init__(self) -> None:

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from gridrun import registry
-from gridrun.registry import ConfigError, TaskParams, register_task
+from gridrun.seam import registry
+from gridrun.seam.registry import ConfigError, TaskParams, register_task
 from gridrun.tasks.answers import last_python_block
 from gridrun.tasks.base import Messages, Problem, RolePrompts, Score, Task, user_message
 from gridrun.tasks.code_reward import FLAG_NAMES, CodeLimits, CodeScore, Mode, score_code, score_code_batch

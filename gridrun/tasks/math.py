@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from gridrun import registry
-from gridrun.registry import TaskParams, register_task
+from gridrun.seam import registry
+from gridrun.seam.registry import TaskParams, register_task
 from gridrun.tasks.answers import last_boxed, released_box
 from gridrun.tasks.base import Messages, Problem, RolePrompts, Score, Task, user_message
 from gridrun.tasks.prepared import read_split, require_data

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gridrun.registry import ConfigError
+from gridrun.seam.registry import ConfigError
 from gridrun.tasks.base import Problem
 
 

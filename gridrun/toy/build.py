@@ -43,7 +43,7 @@ from filelock import FileLock
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from gridrun.runconfig import ToySpec
+from gridrun.seam.runconfig import ToySpec
 from gridrun.tasks.arith import make_problems
 from gridrun.toy import transcripts
 from gridrun.train.distributed import Dist, free_local_port

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gridrun.registry import ConfigError, Workflow, load_plugin
-from gridrun.runconfig import GRPOSpec
+from gridrun.seam.registry import ConfigError, Workflow, load_plugin
+from gridrun.seam.runconfig import GRPOSpec
 from gridrun.train.distributed import Dist
 from gridrun.train.episode import Episode
 from gridrun.train.seeds import Stream, derive

@@ -26,7 +26,7 @@ from peft import set_peft_model_state_dict
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from gridrun.rundir import COMPLETE_MARKER, ROLES_FILE, RunDir, adapter_dir, atomic_write_text
+from gridrun.seam.rundir import COMPLETE_MARKER, ROLES_FILE, RunDir, adapter_dir, atomic_write_text
 
 
 class CorruptCheckpoint(RuntimeError):

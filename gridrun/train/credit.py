@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from gridrun.metric_keys import role_key
-from gridrun.registry import Workflow
+from gridrun.seam.metric_keys import role_key
+from gridrun.seam.registry import Workflow
 from gridrun.tasks.base import Score, Task
 from gridrun.train.distributed import Dist
 from gridrun.train.episode import Episode, Turn

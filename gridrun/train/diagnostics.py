@@ -14,7 +14,7 @@ import math
 import re
 from collections import defaultdict
 
-from gridrun.metric_keys import role_key, role_prefix
+from gridrun.seam.metric_keys import role_key, role_prefix
 from gridrun.tasks.answers import last_boxed
 from gridrun.train.episode import Episode, Turn
 

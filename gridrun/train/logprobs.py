@@ -20,14 +20,8 @@ float rounding, with the prompt's tokens computed once instead of n times. Left 
 shared path under gradient checkpointing (transformers drops the cache there), where the
 full rows run.
 
-`packed_logprobs`, the default wherever the model runs gridrun's attention
-(gridrun/train/attention.py; `can_pack`): no padding at all. A micro-batch's distinct prompts
-and completions are laid end to end in one row, each prompt once and each completion after
-it with positions continuing its prompt's, and the attention keeps every piece to its own
-prompt (a document mask applied piece by piece, never across rows). The same function of the
-weights as the padded rows, so the same log-probs and gradients to float rounding
-(tests/test_logprobs.py); the shared prompt then needs no cache and holds under gradient
-checkpointing too. The other two paths are the fallback for any other attention.
+On the CPU the update packs its rows instead, with no padding at all
+(gridrun/train/cpu/packed.py); the two paths here serve every other model.
 """
 
 from __future__ import annotations
@@ -38,7 +32,6 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from gridrun.train.attention import GROUPED_SDPA, PACKED_KWARG, PackedLayout
 from gridrun.train.padding import pad_rows
 
 # Completion positions whose output logits are materialised at once (float32, times the
@@ -87,11 +80,11 @@ def completion_logprobs(
     ).last_hidden_state
     # The position before each completion token predicts it.
     hidden = hidden[:, -(t_max + 1) : -1].reshape(-1, hidden.shape[-1])
-    logp, entropy = _head(causal_lm, hidden, targets.to(device).reshape(-1), temperature, with_entropy, chunk_tokens)
+    logp, entropy = head_logprobs(causal_lm, hidden, targets.to(device).reshape(-1), temperature, with_entropy, chunk_tokens)
     return logp.view(-1, t_max), None if entropy is None else entropy.view(-1, t_max)
 
 
-def _head(causal_lm: Any, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
+def head_logprobs(causal_lm: Any, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
           chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(N,) log-probs of `targets` (N,) from the hidden states (N, h) that predict them, and
     their entropies when asked; the output layer runs on chunks of `chunk_tokens`."""
@@ -117,74 +110,7 @@ def prompt_owners(prompts: Sequence[Sequence[int]]) -> tuple[list[list[int]], li
     return [list(p) for p in first], owners
 
 
-def can_pack(model: Any) -> bool:
-    """Whether `model` runs gridrun's attention, which takes packed rows (`packed_logprobs`)."""
-    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return getattr(causal_lm.config, "_attn_implementation", None) == GROUPED_SDPA
-
-
-def packed_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
-                ) -> tuple[list[int], list[int], PackedLayout, list[int]]:
-    """(token ids, position ids, layout, predictors) of the packed row: each distinct prompt
-    once, then each of its completions but its last token (nothing reads what follows it);
-    predictors[k] is the position whose output predicts the k-th completion token, rows in
-    order."""
-    distinct, owners = prompt_owners(prompts)
-    rows_of: list[list[int]] = [[] for _ in distinct]
-    for row, owner in enumerate(owners):
-        rows_of[owner].append(row)
-    ids: list[int] = []
-    positions: list[int] = []
-    groups = []
-    predicts: list[list[int]] = [[] for _ in completions]
-    for prompt, rows in zip(distinct, rows_of):
-        if not prompt:
-            raise ValueError("a packed row needs a prompt of at least one token")
-        start = len(ids)
-        ids += prompt
-        positions += range(len(prompt))
-        pieces = []
-        for row in rows:
-            tail = list(completions[row][:-1])
-            at = len(ids)
-            pieces.append((at, len(tail)))
-            ids += tail
-            positions += range(len(prompt), len(prompt) + len(tail))
-            if completions[row]:
-                predicts[row] = [start + len(prompt) - 1, *range(at, at + len(tail))]
-        groups.append(((start, len(prompt)), tuple(pieces)))
-    return ids, positions, PackedLayout(tuple(groups)), [k for row in predicts for k in row]
-
-
-def packed_logprobs(
-    model: Any,
-    prompts: Sequence[Sequence[int]],
-    completions: Sequence[Sequence[int]],
-    temperature: float,
-    with_entropy: bool = True,
-    chunk_tokens: int = CHUNK_TOKENS,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`completion_logprobs` of the rows prompts[i] + completions[i] from one packed row with
-    no padding: the same (batch, T) outputs, completions right-aligned (0 where a row has no
-    token). The caller checks `can_pack`."""
-    device = next(model.parameters()).device
-    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-    ids, positions, layout, predictors = packed_rows(prompts, completions)
-    hidden = causal_lm.model(
-        input_ids=torch.tensor([ids], device=device),
-        position_ids=torch.tensor([positions], device=device),
-        # A mapping skips transformers' mask of the whole row: the layout is the mask.
-        attention_mask={"full_attention": None, "sliding_attention": None},
-        use_cache=False,
-        **{PACKED_KWARG: layout},
-    ).last_hidden_state[0]
-    targets = torch.tensor([t for c in completions for t in c], dtype=torch.long, device=device)
-    logp, entropy = _head(causal_lm, hidden[torch.tensor(predictors, dtype=torch.long, device=device)], targets,
-                          temperature, with_entropy, chunk_tokens)
-    return _right_aligned(completions, logp, entropy, device)
-
-
-def _right_aligned(completions: Sequence[Sequence[int]], logp: torch.Tensor, entropy: torch.Tensor | None,
+def right_aligned(completions: Sequence[Sequence[int]], logp: torch.Tensor, entropy: torch.Tensor | None,
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token values of the rows' completions, concatenated in row order -> (batch, T)
     right-aligned (row-major order is the same in both layouts)."""
@@ -248,5 +174,5 @@ def shared_prompt_logprobs(
         hidden = torch.cat([hidden, rest], dim=1)  # (batch, T, h): position j predicts token j
     targets, left_mask = pad_rows(completions, pad_id, "right")
     valid = left_mask.bool().to(device)
-    logp, entropy = _head(causal_lm, hidden[valid], targets.to(device)[valid], temperature, with_entropy, chunk_tokens)
-    return _right_aligned(completions, logp, entropy, device)
+    logp, entropy = head_logprobs(causal_lm, hidden[valid], targets.to(device)[valid], temperature, with_entropy, chunk_tokens)
+    return right_aligned(completions, logp, entropy, device)

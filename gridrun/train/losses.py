@@ -23,8 +23,8 @@ from typing import TypeAlias
 
 import torch
 
-from gridrun.registry import ConfigError
-from gridrun.runconfig import GRPOSpec
+from gridrun.seam.registry import ConfigError
+from gridrun.seam.runconfig import GRPOSpec
 from gridrun.train import ppo
 
 # (logp, old_logp, advantages, mask, spec) -> (loss, clipped): every tensor (batch, tokens).

@@ -36,3 +36,10 @@ def schedule_advances(step: int, update_index: int, updates_per_step: int, advan
     if advance == "per_update":
         return (step - 1) * updates_per_step + update_index
     raise ValueError(f"unknown optim.lr_advance '{advance}': use per_step or per_update")
+
+
+def ramp_reached(step: int | None, ramp: int) -> float:
+    """How far optim.role_lr_scale's ramp has gone at training `step` (1-based): min(1, step /
+    ramp), so a role's LR multiplier is 1 + (scale - 1) * this (gridrun/seam/routing.py); 1
+    without a ramp (ramp 0) or outside training (step None)."""
+    return 1.0 if step is None or ramp <= 0 else min(1.0, step / ramp)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from gridrun.runconfig import RunConfig
-from gridrun.rundir import RunDir
+from gridrun.seam.runconfig import RunConfig
+from gridrun.seam.rundir import RunDir
 
 
 class MetricsLog:

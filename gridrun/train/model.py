@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from gridrun.runconfig import ModelSpec
-from gridrun.train.attention import use_grouped_attention
+from gridrun.seam.runconfig import ModelSpec
+from gridrun.train import cpu
 from gridrun.train.precision import EmulatedDtype, check_cpu_dtype
 
 
@@ -65,6 +65,6 @@ def load_base(spec: ModelSpec, files: str, device: torch.device | None = None) -
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if device.type == "cpu":
-        use_grouped_attention(model)
+        cpu.install(model)
     model.requires_grad_(False)
     return model, tokenizer

@@ -4,8 +4,8 @@
 - isolated (IP): one adapter per role *type*; same-role slots (3 voters, 3 workers) share it.
 - grouped: one adapter per group of `policy.groups`, named after it (partial sharing, e.g.
   Orch-Workers' orchestrator and synthesizer on one, its workers on another); shared and
-  isolated are its two extreme cases (RunConfig.adapter_groups says which roles each
-  adapter serves, for every policy).
+  isolated are its two extreme cases (gridrun/seam/routing.py's adapter_groups says which
+  roles each adapter serves, for every policy).
 - single-agent RL (kind sa_rl): the generator -> one adapter.
 - base (kind base): every role -> the base model, no adapter.
 - transfer (kinds transfer and eval): each role named in `policy.adapters` (or every role,
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +33,9 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
 from gridrun.adapters import resolve
-from gridrun.registry import Workflow
-from gridrun.runconfig import ALL_ROLES, SHARED_ADAPTER, CellKind, RunConfig
+from gridrun.seam.registry import Workflow
+from gridrun.seam.routing import Routing, trained_routing
+from gridrun.seam.runconfig import ALL_ROLES, SHARED_ADAPTER, RunConfig
 
 SHARED = SHARED_ADAPTER
 TRANSFER = "transfer"
@@ -43,32 +43,11 @@ TRANSFER = "transfer"
 log = logging.getLogger("gridrun")
 
 
-@dataclass(frozen=True)
-class Routing:
-    # role -> adapter name, None = base model.
-    role_adapter: dict[str, str | None]
-    # Adapters that learn (each gets its own optimizer).
-    trainable: tuple[str, ...]
-    # Adapters loaded frozen from elsewhere (transfer and eval cells): name -> peft folder.
-    frozen: dict[str, Path] = field(default_factory=dict)
-
-    def adapter(self, role: str) -> str | None:
-        return self.role_adapter[role]
-
-    def roles_of(self, adapter: str) -> list[str]:
-        return [r for r, a in self.role_adapter.items() if a == adapter]
-
-
 def routing_for(config: RunConfig, workflow: Workflow, run_dir: Path | None = None) -> Routing:
     """`run_dir`: the cell's own, from which relative adapter sources are taken (transfer)."""
-    roles = workflow.roles
-    if config.cell.kind is CellKind.BASE:
-        return Routing({r: None for r in roles}, ())
     if config.policy.name == TRANSFER:
         return _frozen_routing(config, workflow, run_dir)
-    groups = config.adapter_groups()
-    of = config.adapter_of()
-    return Routing({r: of[r] for r in roles}, tuple(groups))
+    return trained_routing(config)
 
 
 def _frozen_routing(config: RunConfig, workflow: Workflow, run_dir: Path | None) -> Routing:

@@ -15,38 +15,30 @@ checkpoint, and records `preempted`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import random
-import signal
-import socket
 import time
-import traceback
-from collections.abc import Callable, Iterator
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from gridrun import cellstate
-from gridrun.accuracy import first_peak, val_accuracy
-from gridrun.adapters import AdapterSourceError
 from gridrun.export import export
-from gridrun.mechanisms import MECHANISMS, RESPONSE_CAP, MechanismWatch, alert_flags
-from gridrun.metric_keys import VAL_ROLE
-from gridrun.runconfig import ModelSpec, RunConfig, load_config
-from gridrun.rundir import RANK_STEPS_KEPT, RUN_DISK_FIXES, NotARunDir, RunDir, atomic_write_text, disk_error
+from gridrun.seam import cellstate
+from gridrun.seam.accuracy import first_peak, val_accuracy
+from gridrun.seam.mechanisms import MECHANISMS, RESPONSE_CAP, MechanismWatch, alert_flags
+from gridrun.seam.metric_keys import VAL_ROLE
+from gridrun.seam.routing import adapter_lr_scales, grouping
+from gridrun.seam.runconfig import RunConfig
+from gridrun.seam.rundir import RANK_STEPS_KEPT, RunDir, atomic_write_text
 from gridrun.tasks import make_task
 from gridrun.tasks.base import Problem
-from gridrun.tasks.sandbox import SandboxUnavailable
 from gridrun.train import checkpoint, lr_schedule
 from gridrun.train.advantages import estimator, shuffle_rewards, turn_advantages
 from gridrun.train.coherence import Coherence
 from gridrun.train.credit import assign_credit, role_reward_metrics
-from gridrun.train.distributed import Dist, NoGpu, device_report, free_gpu_gb, require_gpus
+from gridrun.train.distributed import Dist, device_report, free_gpu_gb
 from gridrun.train.engines import make_engine
 from gridrun.train.episode import Episode
 from gridrun.train.metrics_log import MetricsLog
@@ -60,14 +52,6 @@ from gridrun.train.update import TrainSeq, UpdateSettings, update
 from gridrun.train.validate import validation_metrics
 
 log = logging.getLogger("gridrun")
-# The launcher's id of the job running this cell, written into the run's lock file.
-JOB_ID_ENV = "GRIDRUN_JOB_ID"
-
-
-class Cancelled(BaseException):
-    """Raised from the SIGTERM/SIGINT handler so that state.json says why the run stopped."""
-
-
 class Preempted(Exception):
     """Raised at a step boundary after SIGUSR2, once the step is checkpointed."""
 
@@ -116,10 +100,9 @@ class Trainer:
         self.coherence = Coherence(config.grpo.coherence, config.grpo.coherence_decay) if config.grpo.coherence else None
         # Optimizer steps skipped for a non-finite loss or gradient, over the whole run.
         self.skipped_nonfinite = 0
-        # Every alert (gridrun/mechanisms.py) and the validation accuracies of the metric rows
+        # Every alert (gridrun/seam/mechanisms.py) and the validation accuracies of the metric rows
         # so far (a resume replays the rows it keeps into both).
-        grouping = config.adapter_groups() if config.policy.name == "grouped" else None
-        self.watch = MechanismWatch(config.workflow.name, config.policy.name, groups=grouping)
+        self.watch = MechanismWatch(config.workflow.name, config.policy.name, groups=grouping(config))
         self.mechanism_alerts: list[str] = []
         # Whether train.on_alert has acted (once per cell; a resume reads it from state.json).
         self.alert_acted = run_dir.read_state().alert_step is not None if self.dist.is_main else False
@@ -294,7 +277,8 @@ class Trainer:
         """Each trainable adapter's LR this step: the schedule's, times its role's
         optim.role_lr_scale at this step (the config leaves a scaled role alone on its
         adapter; SP refuses the scale)."""
-        scales = self.config.adapter_lr_scales(step)
+        reached = lr_schedule.ramp_reached(step, self.config.optim.role_lr_ramp)
+        scales = adapter_lr_scales(self.config, reached)
         trainable = self.routing.trainable
         return {name: self.lr(step, i, len(trainable)) * scales.get(name, 1.0) for i, name in enumerate(trainable)}
 
@@ -312,7 +296,7 @@ class Trainer:
             self.run_dir.record(cellstate.progressed(skipped_nonfinite=self.skipped_nonfinite))
 
     def act_on_alerts(self, step: int) -> cellstate.Transition | None:
-        """train.on_alert's action, once, when a mechanism alert (gridrun/mechanisms.py's
+        """train.on_alert's action, once, when a mechanism alert (gridrun/seam/mechanisms.py's
         MECHANISMS: the ones the early warning calibrates) first holds after `step`:
         export_peak exports the peak validation's adapters and trains on; stop exports them
         and returns the transition that ends the cell. Every rank decides alike (rank 0's
@@ -346,7 +330,7 @@ class Trainer:
         return str(out if out.exists() else export(self.run_dir, peak))
 
     def alerts(self) -> list[str]:
-        """state.json's alerts: what the metric rows so far say (gridrun/mechanisms.py)."""
+        """state.json's alerts: what the metric rows so far say (gridrun/seam/mechanisms.py)."""
         return self.mechanism_alerts
 
     def validate(self, step: int) -> None:
@@ -461,115 +445,3 @@ def restore_cuda_rng(saved: Any, device: torch.device) -> None:
     if saved is None or device.type != "cuda":
         return
     torch.cuda.set_rng_state(saved[0] if isinstance(saved, (list, tuple)) else saved, device)
-
-
-@contextlib.contextmanager
-def usr2_stops(dist: Dist) -> Iterator[None]:
-    """SIGUSR2 (SLURM's warning, sent to every process of the job step) asks this trainer,
-    and only it, to stop after its current step.
-
-    It is blocked in this thread, so every thread started and every process spawned from
-    here on (vLLM's engine core, which handles only SIGTERM/SIGINT; sandboxed programs)
-    inherits it blocked, across fork and exec: for them it stays pending and never acts (a
-    handler, unlike a blocked mask, would be reset to the default, fatal action by exec).
-    `Dist.should_stop` takes it at the next step boundary; the handler catches one that a
-    thread started earlier receives."""
-    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: setattr(dist, "stop_requested", True))
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR2})
-        signal.signal(signal.SIGUSR2, previous)
-
-
-def _raise_cancelled(signum: int, frame: Any) -> None:
-    raise Cancelled(signal.Signals(signum).name)
-
-
-def run_under_lock(path: Path, resolve_model: Callable[[ModelSpec], str]) -> int:
-    """One cell's run under its lock and state: returns the process exit code. `resolve_model`
-    gives the base model's files (it may build the toy world for minutes: the cell is running
-    by then, and a failure is recorded)."""
-    # Small CPU models lose an order of magnitude to thread oversubscription when cells share
-    # cores; the local launcher parallelises across cells instead. GRIDRUN_THREADS overrides.
-    torch.set_num_threads(int(os.environ.get("GRIDRUN_THREADS", "1")))
-    run_dir = RunDir(path).require()
-    config = load_config(run_dir.config_yaml)
-    dist = Dist.from_env()
-    # One process per cell: rank 0 holds the run dir's lock for the job's life (the other
-    # ranks run under it); a second `gridrun run` of the cell stops here, naming the holder.
-    lock = contextlib.ExitStack()
-    if dist.is_main:
-        try:
-            lock.enter_context(run_dir.hold(job_id=os.environ.get(JOB_ID_ENV)))
-        except BaseException:
-            dist.close()
-            raise
-    with lock:
-        # Rank 0 alone writes state.json; another rank writes its failure to ranks/rank<r>.error,
-        # which rank 0, stopped by the job's end (srun --kill-on-bad-exit), records instead.
-        record: Callable[[cellstate.Transition], object] = run_dir.record if dist.is_main else (lambda change: None)
-        started = time.time()
-        record(cellstate.started(os.getpid(), socket.gethostname(), config.steps_to_train))
-
-        def fail(error: str) -> int:
-            try:
-                if dist.is_main:
-                    # A collective that broke because another rank died (gloo: connection closed)
-                    # is not the cause: that rank's own error is.
-                    run_dir.record(cellstate.failed(run_dir.ranks_failure(started) or error))
-                else:
-                    run_dir.write_rank_error(dist.rank, error)
-            except NotARunDir as gone:  # the cell's folder was deleted under the run: write nothing
-                log.error("%s", gone)
-            return 1
-        previous = {s: signal.signal(s, _raise_cancelled) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            require_gpus(run_dir.gpus_to_train_on())
-            with usr2_stops(dist):
-                stopped = Trainer(config, run_dir, resolve_model(config.model), dist).fit()
-        except Cancelled as stop:
-            other = run_dir.ranks_failure(started) if dist.is_main else None
-            if other is not None:
-                record(cellstate.failed(other))
-                log.error("%s", other)
-                return 1
-            record(cellstate.cancelled(f"stopped by {stop}"))
-            return 143
-        except Preempted as stop:
-            record(cellstate.preempted(str(stop)))
-            log.info("%s", stop)
-            return 75
-        except NotARunDir as gone:  # the cell's folder was deleted under the run: write nothing more
-            log.error("%s", gone)
-            return 1
-        except cellstate.IllegalTransition as moved:
-            return _superseded(moved)
-        except (SandboxUnavailable, AdapterSourceError, AdapterNotServed, NoGpu) as refused:  # a fix for the user, not a bug: one line
-            log.error("%s", refused)
-            return fail(str(refused))
-        except Exception as err:  # noqa: BLE001 - any failure is recorded in state.json, then the exit code says it
-            # A full or read-only disk is one line naming the file and the fix; a bug, its traceback's tail.
-            disk = disk_error(err, RUN_DISK_FIXES) if isinstance(err, OSError) else None
-            tail = [disk] if disk else traceback.format_exc().strip().splitlines()[-12:]
-            log.error("run failed:%s%s", " " if disk else "\n", "\n".join(tail))
-            return fail("\n".join(tail))
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            dist.close()
-        try:
-            record(stopped if stopped is not None else cellstate.done())
-        except cellstate.IllegalTransition as moved:
-            return _superseded(moved)
-        return 0
-
-
-def _superseded(moved: cellstate.IllegalTransition) -> int:
-    """The cell was queued again while this run ran (`gridrun resubmit` of a job read lost):
-    the new attempt owns state.json, so this run stops writing it; its checkpoints stay for
-    the new attempt to resume from."""
-    log.error("the cell was queued again while this run ran (%s): stopping without recording; its newest "
-              "checkpoint is there for the new attempt", moved)
-    return 1

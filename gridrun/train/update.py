@@ -24,7 +24,7 @@ Semantics (the paper's stack, reproduced rather than smoothed; `preset=` picks t
   set number of mini-batches (each weighed as a full one); the LR scale is in `lrs`.
 - A mini-batch whose loss or gradient norm is not finite is skipped for its adapter: no
   optimizer step, counted in `train/skipped_nonfinite`.
-- Float32 LoRA layers run fused for the whole update (gridrun/train/lora_kernels.py: one
+- Float32 LoRA layers run fused for the whole update (gridrun/train/cpu/lora_kernels.py: one
   product with W + s BA, a closed-form backward; peft's gradients to float rounding).
 - PPO's old log-probs are recomputed before the update (grpo.old_logprobs=recompute)
   except for each adapter's first mini-batch, whose weights have not moved since the
@@ -47,6 +47,7 @@ forward measures it).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -59,15 +60,18 @@ from typing import Any
 
 import torch
 
-from gridrun.metric_keys import adapter_prefix, role_key, role_prefix
-from gridrun.runconfig import GRPOSpec, RunConfig
-from gridrun.train import logprobs, minibatches, ppo
+from gridrun.seam import routing
+from gridrun.seam.metric_keys import adapter_prefix, role_key, role_prefix
+from gridrun.seam.routing import Routing
+from gridrun.seam.runconfig import GRPOSpec, RunConfig
+from gridrun.train import cpu, logprobs, minibatches, ppo
 from gridrun.train.coherence import Coherence
+from gridrun.train.cpu.lora_kernels import fused_lora
+from gridrun.train.cpu.packed import packed_cuts, packed_logprobs
 from gridrun.train.distributed import Dist
-from gridrun.train.lora_kernels import fused_lora
 from gridrun.train.losses import DEFAULT_POLICY_LOSS, policy_loss
 from gridrun.train.padding import pad_rows
-from gridrun.train.policy import Routing, activate, adapter_parameters
+from gridrun.train.policy import activate, adapter_parameters
 
 log = logging.getLogger("gridrun")
 # verl's safety bound on log(pi_theta / pi_rollout) when it computes chi2.
@@ -107,8 +111,8 @@ class UpdateSettings:
             temperature=config.sampling.temperature,
             grad_clip=config.optim.grad_clip,
             pad_id=pad_id,
-            role_weight=config.role_weights(),
-            adapter_steps=config.adapter_steps(),
+            role_weight=routing.role_weights(config),
+            adapter_steps=routing.adapter_steps(config),
             policy_loss=config.grpo.policy_loss,
         )
 
@@ -174,8 +178,8 @@ def completion_logprobs(
     checkpointing; every pass of a run takes the same path, whether or not its rows repeat one."""
     prompts = [s.prompt_ids for s in micro.seqs]
     completions = [s.completion_ids for s in micro.seqs]
-    if logprobs.can_pack(model):
-        return logprobs.packed_logprobs(model, prompts, completions, temperature, with_entropy)
+    if cpu.applies(model):
+        return packed_logprobs(model, prompts, completions, temperature, with_entropy)
     if logprobs.can_share_prompts(model):
         return logprobs.shared_prompt_logprobs(model, prompts, completions, micro.pad_id, temperature, with_entropy)
     # Left-padded so every completion ends at the right edge, as the targets.
@@ -186,7 +190,7 @@ def completion_logprobs(
 def micro_batches(seqs: list[TrainSeq], token_budget: int, packed: bool = False) -> Iterator[list[TrainSeq]]:
     """Role-pure micro-batches in role order (the per-role gradient is read off at role
     boundaries) whose computed tokens fit the token budget. Padded: rows x width, rows by
-    length. Packed (`logprobs.packed_logprobs`): the real tokens, each distinct prompt once,
+    length. Packed (gridrun/train/cpu/packed.py): the real tokens, each distinct prompt once,
     rows by prompt so that a prompt's samples share a micro-batch. A row over the budget
     alone is a micro-batch of its own."""
     by_role: dict[str, list[TrainSeq]] = defaultdict(list)
@@ -194,7 +198,7 @@ def micro_batches(seqs: list[TrainSeq], token_budget: int, packed: bool = False)
         by_role[s.role].append(s)
     for role in sorted(by_role):
         if packed:
-            yield from _packed_cuts(by_role[role], token_budget)
+            yield from packed_cuts(by_role[role], token_budget)
             continue
         ordered = sorted(by_role[role], key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
         chunk: list[TrainSeq] = []
@@ -206,28 +210,6 @@ def micro_batches(seqs: list[TrainSeq], token_budget: int, packed: bool = False)
             chunk.append(s)
         if chunk:
             yield chunk
-
-
-def _packed_cuts(seqs: list[TrainSeq], token_budget: int) -> Iterator[list[TrainSeq]]:
-    """Consecutive cuts of `seqs`, grouped by prompt (in order of first appearance), whose
-    packed rows (each distinct prompt once, each completion but its last token) fit the budget."""
-    first: dict[tuple[int, ...], int] = {}
-    ordered = sorted(seqs, key=lambda s: first.setdefault(tuple(s.prompt_ids), len(first)))
-    chunk: list[TrainSeq] = []
-    prompts: set[tuple[int, ...]] = set()
-    used = 0
-    for s in ordered:
-        prompt = tuple(s.prompt_ids)
-        cost = len(s.completion_ids) - 1 + (0 if prompt in prompts else len(prompt))
-        if chunk and used + cost > token_budget:
-            yield chunk
-            chunk, prompts, used = [], set(), 0
-            cost = len(s.completion_ids) - 1 + len(prompt)
-        chunk.append(s)
-        prompts.add(prompt)
-        used += cost
-    if chunk:
-        yield chunk
 
 
 @torch.no_grad()
@@ -247,7 +229,7 @@ def fill_reference_logprobs(
             for s in batch:
                 s.old_logp = s.rollout_logp
             continue
-        for chunk in micro_batches(batch, budget, logprobs.can_pack(model)):
+        for chunk in micro_batches(batch, budget, cpu.applies(model)):
             if chunk[0].adapter != active:
                 active = chunk[0].adapter
                 activate(model, active)
@@ -259,7 +241,7 @@ def fill_reference_logprobs(
                 s.old_entropy = float((entropy[row] * micro.mask[row].to(entropy.device)).sum())
     if ref_seqs:
         with model.disable_adapter():
-            for chunk in micro_batches(ref_seqs, budget, logprobs.can_pack(model)):
+            for chunk in micro_batches(ref_seqs, budget, cpu.applies(model)):
                 logp, _ = completion_logprobs(model, _pack(chunk, pad_id), temperature)
                 for row, s in enumerate(chunk):
                     s.ref_logp = logp[row, logp.shape[1] - len(s.completion_ids) :].tolist()
@@ -303,7 +285,7 @@ def update(
     stats: dict[str, _RoleStats] = defaultdict(_RoleStats)
     metrics: dict[str, float] = {}
     skipped_total = 0
-    with fused_lora(model):
+    with fused_lora(model) if cpu.applies(model) else contextlib.nullcontext():
         _fill_old_logprobs(model, plan, settings, dist)
         for adapter, cuts in plan.items():
             done = _optimizer_steps(model, adapter, cuts, optimizers[adapter], lrs[adapter], settings, stats, dist,
@@ -560,7 +542,7 @@ def _minibatch(
         close_role()
         current_role, role_start = role, _grads(params)
         rows = [s for s in mine if s.role == role]
-        for chunk in micro_batches(rows, settings.micro_token_budget, logprobs.can_pack(model)):
+        for chunk in micro_batches(rows, settings.micro_token_budget, cpu.applies(model)):
             loss += _accumulate(model, chunk, settings, stats, device, n_tokens, n_seqs, scale)
     close_role()
     return loss

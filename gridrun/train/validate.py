@@ -18,8 +18,8 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 
-from gridrun.metric_keys import role_key
-from gridrun.registry import Workflow, WorkflowParams
+from gridrun.seam.metric_keys import role_key
+from gridrun.seam.registry import Workflow, WorkflowParams
 from gridrun.tasks.base import Task
 from gridrun.train.diagnostics import role_signatures
 from gridrun.train.episode import Episode, Turn

@@ -1,6 +1,6 @@
 """The built-in workflows, one module each: its params, its async program over
 `await llm.chat(role, messages)`, its own validation metrics and its registry entry
-(gridrun/registry.py). Torch-free and importing neither half, so the grid checks a workflow's
+(gridrun/seam/registry.py). Torch-free and importing neither half, so the grid checks a workflow's
 config at plan time from the same declaration the trainer runs.
 
 A workflow module takes duck-typed objects: the episode (gridrun/train/episode.py), the

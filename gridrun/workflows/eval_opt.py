@@ -30,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gridrun.metric_keys import role_key
-from gridrun.registry import ConfigError, Workflow, WorkflowParams, register_workflow
-from gridrun.runconfig import ProtocolSpec
+from gridrun.seam.metric_keys import role_key
+from gridrun.seam.registry import ConfigError, Workflow, WorkflowParams, register_workflow
+from gridrun.seam.runconfig import ProtocolSpec
 from gridrun.tasks.answers import parse_verdict, python_blocks
 
 # A python block this long is code, not a quoted expression.

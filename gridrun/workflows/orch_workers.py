@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gridrun.metric_keys import role_key
-from gridrun.registry import Workflow, WorkflowParams, register_workflow
-from gridrun.runconfig import ProtocolSpec
+from gridrun.seam.metric_keys import role_key
+from gridrun.seam.registry import Workflow, WorkflowParams, register_workflow
+from gridrun.seam.runconfig import ProtocolSpec
 from gridrun.tasks.answers import parse_strategies, unnumbered_strategies
 
 FALLBACK_STRATEGY = "any method"

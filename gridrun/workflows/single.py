@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gridrun.registry import Workflow, WorkflowParams, register_workflow
-from gridrun.runconfig import ProtocolSpec
+from gridrun.seam.registry import Workflow, WorkflowParams, register_workflow
+from gridrun.seam.runconfig import ProtocolSpec
 
 
 @dataclass

@@ -13,8 +13,8 @@ import socket
 import sys
 import time
 
-from gridrun import cellstate
-from gridrun.rundir import RunDir
+from gridrun.seam import cellstate
+from gridrun.seam.rundir import RunDir
 
 
 def main(argv: list[str]) -> int:

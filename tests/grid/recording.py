@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gridrun import cellstate
-from gridrun.cellstate import StateRecord
 from gridrun.grid.launchers.base import Accepted, Launcher
 from gridrun.grid.launchers.local import LocalSettings
 from gridrun.grid.sweepdir import SweepDir
+from gridrun.seam import cellstate
+from gridrun.seam.cellstate import StateRecord
 
 
 @dataclass

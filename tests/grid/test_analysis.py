@@ -15,9 +15,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from gridrun.cellstate import CellState, StateRecord
-from gridrun.grid.analysis.summary import MetricColumns, cell_hours, cell_summary, cliff
+from gridrun.analysis.summary import MetricColumns, cell_hours, cell_summary, cliff
 from gridrun.grid.sweepdir import SweepDir
+from gridrun.seam.cellstate import CellState, StateRecord
 from tests.grid.conftest import Gridrun
 from tests.states import put_state
 
@@ -356,7 +356,7 @@ def test_results_api_loads_without_torch_or_matplotlib(gridrun: Gridrun, analyse
 
 
 def test_render_in_worker_processes_writes_what_one_process_writes(tmp_path: Path) -> None:
-    from gridrun.grid.analysis.plotting import render
+    from gridrun.analysis.plotting import render
 
     # Forked workers draw; the parent writes. A job that draws nothing removes a stale file.
     stale = tmp_path / "stale.png"
@@ -367,7 +367,7 @@ def test_render_in_worker_processes_writes_what_one_process_writes(tmp_path: Pat
 
 
 def test_mean_band_over_seeds_uses_the_steps_all_reached() -> None:
-    from gridrun.grid.analysis.paper_figures import mean_band
+    from gridrun.analysis.paper_figures import mean_band
 
     # Step 0: 10 and 14 -> mean 12, sd 2.828, se 2, t(1) 12.706 -> 25.41. Step 10: 20 and 30 ->
     # mean 25, se 5 -> 63.53. Step 20: one seed lags, so no mean there (it would jump).

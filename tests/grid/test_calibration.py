@@ -1,4 +1,4 @@
-"""Thresholds chosen on fit seeds and reported on held-out ones (grid/analysis/calibration.py),
+"""Thresholds chosen on fit seeds and reported on held-out ones (analysis/calibration.py),
 and the sweep file's early_warning plan: numbers worked out by hand."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from gridrun.grid.analysis.calibration import CellCurve, Score, calibrate, candidates, choose, score
+from gridrun.analysis.calibration import CellCurve, Score, calibrate, candidates, choose, score
 from gridrun.grid.errors import GridError
 from gridrun.grid.spec import EarlyWarningPlan
-from gridrun.mechanisms import GRADIENT_AMPLIFICATION, THRESHOLDS, Thresholds
+from gridrun.seam.mechanisms import GRADIENT_AMPLIFICATION, THRESHOLDS, Thresholds
 
 
 def curve(cell: str, seed: int, accs: dict[int, float], generator_chi2: list[float]) -> CellCurve:

@@ -17,10 +17,10 @@ import pytest
 
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.errors import GridError
-from gridrun.grid.gridconfig import cluster_spec
+from gridrun.grid.launchers.cluster import cluster_spec
 from gridrun.grid.launchers.slurm import SlurmLauncher, check_shared, node_local
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.rundir import RunDir
+from gridrun.seam.rundir import RunDir
 from tests.grid.conftest import Gridrun
 
 

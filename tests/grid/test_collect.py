@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.rundir import RunDir
+from gridrun.seam.rundir import RunDir
 from tests.conftest import TOY_CELL, merge
 from tests.grid.conftest import Gridrun
 from tests.states import put_state
@@ -209,9 +209,9 @@ def test_a_sweep_of_one_sa_rl_cell_has_metrics_but_no_figure_to_draw(gridrun: Gr
 
 
 def test_the_peak_has_one_definition_read_off_metrics(tmp_path: Path) -> None:
-    from gridrun.accuracy import first_peak, val_accuracy
-    from gridrun.grid.analysis.summary import accuracy_summary
-    from gridrun.rundir import RunDir
+    from gridrun.analysis.summary import accuracy_summary
+    from gridrun.seam.accuracy import first_peak, val_accuracy
+    from gridrun.seam.rundir import RunDir
 
     run_dir = RunDir(tmp_path / "cell")
     run_dir.root.mkdir()

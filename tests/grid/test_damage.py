@@ -12,10 +12,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gridrun import cellstate
 from gridrun.grid.launchers.dispatch import runnable
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.rundir import RunDir
+from gridrun.seam import cellstate
+from gridrun.seam.rundir import RunDir
 from tests.grid.conftest import Gridrun
 from tests.grid.recording import submissions
 from tests.states import put_state

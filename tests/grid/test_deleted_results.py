@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gridrun import cellstate
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.rundir import NotARunDir, RunDir
+from gridrun.seam import cellstate
+from gridrun.seam.rundir import NotARunDir, RunDir
 from tests.grid.conftest import Gridrun
 
 pytestmark = pytest.mark.usefixtures("recording_launcher")

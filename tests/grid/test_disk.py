@@ -22,7 +22,7 @@ import pytest
 
 from gridrun.grid.launchers.dispatch import runnable
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.rundir import RunDir
+from gridrun.seam.rundir import RunDir
 from tests.grid.conftest import Gridrun, tree
 from tests.states import put_state
 

@@ -17,7 +17,7 @@ import pytest
 from gridrun.grid.errors import GridError
 from gridrun.grid.launchers.base import make_launcher
 from gridrun.grid.launchers.dispatch import queue, runnable
-from gridrun.grid.observe import HOST
+from gridrun.grid.launchers.observe import HOST
 from gridrun.grid.sweepdir import SweepDir
 from tests.grid.conftest import Gridrun
 from tests.grid.recording import submissions

@@ -160,7 +160,7 @@ def test_a_cell_loads_the_folder_its_launcher_names_for_its_hub_id(tmp_path: Pat
     folder = shutil.copytree(WORLD, tmp_path / "Qwen3-1.7B")
     code = (
         "from gridrun.cellrun import model_files\n"
-        "from gridrun.runconfig import ModelSpec\n"
+        "from gridrun.seam.runconfig import ModelSpec\n"
         "from gridrun.train.model import load_base\n"
         "spec = ModelSpec(name_or_path='Qwen/Qwen3-1.7B')\n"
         "files = model_files(spec)\n"
@@ -177,7 +177,7 @@ def test_a_cell_loads_the_folder_its_launcher_names_for_its_hub_id(tmp_path: Pat
 
 def test_a_model_that_is_not_there_names_commands_that_work(tmp_path: Path) -> None:
     code = (
-        "from gridrun.runconfig import ModelSpec\n"
+        "from gridrun.seam.runconfig import ModelSpec\n"
         "from gridrun.train.model import ModelLoadError, load_base\n"
         "try:\n"
         "    load_base(ModelSpec(name_or_path='Qwen/Qwen3-0.6B'), 'Qwen/Qwen3-0.6B')\n"
@@ -195,7 +195,7 @@ def test_a_model_that_is_not_there_names_commands_that_work(tmp_path: Path) -> N
 
 
 def test_the_launchers_hand_each_cell_the_profiles_model_folders(tmp_path: Path) -> None:
-    from gridrun.grid.gridconfig import cluster_spec
+    from gridrun.grid.launchers.cluster import cluster_spec
     from gridrun.grid.launchers.slurm import setup_lines
 
     dirs = {"Qwen/Qwen3-4B": "/shared/models/Qwen3-4B"}

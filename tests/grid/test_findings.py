@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from gridrun.grid.analysis.findings import STATEMENTS, findings_table, verdict
+from gridrun.analysis.findings import STATEMENTS, findings_table, verdict
 from gridrun.grid.sweepdir import SweepDir
 from tests.grid.conftest import Gridrun
 from tests.grid.test_analysis import add_cell, coords

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.rundir import RunDir
+from gridrun.seam.rundir import RunDir
 from tests.grid.conftest import Gridrun
 
 pytestmark = pytest.mark.usefixtures("recording_launcher")

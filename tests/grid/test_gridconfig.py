@@ -16,7 +16,7 @@ import gridrun.grid.compose as compose_module
 from gridrun.grid import PACKAGE_DIR
 from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError
-from gridrun.grid.gridconfig import ClusterSpec, cluster_spec
+from gridrun.grid.launchers.cluster import ClusterSpec, cluster_spec
 from gridrun.grid.launchers.local import LocalSettings
 from gridrun.grid.launchers.slurm import SlurmSettings
 from tests.grid.conftest import Gridrun, tree

@@ -22,8 +22,9 @@ from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError
 from gridrun.grid.plan import make_plan
 from gridrun.grid.spec import load_spec
-from gridrun.mechanisms import GRADIENT_AMPLIFICATION, SP_ROLE_CAPTURE, applies
-from gridrun.runconfig import ConfigError
+from gridrun.seam import routing
+from gridrun.seam.mechanisms import GRADIENT_AMPLIFICATION, SP_ROLE_CAPTURE, applies
+from gridrun.seam.runconfig import ConfigError
 
 MAIN_78A8FDE_SMOKE = {
     "eval_opt-ip-toy-arith-s0": "f920244d427d0b3b",
@@ -57,9 +58,9 @@ def test_shared_and_isolated_cells_keep_their_fingerprints(composer: Composer) -
 def test_shared_and_isolated_are_two_groupings(composer: Composer) -> None:
     plan = make_plan(load_spec("smoke", ["workflow=orch_workers", "kind=train"], composer), composer)
     by_id = {pc.id: pc.config for pc in plan.cells}
-    assert by_id["orch_workers-sp-toy-arith-s0"].adapter_groups() == {
+    assert routing.adapter_groups(by_id["orch_workers-sp-toy-arith-s0"]) == {
         "shared": ("orchestrator", "worker", "synthesizer")}
-    assert by_id["orch_workers-ip-toy-arith-s0"].adapter_groups() == {
+    assert routing.adapter_groups(by_id["orch_workers-ip-toy-arith-s0"]) == {
         "orchestrator": ("orchestrator",), "worker": ("worker",), "synthesizer": ("synthesizer",)}
 
 
@@ -72,8 +73,8 @@ def test_a_grouped_cell_plans_with_its_option_name_as_the_policy(composer: Compo
     assert config.policy.name == "grouped"
     # Two adapters: the planners (orchestrator and synthesizer, in the workflow's role order)
     # and the workers.
-    assert config.adapter_groups() == {"planners": ("orchestrator", "synthesizer"), "workers": ("worker",)}
-    assert config.adapter_of() == {"orchestrator": "planners", "synthesizer": "planners", "worker": "workers"}
+    assert routing.adapter_groups(config) == {"planners": ("orchestrator", "synthesizer"), "workers": ("worker",)}
+    assert routing.adapter_of(config) == {"orchestrator": "planners", "synthesizer": "planners", "worker": "workers"}
     assert config.to_dict()["policy"]["groups"] == {"planners": ["orchestrator", "synthesizer"], "workers": ["worker"]}
     # The same grouping given on the command line plans the same config under another id token.
     inline = make_plan(load_spec("smoke", ["workflow=orch_workers", "policy=grouped", "kind=train", *ORCH_GROUPS],
@@ -114,7 +115,7 @@ def test_groups_under_another_policy_and_per_adapter_knobs_on_a_shared_group_are
                                          "+optim.role_lr_scale.parallel=2.0", "grpo.multiplicity_norm=steps"],
                                composer), composer)
     config = plan.cells[0].config
-    assert config.adapter_lr_scales() == {"workers": 2.0} and config.adapter_steps() == {"workers": 1}
+    assert routing.adapter_lr_scales(config) == {"workers": 2.0} and routing.adapter_steps(config) == {"workers": 1}
 
 
 def test_a_variant_names_its_settings_per_grouping(tmp_path: Path, composer: Composer) -> None:
@@ -214,10 +215,10 @@ def test_table1_has_a_column_per_grouping(gridrun, results: Path) -> None:
 
 def test_collect_and_the_calibration_read_a_grouped_cells_grouping_from_its_config(tmp_path: Path,
                                                                                     composer: Composer) -> None:
-    from gridrun.grid.analysis.calibration import CellCurve
-    from gridrun.grid.analysis.summary import cell_grouping
-    from gridrun.runconfig import dump_config
-    from gridrun.rundir import RunDir
+    from gridrun.analysis.calibration import CellCurve
+    from gridrun.analysis.summary import cell_grouping
+    from gridrun.seam.runconfig import dump_config
+    from gridrun.seam.rundir import RunDir
 
     (cell,) = make_plan(load_spec("smoke", ["workflow=orch_workers", "policy=planners", "kind=train"], composer),
                         composer).cells

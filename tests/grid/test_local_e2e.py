@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from gridrun.rundir import RunDir
+from gridrun.seam.rundir import RunDir
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.slow

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from gridrun.cellstate import CellState
 from gridrun.grid.launchers import process
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.rundir import RunDir
+from gridrun.seam.cellstate import CellState
+from gridrun.seam.rundir import RunDir
 from tests.conftest import wait_until
 from tests.grid.conftest import Gridrun
 from tests.grid.recording import submissions
@@ -149,7 +149,7 @@ def test_a_status_probe_never_makes_a_starting_run_refuse(smoke: SweepDir) -> No
 def test_a_free_lock_is_no_verdict_on_a_cell_a_scheduler_may_requeue(smoke: SweepDir) -> None:
     # SLURM may requeue a killed job (its cell still reads running, its lock is free until the
     # job starts again): sacct, through reconcile, judges it; the lock judges the others.
-    from gridrun.grid.observe import HOST, live_state
+    from gridrun.grid.launchers.observe import HOST, live_state
     from tests.states import put_state
 
     by_slurm, by_hand = smoke.cell("voting-ip-toy-arith-s0"), smoke.cell("voting-sp-toy-arith-s0")

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gridrun import registry
 from gridrun.grid import PACKAGE_DIR, REPO_ROOT
 from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError
 from gridrun.grid.plan import fingerprint, freeze, make_plan
 from gridrun.grid.spec import load_spec
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.runconfig import RunConfig, config_from_dict, dump_config, load_config
+from gridrun.seam import registry
+from gridrun.seam.runconfig import RunConfig, config_from_dict, dump_config, load_config
 from tests.grid.conftest import Gridrun, tree
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -322,7 +322,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(gridrun: Gridrun, results: P
 
 
 def test_the_dry_run_takes_the_last_canarys_step_for_its_shape(gridrun: Gridrun, results: Path) -> None:
-    from gridrun.cost import write_measured_step
+    from gridrun.grid.cost import write_measured_step
 
     composer = Composer()
     (cell,) = make_plan(load_spec("canary", [], composer), composer).cells

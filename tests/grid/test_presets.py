@@ -11,7 +11,7 @@ import pytest
 
 from gridrun.grid.compose import Composer
 from gridrun.grid.presets import departures, dotted, preset_names, preset_settings
-from gridrun.runconfig import load_config
+from gridrun.seam.runconfig import load_config
 from tests.grid.conftest import Gridrun
 
 CELL = "voting-ip-toy-arith-s0"

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from gridrun.cost import MeasuredStep, cell_shape
 from gridrun.grid.canary import adapter_lines, measured_step_s, rank_lines, report
 from gridrun.grid.compose import Composer
+from gridrun.grid.cost import MeasuredStep, cell_shape
 from gridrun.grid.plan import make_plan
 from gridrun.grid.spec import load_spec
 from gridrun.memory import ENGINE_SHARE_CAP, GIB, engine_share, longest_row, predict
-from gridrun.runconfig import dump_config
-from gridrun.rundir import RunDir
+from gridrun.seam.runconfig import dump_config
+from gridrun.seam.rundir import RunDir
 from tests.grid.conftest import Gridrun, tree
 
 

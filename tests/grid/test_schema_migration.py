@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from gridrun.runconfig import SCHEMA_VERSION, load_config
-from gridrun.rundir import config_digest
+from gridrun.seam.runconfig import SCHEMA_VERSION, load_config
+from gridrun.seam.rundir import config_digest
 from tests.grid.conftest import Gridrun
 
 CELL = "voting-sp-toy-arith-s0"

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from gridrun.cellstate import CellState, StateRecord
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.errors import GridError
 from gridrun.grid.launchers.slurm import (
@@ -26,6 +25,7 @@ from gridrun.grid.launchers.slurm import (
     warning_lead_s,
 )
 from gridrun.grid.sweepdir import PlanEntry
+from gridrun.seam.cellstate import CellState, StateRecord
 from tests.grid.conftest import Gridrun
 from tests.states import put_state
 
@@ -241,7 +241,7 @@ def test_array_ids_expand() -> None:
 # ---------------------------------------------------------------- the job's bookkeeping
 def test_a_requeue_opens_the_next_attempt_once(tmp_path: Path) -> None:
     from gridrun.grid.launchers.slurm_job import CellJob
-    from gridrun.rundir import RunDir
+    from gridrun.seam.rundir import RunDir
 
     run_dir = RunDir(tmp_path)
     run_dir.config_yaml.write_text("{}\n")  # a planned cell (without it, it reads missing)
@@ -256,7 +256,7 @@ def test_a_requeue_opens_the_next_attempt_once(tmp_path: Path) -> None:
 
 def test_every_rank_decides_alike_whether_the_job_runs_the_cell(tmp_path: Path) -> None:
     from gridrun.grid.launchers.slurm_job import CellJob
-    from gridrun.rundir import RunDir
+    from gridrun.seam.rundir import RunDir
 
     run_dir = RunDir(tmp_path)
     run_dir.config_yaml.write_text("{}\n")  # a planned cell (without it, it reads missing)
@@ -310,7 +310,7 @@ def test_the_warning_lead_covers_the_slowest_cells_step_and_a_checkpoint() -> No
 
 def test_a_rank_that_fails_ends_the_job_and_its_error_is_the_cells(tmp_path: Path) -> None:
     from gridrun.grid.launchers.slurm_job import CellJob
-    from gridrun.rundir import RunDir
+    from gridrun.seam.rundir import RunDir
 
     params = job_spec(CELL, PAPER, env={}).parameters()
     assert "--kill-on-bad-exit=1" in params["srun_args"]

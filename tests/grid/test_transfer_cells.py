@@ -17,7 +17,7 @@ from gridrun.grid.launchers import base, dispatch
 from gridrun.grid.plan import make_plan
 from gridrun.grid.spec import load_spec
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.runconfig import load_config
+from gridrun.seam.runconfig import load_config
 from tests.grid.conftest import Gridrun, tree
 from tests.grid.recording import submissions
 from tests.states import put_state

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from gridrun.cellstate import StateRecord
 from gridrun.grid.launchers.local import LocalLauncher, _Pool
 from gridrun.grid.launchers.process import SAFE_PATH_FLAG, cell_command
 from gridrun.grid.launchers.slurm import sbatch_script
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.rundir import RunDir, RunLocked
+from gridrun.seam.cellstate import StateRecord
+from gridrun.seam.rundir import RunDir, RunLocked
 from tests.conftest import make_cell
 from tests.grid.conftest import Gridrun
 
@@ -47,7 +47,7 @@ def test_the_os_releases_the_lock_when_its_holder_is_killed(tmp_path: Path) -> N
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys, time
-            from gridrun.rundir import RunDir
+            from gridrun.seam.rundir import RunDir
             with RunDir({str(cell.root)!r}).hold(job_id="7"):
                 print("held", flush=True)
                 time.sleep(600)

@@ -10,6 +10,7 @@ from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError
 from gridrun.grid.plan import make_plan
 from gridrun.grid.spec import load_spec
+from gridrun.seam import routing
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +87,8 @@ def test_the_mechanisms_study_plans_48_train_cells_and_6_controls(composer: Comp
     kinds = [pc.cell.kind for pc in plan.cells]
     assert (kinds.count("train"), kinds.count("sa_rl"), kinds.count("base")) == (48, 3, 3)
     configs = {pc.id: pc.config for pc in plan.cells}
-    assert configs["orch_workers-ip-toy-arith-s2-normalized"].role_steps() == {"worker": 1}
-    assert configs["orch_workers-sp-toy-arith-s2-normalized"].role_weights() == {"worker": pytest.approx(1 / 3)}
+    assert routing.role_steps(configs["orch_workers-ip-toy-arith-s2-normalized"]) == {"worker": 1}
+    assert routing.role_weights(configs["orch_workers-sp-toy-arith-s2-normalized"]) == {"worker": pytest.approx(1 / 3)}
     assert configs["voting-ip-toy-arith-s0-coherence"].grpo.coherence == 1.0
     assert {c.optim.schedule for c in configs.values()} == {"constant"}
 
@@ -96,7 +97,7 @@ def test_the_other_policy_twin_keeps_the_variant() -> None:
     # Fig. 6 and `gridrun plot` draw a cell beside its other-policy twin: of the same variant.
     import pandas as pd
 
-    from gridrun.grid.analysis.paper_figures import twin
+    from gridrun.analysis.paper_figures import twin
 
     cells = pd.DataFrame([
         {"cell": f"voting-{tag}-s0-{variant}", "kind": "train", "workflow": "voting", "task": "arith", "scale": "toy",

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gridrun.grid.analysis.findings import HOLDS, UNSURE, claim_e, claim_verdict
-from gridrun.grid.analysis.warning import PeakDrop, early_warning_table, lead, peak_drop, warning_columns
+from gridrun.analysis.findings import HOLDS, UNSURE, claim_e, claim_verdict
+from gridrun.analysis.warning import PeakDrop, early_warning_table, lead, peak_drop, warning_columns
 from gridrun.grid.sweepdir import SweepDir
 from tests.grid.conftest import Gridrun
 from tests.grid.test_collect import add_cell, coords

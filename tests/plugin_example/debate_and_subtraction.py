@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gridrun import registry
-from gridrun.registry import TaskParams, Workflow, WorkflowParams
+from gridrun.seam import registry
+from gridrun.seam.registry import TaskParams, Workflow, WorkflowParams
 from gridrun.tasks.base import Messages, Problem, RolePrompts, user_message
 from gridrun.tasks.math import BoxedAnswerTask
 

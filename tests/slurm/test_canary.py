@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gridrun.rundir import RunDir
+from gridrun.seam.rundir import RunDir
 
 pytestmark = pytest.mark.slurm
 

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from gridrun.grid import PACKAGE_DIR
-from gridrun.rundir import RunDir
+from gridrun.seam.rundir import RunDir
 from tests import conftest
 
 pytestmark = pytest.mark.slurm

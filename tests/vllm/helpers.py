@@ -10,10 +10,11 @@ from typing import Any
 import torch
 
 from gridrun.cellrun import model_files
-from gridrun.runconfig import RunConfig, config_from_dict
+from gridrun.seam.routing import Routing
+from gridrun.seam.runconfig import RunConfig, config_from_dict
 from gridrun.tasks.arith import ArithTask
 from gridrun.train.model import load_base
-from gridrun.train.policy import Routing, adapter_parameters, attach_adapters, routing_for
+from gridrun.train.policy import adapter_parameters, attach_adapters, routing_for
 from gridrun.train.rollout import ChatEncoder
 from tests.conftest import TOY_CELL, merge
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from gridrun.cellrun import run_cell
-from gridrun.rundir import RunDir
+from gridrun.seam.rundir import RunDir
 from gridrun.train.precision import native_on_cpu
 from tests.conftest import make_cell
 from tests.vllm.helpers import randomize_lora_b, trainer_model, vllm_config

@@ -13,7 +13,7 @@ import torch
 
 from gridrun.cellrun import model_files
 from gridrun.export import export
-from gridrun.rundir import RunDir
+from gridrun.seam.rundir import RunDir
 from gridrun.train import checkpoint
 from tests.conftest import make_cell
 from tests.vllm.helpers import peft_logprobs, prompts, randomize_lora_b, trainer_model, vllm_config

@@ -24,8 +24,8 @@ import torch
 import torch.multiprocessing as mp
 
 from gridrun.cellrun import model_files, run_cell
-from gridrun.runconfig import load_config
-from gridrun.rundir import RunDir
+from gridrun.seam.runconfig import load_config
+from gridrun.seam.rundir import RunDir
 from gridrun.train.distributed import Dist, free_local_port
 from gridrun.train.trainer import Trainer
 from gridrun.train.update import TrainSeq

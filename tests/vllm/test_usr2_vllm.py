@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gridrun.cellrun import run_cell
-from gridrun.rundir import RunDir
+from gridrun.seam.rundir import RunDir
 from tests.conftest import make_cell, wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("toy_world")]

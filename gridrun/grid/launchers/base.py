@@ -14,13 +14,13 @@
                                          whose job is gone (killed, lost node, preempted); a
                                          result equal to the cell's state is no change, only
                                          the scheduler's word for it (shown by `gridrun status`;
-                                         gridrun/grid/observe.py asks it)
+                                         gridrun/grid/launchers/observe.py asks it)
     cancel(sweep, ids)                   under the lock; the cells end as cancelled
 
 A launcher is named in conf/launcher/<name>.yaml and registered in LAUNCHERS; a SLURM
 launcher (submitit) plugs in the same way. Every launcher starts a cell's process the same
 way (gridrun/grid/launchers/process.py). Left out: queueing (dispatch.py) and what a cell's
-state really is (gridrun/grid/observe.py). Stdlib only: `gridrun status` imports this.
+state really is (gridrun/grid/launchers/observe.py). Stdlib only: `gridrun status` imports this.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from gridrun.grid.errors import GridError, checked, option_file
 
 if TYPE_CHECKING:
-    from gridrun.cellstate import StateRecord
     from gridrun.grid.sweepdir import SweepDir
+    from gridrun.seam.cellstate import StateRecord
 
 # Called with each batch of {cell id: job id} as the scheduler accepts it (dispatch records them).
 Accepted = Callable[[Mapping[str, str]], None]

@@ -5,10 +5,10 @@ Dependencies. A cell may need others done before it starts (a transfer cell its 
 handed over in the same call (before it), and the launcher holds it back until they are
 done: the local launcher starts it then, SLURM gets it with an `afterok` dependency. While
 it waits it reads `queued` with `waiting` naming the need; when a need ends failed, cancelled
-or preempted it reads `blocked` (gridrun/grid/observe.py derives both); queueing that need
+or preempted it reads `blocked` (gridrun/grid/launchers/observe.py derives both); queueing that need
 again (`gridrun resubmit`) queues the blocked cells after it.
 
-`queue()` opens a cell's next attempt (the `queued` transition of gridrun/cellstate.py, which
+`queue()` opens a cell's next attempt (the `queued` transition of gridrun/seam/cellstate.py, which
 a SLURM job requeued by the scheduler takes too, counting it in `requeues`) and records its
 job id; it runs under the sweep's lock and skips cells already queued or running (as
 observed: a lost one is queued again), so two `gridrun sweep` runs of one sweep cannot
@@ -21,12 +21,12 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from gridrun import cellstate
-from gridrun.cellstate import ACTIVE_STATES, FINISHED_STATES, UNREADABLE_STATES, CellState, StateRecord
 from gridrun.grid.errors import GridError
 from gridrun.grid.launchers.base import Launcher, PartlySubmitted
-from gridrun.grid.observe import needs_of, observe_cells
-from gridrun.runconfig import CellKind
+from gridrun.grid.launchers.observe import needs_of, observe_cells
+from gridrun.seam import cellstate
+from gridrun.seam.cellstate import ACTIVE_STATES, FINISHED_STATES, UNREADABLE_STATES, CellState, StateRecord
+from gridrun.seam.runconfig import CellKind
 
 if TYPE_CHECKING:
     from gridrun.grid.sweepdir import SweepDir

@@ -14,7 +14,7 @@ whatever process ran them; when one ends otherwise, the pool gives it up (it rea
 
 A cell whose process dies without recording a final state (kill -9, out of memory) is
 marked failed by this launcher if it is still running, and otherwise read as failed ("lost"):
-a running cell whose run lock no process holds (gridrun/grid/observe.py's
+a running cell whose run lock no process holds (gridrun/grid/launchers/observe.py's
 `live_state`, for cells run by hand too), a queued one whose gridrun process exited
 (`reconcile`). A cell whose folder was deleted under it ends `missing`; the others go on.
 
@@ -35,15 +35,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gridrun import cellstate
-from gridrun.cellstate import BLOCKING_STATES, FINISHED_STATES, CellState, StateRecord
 from gridrun.grid.console import console
 from gridrun.grid.errors import GridError
 from gridrun.grid.launchers.base import Accepted, Launcher, LauncherSettings
+from gridrun.grid.launchers.observe import HOST, live_state, observe, sweep_needs
 from gridrun.grid.launchers.process import cell_env, last_own_line, log_tail, start_cell
-from gridrun.grid.observe import HOST, live_state, observe, sweep_needs
 from gridrun.modelfiles import model_dirs_env
-from gridrun.rundir import RunDir
+from gridrun.seam import cellstate
+from gridrun.seam.cellstate import BLOCKING_STATES, FINISHED_STATES, CellState, StateRecord
+from gridrun.seam.rundir import RunDir
 
 if TYPE_CHECKING:
     from gridrun.grid.sweepdir import SweepDir

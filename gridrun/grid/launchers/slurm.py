@@ -61,15 +61,15 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gridrun import cellstate
-from gridrun.cellstate import CellState, StateRecord
 from gridrun.grid import PACKAGE_DIR
 from gridrun.grid.errors import GridError
-from gridrun.grid.gridconfig import CellOverride, ClusterSpec, cluster_spec
 from gridrun.grid.launchers.base import Accepted, Launcher, LauncherSettings, PartlySubmitted, launcher_settings
+from gridrun.grid.launchers.cluster import CellOverride, ClusterSpec, cluster_spec
+from gridrun.grid.launchers.observe import sweep_needs
 from gridrun.grid.launchers.process import interpreter_line
-from gridrun.grid.observe import sweep_needs
 from gridrun.modelfiles import model_dirs_env
+from gridrun.seam import cellstate
+from gridrun.seam.cellstate import CellState, StateRecord
 
 if TYPE_CHECKING:
     from gridrun.grid.sweepdir import PlanEntry, SweepDir

@@ -34,10 +34,10 @@ from typing import Any
 import submitit
 from submitit.core.utils import UncompletedJobError
 
-from gridrun import cellstate
-from gridrun.cellstate import FINISHED_STATES, CellState
 from gridrun.grid.launchers.process import GpuBindingError, bind_gpu, cell_env, log_tail, start_cell
-from gridrun.rundir import RunDir
+from gridrun.seam import cellstate
+from gridrun.seam.cellstate import FINISHED_STATES, CellState
+from gridrun.seam.rundir import RunDir
 
 # Seconds kept back from signal_delay_s for the requeue itself once the trainer stopped.
 REQUEUE_MARGIN_S = 20.0

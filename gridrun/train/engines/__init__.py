@@ -9,9 +9,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from gridrun import registry
 from gridrun.engine_params import HFParams
-from gridrun.runconfig import RunConfig
+from gridrun.seam import registry
+from gridrun.seam.runconfig import RunConfig
 from gridrun.train.rollout import RolloutEngine
 
 

@@ -1,6 +1,6 @@
 """`engine=hf`: rollouts on the trainer's own (peft) model, with transformers' `generate` or,
 for Qwen3 on the CPU, gridrun's own decoding loop that computes what generate does
-(`qwen3_decode.py`: the same tokens and log-probs to the bit, a fifth faster on the toy world).
+(gridrun/train/cpu/qwen3_decode.py: the same tokens and log-probs to the bit, a fifth faster on the toy world).
 
 Requests are grouped by adapter (one `set_adapter` per group, the base model through
 `disable_adapter`), left-padded into sub-batches and sampled with plain temperature
@@ -12,7 +12,7 @@ never by keeping every step's logits: at Qwen3's 151,936-entry vocabulary that w
 2.5 GB per sequence of 5,120 tokens.
 
 With float32 weights each adapter is merged into the base weights while it generates
-(`_merged`; plain LoRA layers by `lora_kernels.merged_weight`, peft's merge bit for bit
+(`_merged`; plain LoRA layers on the CPU by gridrun/train/cpu/lora_kernels.py's `merged_weight`, peft's merge bit for bit
 without its bookkeeping): one matrix product per linear layer instead of peft's three and its
 Python wrapper, about a fifth of the toy rollout's CPU time. The merged weights are new tensors
 and the originals are put back untouched, so the base model the update trains on is
@@ -44,9 +44,10 @@ import torch
 from peft.tuners.lora import LoraLayer
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from gridrun.train.engines import qwen3_decode
+from gridrun.train import cpu
+from gridrun.train.cpu import qwen3_decode
+from gridrun.train.cpu.lora_kernels import merged_weight, plain_float32_lora
 from gridrun.train.logprobs import prompt_owners
-from gridrun.train.lora_kernels import merged_weight, plain_float32_lora
 from gridrun.train.padding import generate_positions, pad_rows
 from gridrun.train.policy import switch_adapter
 from gridrun.train.rollout import Completion, GenRequest, RolloutEngine, SamplingParams
@@ -92,7 +93,7 @@ class _SampledLogprobs(LogitsProcessor):
 
 
 @contextlib.contextmanager
-def _merged(layers: list[Any], adapter: str) -> Iterator[None]:
+def _merged(layers: list[Any], adapter: str, cpu_fast: bool) -> Iterator[None]:
     """Serve `adapter` merged into new copies of the base weights of `layers` (the model's
     LoRA layers); the original weight tensors are put back afterwards, untouched (the update
     trains on them)."""
@@ -100,7 +101,7 @@ def _merged(layers: list[Any], adapter: str) -> Iterator[None]:
     originals = [layer.get_base_layer().weight.data for layer in served]
     try:
         for layer in served:
-            if plain_float32_lora(layer):
+            if cpu_fast and plain_float32_lora(layer):
                 layer.get_base_layer().weight.data = merged_weight(layer, adapter)
             else:
                 # safe_merge writes W + BA into a new tensor (and refuses a non-finite adapter).
@@ -137,8 +138,11 @@ class HFEngine(RolloutEngine):
         self.merge_lora = auto if merge_lora is None else merge_lora
         self.share_prefill = share_prefill
         self.causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+        # The CPU fast paths (gridrun/train/cpu/): the lean loop and the plain merge.
+        self.cpu_fast = cpu.applies(model)
         # Why the lean Qwen3 loop cannot serve this model (None: it can), checked once.
-        self.lean_blocker = qwen3_decode.unsupported(self.causal_lm) if lean_decode else "lean_decode is off"
+        self.lean_blocker = (qwen3_decode.unsupported(self.causal_lm) if self.cpu_fast else "not on the CPU fast paths"
+                             ) if lean_decode else "lean_decode is off"
 
     @contextlib.contextmanager
     def _serving(self, adapter: str | None) -> Iterator[None]:
@@ -151,7 +155,7 @@ class HFEngine(RolloutEngine):
             raise KeyError(f"adapter '{adapter}' is not loaded in the rollout model")
         previous = switch_adapter(self.model, adapter)
         try:
-            with _merged(self.lora_layers, adapter) if self.merge_lora else contextlib.nullcontext():
+            with _merged(self.lora_layers, adapter, self.cpu_fast) if self.merge_lora else contextlib.nullcontext():
                 yield
         finally:
             switch_adapter(self.model, previous)

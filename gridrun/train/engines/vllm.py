@@ -84,7 +84,7 @@ from typing import Any
 
 import torch
 
-from gridrun.metric_keys import parse_role_key
+from gridrun.seam.metric_keys import parse_role_key
 
 # vLLM logs to stdout unless told otherwise; gridrun keeps stdout for results (--json).
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
@@ -96,7 +96,7 @@ from vllm.lora.request import LoRARequest
 from vllm.sampling_params import RequestOutputKind
 
 from gridrun.engine_params import VLLMParams
-from gridrun.runconfig import RunConfig
+from gridrun.seam.runconfig import RunConfig
 from gridrun.train.engines.hf import stop_token_ids
 from gridrun.train.logprobs import completion_logprobs
 from gridrun.train.policy import adapter_parameters

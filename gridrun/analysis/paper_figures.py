@@ -32,8 +32,7 @@ from typing import Any
 
 import pandas as pd
 
-from gridrun.cellstate import CellState
-from gridrun.grid.analysis.plotting import (
+from gridrun.analysis.plotting import (
     OKABE_ITO,
     SERIES_COLORS,
     Job,
@@ -43,13 +42,14 @@ from gridrun.grid.analysis.plotting import (
     thin_runs,
     to_png,
 )
-from gridrun.grid.analysis.stats import mean_ci95, t95
-from gridrun.grid.analysis.summary import MetricColumns
-from gridrun.grid.analysis.tables import POLICY_LABELS, ordered_workflows
+from gridrun.analysis.stats import mean_ci95, t95
+from gridrun.analysis.summary import MetricColumns
+from gridrun.analysis.tables import POLICY_LABELS, ordered_workflows
 from gridrun.grid.errors import GridError
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.metric_keys import role_key
-from gridrun.rundir import RunDir
+from gridrun.seam.cellstate import CellState
+from gridrun.seam.metric_keys import role_key
+from gridrun.seam.rundir import RunDir
 
 POLICY_MARKER = {"IP": "o", "SP": "s"}
 WORKFLOW_MARKER = {"eval_opt": "o", "voting": "s", "orch_workers": "^"}

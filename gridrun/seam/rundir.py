@@ -10,7 +10,7 @@ modules beside it).
       samples/step_XXXXXX.jsonl  logs/  wandb/  exports/step_XXXXXX/ (`gridrun export`)
 
 `RunDir.record` is the one writer of state.json: it applies a named transition of
-gridrun/cellstate.py, which refuses a change the cell's state machine does not allow.
+gridrun/seam/cellstate.py, which refuses a change the cell's state machine does not allow.
 Reading is tolerant: a damaged state.json or cell.json (bytes that are not UTF-8 JSON, a
 value of the wrong type) makes the cell read as the `damaged` state, whose `error` names the
 file and the fix, and never raises; damaged metrics.jsonl rows are skipped and reported by
@@ -24,7 +24,7 @@ at plan time (`config_sha256`; cells planned before it have none and are not che
 `held` probes it, the truth about whether a cell that reads running still runs.
 Left out: repairing a damaged file (the messages say how), locking between ranks of one job
 (rank 0 holds the lock for all of them), and what a metric means (an accuracy, a run's peak:
-gridrun/accuracy.py).
+gridrun/seam/accuracy.py).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gridrun.accuracy import is_accuracy
-from gridrun.cellstate import RECORDED, STATE_FIELDS, CellState, StateRecord, Transition
+from gridrun.seam.accuracy import is_accuracy
+from gridrun.seam.cellstate import RECORDED, STATE_FIELDS, CellState, StateRecord, Transition
 
 COMPLETE_MARKER = "COMPLETE"
 # A checkpoint's role -> adapter map (null: the base model), beside its adapters/ folder.
@@ -57,7 +57,7 @@ RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "coords": (dict,),
     "resources": (dict,),
     "config_sha256": (str,),  # config.yaml's bytes as planned (absent in cells planned before it)
-    "schema": (int,),  # the run schema's version it was planned under (gridrun/runconfig.py; absent: 1)
+    "schema": (int,),  # the run schema's version it was planned under (gridrun/seam/runconfig.py; absent: 1)
 }
 
 
@@ -474,7 +474,7 @@ class RunDir:
         return record
 
     def record(self, change: Transition) -> StateRecord:
-        """The one writer of state.json: apply a named transition (gridrun/cellstate.py) to
+        """The one writer of state.json: apply a named transition (gridrun/seam/cellstate.py) to
         the record read now and write it atomically; IllegalTransition, writing nothing, when
         the state read may not take it. Fields the transition does not name are kept.
 

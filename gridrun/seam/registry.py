@@ -71,7 +71,7 @@ class EngineParams(OptionParams):
 
 
 # (llm, episode, task, params, protocol) -> None: the workflow's async program over `llm.chat`;
-# protocol is the cell's ProtocolSpec (gridrun/runconfig.py): what roles see, how outputs are read.
+# protocol is the cell's ProtocolSpec (gridrun/seam/runconfig.py): what roles see, how outputs are read.
 Program = Callable[[Any, Any, Any, Any, Any], Coroutine[Any, Any, None]]
 # (episodes, correct(turn) -> bool, params) -> validation metrics without the `val/` prefix.
 WorkflowMetrics = Callable[[list[Any], Callable[[Any], bool], Any], dict[str, float]]

@@ -33,7 +33,7 @@ columns, so a cell's file is parsed once.
     val/role/<r>/{len_mean,terse_rate}_change last - first validation of the signature
                                               (the findings' claim d)
 
-`alert_summary` replays a cell's rows through the alerts (gridrun/mechanisms.py: the two
+`alert_summary` replays a cell's rows through the alerts (gridrun/seam/mechanisms.py: the two
 mechanisms, signature_drift, non_finite) and gives, per alert that can show in the cell
 (else None):
 alert/<m>/fired (training steps at which it held), alert/<m>/steps (steps replayed),
@@ -55,12 +55,13 @@ from typing import Any
 
 import numpy as np
 
-from gridrun.accuracy import first_peak
-from gridrun.cellstate import CellState, StateRecord
-from gridrun.mechanisms import ALERTS, THRESHOLDS, Groups, Thresholds, alert_history, applies, firings
-from gridrun.metric_keys import VAL_ROLE, adapter_key, adapter_prefix, parse_role_key, role_key, role_prefix
-from gridrun.runconfig import ConfigError, load_config
-from gridrun.rundir import RunDir
+from gridrun.seam.accuracy import first_peak
+from gridrun.seam.cellstate import CellState, StateRecord
+from gridrun.seam.mechanisms import ALERTS, THRESHOLDS, Groups, Thresholds, alert_history, applies, firings
+from gridrun.seam.metric_keys import VAL_ROLE, adapter_key, adapter_prefix, parse_role_key, role_key, role_prefix
+from gridrun.seam.routing import grouping
+from gridrun.seam.runconfig import ConfigError, load_config
+from gridrun.seam.rundir import RunDir
 
 Column = tuple["np.ndarray", "np.ndarray"]  # steps (int64), values (float64), sorted by step
 ADAPTER_KEY = re.compile(r"^adapter/([^/]+)/([^/]+)$")
@@ -286,7 +287,7 @@ def cell_grouping(run_dir: RunDir, policy: str | None) -> dict[str, tuple[str, .
         config = load_config(run_dir.config_yaml)
     except (ConfigError, OSError, UnicodeDecodeError):
         return None
-    return config.adapter_groups() if config.policy.name == "grouped" else None
+    return grouping(config)
 
 
 def alert_summary(rows: Iterable[Mapping[str, Any]], workflow: str | None, policy: str | None,

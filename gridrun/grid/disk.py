@@ -23,11 +23,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gridrun.arch import lora_parameter_count
 from gridrun.engine_params import VLLMParams
 from gridrun.memory import architecture, trainable_adapters
-from gridrun.runconfig import RunConfig
+from gridrun.seam.routing import adapter_groups
+from gridrun.seam.runconfig import RunConfig
 
 # float32 LoRA weights, then AdamW's two float32 moments: bytes per parameter.
 ADAPTER_BYTES_PER_PARAM = 4
@@ -56,10 +58,11 @@ class DiskEstimate:
         return self.results + self.tmp
 
 
-def _toy_arch() -> dict:
+def _toy_arch() -> dict[str, Any]:
     import gridrun.toy
 
-    return json.loads((Path(gridrun.toy.__file__).parent / "world" / "config.json").read_text())
+    arch: dict[str, Any] = json.loads((Path(gridrun.toy.__file__).parent / "world" / "config.json").read_text())
+    return arch
 
 
 def cell_disk(config: RunConfig, ranks: int = 1) -> DiskEstimate | None:
@@ -73,7 +76,7 @@ def cell_disk(config: RunConfig, ranks: int = 1) -> DiskEstimate | None:
     checkpoint = float(adapters * lora * CHECKPOINT_BYTES_PER_PARAM)
     # The newest kept + the peak's + the temporary copy; a cell that never trains saves nothing.
     at_once = config.train.keep_checkpoints + 2 if adapters and config.steps_to_train else 0
-    served = len(config.adapter_groups()) or 1
+    served = len(adapter_groups(config)) or 1
     tmp = 0.0
     if isinstance(config.engine, VLLMParams):
         tmp = float(max(1, ranks) * (ENGINE_VERSIONS * served + 1) * lora * ADAPTER_BYTES_PER_PARAM)

@@ -4,9 +4,9 @@
 The one definition of a cell's peak (Table 1's ceiling, the checkpoint kept by merit, the
 adapter `gridrun export --step peak` finds): the trainer, `gridrun collect` and the adapter
 lookup all take it from here. A seam module (standard library only): both halves import it.
-Left out: reading and validating metrics.jsonl (gridrun/rundir.py, which asks `is_accuracy`
-whether a value must lie in [0, 1]) and every other metric's meaning (gridrun/mechanisms.py,
-gridrun/grid/analysis/summary.py).
+Left out: reading and validating metrics.jsonl (gridrun/seam/rundir.py, which asks `is_accuracy`
+whether a value must lie in [0, 1]) and every other metric's meaning (gridrun/seam/mechanisms.py,
+gridrun/analysis/summary.py).
 """
 
 from __future__ import annotations

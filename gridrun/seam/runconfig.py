@@ -7,7 +7,7 @@ with an error that names the key and the closest valid one, because a typo'd key
 falling back to a default would train the wrong cell.
 
 The workflow, task and engine nodes are each the params dataclass of the option they name,
-taken from its registry (gridrun/registry.py): `workflow.rounds` exists on an eval_opt
+taken from its registry (gridrun/seam/registry.py): `workflow.rounds` exists on an eval_opt
 config only. The dataclass defaults are the only defaults; the dumped config.yaml, and the
 fingerprint hashed from it, holds every field with its default filled in.
 
@@ -31,13 +31,13 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
-from gridrun import registry
+from gridrun.seam import registry
 
 # The seeds a run takes: every stream it derives (gridrun/train/seeds.py) stays within torch's
 # range, and vLLM seeds numpy, which takes 32 bits.
 SEED_MAX = 2**32 - 1
-from gridrun.registry import ConfigError as ConfigError  # noqa: PLC0414 - re-exported: both halves catch it here
-from gridrun.registry import EngineParams, OptionParams, TaskParams, WorkflowParams
+from gridrun.seam.registry import ConfigError as ConfigError  # noqa: PLC0414 - re-exported: both halves catch it here
+from gridrun.seam.registry import EngineParams, OptionParams, TaskParams, WorkflowParams
 
 T = TypeVar("T")
 P = TypeVar("P", bound=OptionParams)
@@ -406,7 +406,7 @@ class TrainSpec:
     # Answers sampled per validation problem (at sampling.val_temperature): the paper's 1. More
     # shrink the within-problem part of val/acc_se (gridrun/train/validate.py's accuracy_se).
     val_n: int = 1
-    # What a mechanism alert (gridrun/mechanisms.py) does when it first fires: "warn" (state.json
+    # What a mechanism alert (gridrun/seam/mechanisms.py) does when it first fires: "warn" (state.json
     # and status show it), "export_peak" (also export the peak validation's adapters, then train
     # on) or "stop" (export them and end the cell: state `stopped`, with the alert and its step).
     on_alert: Literal["warn", "export_peak", "stop"] = "warn"
@@ -469,7 +469,7 @@ class RunConfig:
     preset: Literal["released", "as_written"] = "released"
     # The toy world with its default recipe.
     model: ModelSpec = field(default_factory=lambda: ModelSpec(name_or_path="toy", toy=ToySpec()))
-    # Each node: the params of the option it names (gridrun/registry.py), e.g. voting's
+    # Each node: the params of the option it names (gridrun/seam/registry.py), e.g. voting's
     # n_voters; absent, the option below with its defaults.
     workflow: WorkflowParams = field(default_factory=lambda: _default_option(WorkflowParams, "workflow", registry.single_agent_workflow()))
     task: TaskParams = field(default_factory=lambda: _default_option(TaskParams, "task", "arith"))
@@ -541,7 +541,7 @@ class RunConfig:
         if missing:
             raise ConfigError(
                 f"task '{task.name}' has no prompt for role '{missing[0]}' of workflow '{workflow.name}': add a "
-                f"'{missing[0]}' method to {task.prompts.__name__} or call gridrun.registry.add_prompts"
+                f"'{missing[0]}' method to {task.prompts.__name__} or call gridrun.seam.registry.add_prompts"
                 f"('{task.name}', {missing[0]}=...) in the workflow's module"
             )
 
@@ -648,86 +648,16 @@ class RunConfig:
                  for role in getattr(self.optim, key)]
         if self.grpo.multiplicity_norm in ("steps", "lr"):
             named.append((f"grpo.multiplicity_norm={self.grpo.multiplicity_norm}", PARALLEL))
-        groups = self.adapter_groups()
+        groups = self.policy.groups
         for knob, role in named:
             if role == PARALLEL:
-                role = self._parallel()
+                # The role-strength checks refused `parallel` on a workflow without that role.
+                role = str(workflow.parallel_role)
             group = next(g for g, members in groups.items() if role in members)
-            others = [r for r in groups[group] if r != role]
+            others = [r for r in workflow.roles if r in groups[group] and r != role]
             if others:
                 raise ConfigError(f"{knob} acts on {role}'s own adapter, and policy.groups.{group} shares it with "
                                   f"{', '.join(others)}: give {role} a group of its own, or use grpo.role_weight")
-
-    def adapter_groups(self) -> dict[str, tuple[str, ...]]:
-        """Each trained adapter -> the roles it serves and learns from, in the workflow's role
-        order: policy shared's one adapter (`shared`, also a one-role workflow's under any
-        policy but grouped), isolated's one per role named after it, grouped's policy.groups.
-        Empty under policy transfer (its adapters are frozen, found when the cell runs)."""
-        roles = self.workflow_entry().roles
-        if self.policy.name == "transfer":
-            return {}
-        if self.policy.name == "grouped":
-            return {group: tuple(r for r in roles if r in members) for group, members in self.policy.groups.items()}
-        if self.policy.name == "shared" or len(roles) == 1:
-            return {SHARED_ADAPTER: roles}
-        return {role: (role,) for role in roles}
-
-    def adapter_of(self) -> dict[str, str]:
-        """Role -> the name of the trained adapter it runs on (adapter_groups, inverted)."""
-        return {role: adapter for adapter, members in self.adapter_groups().items() for role in members}
-
-    def adapter_lr_scales(self, step: int | None = None) -> dict[str, float]:
-        """role_lr_scales keyed by each role's adapter (the checks leave a scaled role alone on it)."""
-        of = self.adapter_of()
-        return {of[role]: scale for role, scale in self.role_lr_scales(step).items()}
-
-    def adapter_steps(self) -> dict[str, int]:
-        """role_steps keyed by each role's adapter (the checks leave such a role alone on it)."""
-        of = self.adapter_of()
-        return {of[role]: steps for role, steps in self.role_steps().items()}
-
-    def _parallel(self) -> str:
-        """The workflow's parallel role (the checks refuse `parallel` keys and
-        multiplicity_norm on a workflow without one)."""
-        parallel = self.workflow_entry().parallel_role
-        if parallel is None:
-            raise ConfigError(f"{self.workflow.name} has no parallel role (same-role multiplicity)")
-        return parallel
-
-    def _per_role(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """`values` with `parallel` resolved to the workflow's parallel role."""
-        return {(self._parallel() if role == PARALLEL else role): value for role, value in values.items()}
-
-    def role_weights(self) -> dict[str, float]:
-        """Each role's loss weight (roles not listed weigh 1): grpo.role_weight, and 1/k on the
-        parallel role under multiplicity_norm=share."""
-        return self._factors(self.grpo.role_weight, "share")
-
-    def role_lr_scales(self, step: int | None = None) -> dict[str, float]:
-        """Each role's LR multiplier (roles not listed: 1), 1/k on the parallel role under
-        multiplicity_norm=lr; at training `step` (1-based), optim.role_lr_scale's part is
-        ramped: 1 + (s - 1) * min(1, step / optim.role_lr_ramp)."""
-        ramp = self.optim.role_lr_ramp
-        reached = 1.0 if step is None or ramp <= 0 else min(1.0, step / ramp)
-        scales = {role: 1.0 + (s - 1.0) * reached for role, s in self.optim.role_lr_scale.items()}
-        return self._factors(scales, "lr")
-
-    def _factors(self, values: Mapping[str, float], normalized_by: str) -> dict[str, float]:
-        """`values` per role, the parallel role's divided by its slots when multiplicity_norm
-        is `normalized_by`."""
-        factors = self._per_role(values)
-        if self.grpo.multiplicity_norm == normalized_by:
-            parallel = self._parallel()
-            factors[parallel] = factors.get(parallel, 1.0) / self.parallel_slots
-        return factors
-
-    def role_steps(self) -> dict[str, int]:
-        """Optimizer steps per training step of the roles that set them (one for the parallel
-        role under multiplicity_norm=steps); roles not listed cut by size, as the paper."""
-        steps = self._per_role(self.optim.role_steps)
-        if self.grpo.multiplicity_norm == "steps":
-            steps[self._parallel()] = 1
-        return steps
 
     def _check_roles(self, key: str, named: Mapping[str, Any], roles: tuple[str, ...]) -> None:
         for role in named:

@@ -51,11 +51,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from gridrun.arch import known, parameter_count, published
 from gridrun.engine_params import HFParams, VLLMParams
 from gridrun.memory import ENGINE_MAX_SEQS, GIB, architecture
-from gridrun.runconfig import RunConfig
+from gridrun.seam.runconfig import RunConfig
 
 # Data-sheet figures per GPU class: dense bf16 TFLOP/s and HBM bandwidth, TB/s.
 GPU_SHEETS = {"h100": {"bf16_tflops": 989.4, "hbm_tbs": 3.35}, "l40s": {"bf16_tflops": 362.1, "hbm_tbs": 0.864}}
@@ -79,7 +80,7 @@ EVAL_OPT_CONTINUE = 0.5
 # with seed 42, DeepCoder's first 1000).
 VAL_PROBLEMS = {"math": 1412, "code": 1000}
 # Where the GPU check's rows are kept in a checkout (absent from a wheel: all modelled then).
-MEASURED_DIR = Path(__file__).resolve().parents[1] / "bench" / "measured"
+MEASURED_DIR = Path(__file__).resolve().parents[2] / "bench" / "measured"
 # Prompt tokens of a GPU-check row that does not record its update's tokens (bench/gpu.py
 # before `update_tokens`): the math prompt above, its earlier turns sampled at 32 tokens.
 CHECK_PROMPT_TOKENS = TASK_PROMPT_TOKENS["math"]
@@ -173,7 +174,7 @@ def shape(config: RunConfig) -> list[Call]:
 
 
 # --- rates -------------------------------------------------------------------------------------
-def _scale_arch(scale: str) -> dict | None:
+def _scale_arch(scale: str) -> dict[str, Any] | None:
     name = f"qwen3-{scale.lower()}"
     return published(name) if name in known() else None
 
@@ -223,11 +224,11 @@ def update_rate(gpu: str, arch_name: str, measured: Mapping[tuple[str, str], Rat
 
 
 # --- seconds ------------------------------------------------------------------------------------
-def _kv_bytes_per_token(arch: dict, dtype_bytes: int) -> float:
-    return arch["num_hidden_layers"] * 2 * arch["num_key_value_heads"] * arch["head_dim"] * dtype_bytes
+def _kv_bytes_per_token(arch: dict[str, Any], dtype_bytes: int) -> float:
+    return float(arch["num_hidden_layers"] * 2 * arch["num_key_value_heads"] * arch["head_dim"] * dtype_bytes)
 
 
-def _rollout_s(config: RunConfig, arch: dict, gpu: str, memory_gb: float, episodes: float, stages: list[Call]) -> float:
+def _rollout_s(config: RunConfig, arch: dict[str, Any], gpu: str, memory_gb: float, episodes: float, stages: list[Call]) -> float:
     """Seconds of one rank's rollout of `episodes` episodes (the module docstring's model)."""
     sheet = GPU_SHEETS[gpu]
     dtype_bytes = 2 if config.model.dtype in ("bfloat16", "float16") else 4
@@ -321,7 +322,7 @@ class MeasuredStep:
 
 
 def write_measured_step(path: Path, config: RunConfig, gpu: str, step_s: float, cell_id: str) -> None:
-    from gridrun.rundir import atomic_write_json
+    from gridrun.seam.rundir import atomic_write_json
 
     atomic_write_json(path, {"shape": cell_shape(config, gpu), "step_s": step_s,
                              "batch_problems": config.train.batch_problems, "cell": cell_id})

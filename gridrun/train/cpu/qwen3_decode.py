@@ -13,7 +13,7 @@ the filled part (generate's cache grows by concatenation, copying all of it ever
 What it computes, per step, for rows (batch, 1) after a prefill of every prompt column but
 the last (`HFEngine._prefill`):
   embed -> per layer: RMSNorm, q/k/v projections, q/k head norms, rotary embedding, cache
-  write, grouped attention (gridrun/train/attention.py's call), o projection, residual,
+  write, grouped attention (gridrun/train/cpu/attention.py's call), o projection, residual,
   RMSNorm, SwiGLU MLP, residual -> RMSNorm -> the output layer on the last position ->
   log softmax(logits / T) recorded, softmax(logits / T) sampled with torch.multinomial
   (argmax when greedy), finished rows fed the pad token, as generate does.
@@ -36,7 +36,7 @@ from peft.tuners.lora import LoraLayer
 from transformers import Qwen3ForCausalLM
 from transformers.models.qwen3.modeling_qwen3 import rotate_half
 
-from gridrun.train.attention import GROUPED_SDPA
+from gridrun.train.cpu.attention import GROUPED_SDPA
 from gridrun.train.padding import generate_positions
 
 

@@ -5,7 +5,7 @@ the sweep is planned, so before it runs) names the fit seeds, the held-out seeds
 values for `Thresholds` fields. For each mechanism, every combination of the candidates of its
 own fields (MECHANISM_FIELDS; a field not searched keeps its default) is replayed on the rows
 of the fit seeds' cells (`alert_history`), and scored as the early warning scores alerts
-(gridrun/grid/analysis/warning.py: recall on cliff cells, warned LEAD_VALIDATIONS ahead;
+(gridrun/analysis/warning.py: recall on cliff cells, warned LEAD_VALIDATIONS ahead;
 false-alarm rate on the others). The choice: the highest recall among candidates whose
 false-alarm rate is below FALSE_ALARM_CAP; then the lower false-alarm rate; then the earlier
 candidate (fields in `Thresholds` order, values in the file's order). With no candidate under
@@ -37,11 +37,9 @@ from typing import Any
 
 import pandas as pd
 
-from gridrun.accuracy import val_accuracy
-from gridrun.cellstate import CellState
-from gridrun.grid.analysis.summary import cell_grouping
-from gridrun.grid.analysis.tables import Table, number
-from gridrun.grid.analysis.warning import (
+from gridrun.analysis.summary import cell_grouping
+from gridrun.analysis.tables import Table, number
+from gridrun.analysis.warning import (
     CLIFF_PP,
     CLIFF_SE,
     LEAD_VALIDATIONS,
@@ -51,7 +49,9 @@ from gridrun.grid.analysis.warning import (
 )
 from gridrun.grid.spec import EarlyWarningPlan
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.mechanisms import (
+from gridrun.seam.accuracy import val_accuracy
+from gridrun.seam.cellstate import CellState
+from gridrun.seam.mechanisms import (
     GRADIENT_AMPLIFICATION,
     MECHANISMS,
     SP_ROLE_CAPTURE,
@@ -63,8 +63,8 @@ from gridrun.mechanisms import (
     firings,
     signature_steps,
 )
-from gridrun.runconfig import TRAINED_KINDS, CellKind
-from gridrun.rundir import RunDir
+from gridrun.seam.runconfig import TRAINED_KINDS, CellKind
+from gridrun.seam.rundir import RunDir
 
 # A calibrated alert must cry wolf on fewer than this share of the cells without a cliff.
 FALSE_ALARM_CAP = 0.10

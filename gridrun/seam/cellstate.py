@@ -16,7 +16,7 @@ Three states are never written: `damaged` (a file of the cell cannot be read) an
 `missing` (its folder, or the folder's config.yaml, is gone: deleted by hand, even while it
 ran), both derived by `RunDir.read_state`, and `blocked` (a queued cell whose need can no
 longer finish). All three, with a lost job's `failed`, are a cell's observed state:
-gridrun/grid/observe.py. Left out: which process may write (the run's lock and the
+gridrun/grid/launchers/observe.py. Left out: which process may write (the run's lock and the
 sweep's lock decide that) and reading (RunDir.read_state, tolerant of damage).
 Standard library only: both halves import it.
 """
@@ -105,7 +105,7 @@ class StateRecord:
     `raw` is the object as on disk (its keys and their order, unknown keys included), so the
     one writer writes back exactly what it read plus the transition's fields, and a record
     written by an older gridrun reads the same. Counts absent or null read 0; the derived
-    fields (`lost`, `scheduler`, `waiting`) are set by gridrun/grid/observe.py through `with_`."""
+    fields (`lost`, `scheduler`, `waiting`) are set by gridrun/grid/launchers/observe.py through `with_`."""
 
     state: CellState
     step: int = 0

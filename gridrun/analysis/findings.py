@@ -41,12 +41,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from gridrun.cellstate import CellState
-from gridrun.grid.analysis.stats import mean_ci95
-from gridrun.grid.analysis.tables import POLICY_LABELS, Table, blocks, number
-from gridrun.mechanisms import MECHANISMS
-from gridrun.metric_keys import role_key, val_key
-from gridrun.registry import single_agent_workflow
+from gridrun.analysis.stats import mean_ci95
+from gridrun.analysis.tables import POLICY_LABELS, Table, blocks, number
+from gridrun.seam.cellstate import CellState
+from gridrun.seam.mechanisms import MECHANISMS
+from gridrun.seam.metric_keys import role_key, val_key
+from gridrun.seam.registry import single_agent_workflow
 
 HOLDS, FAILS, UNSURE = "holds", "does not hold", "inconclusive"
 STATEMENTS = {
@@ -369,7 +369,7 @@ def alerts_table(cells: pd.DataFrame) -> Table:
                              "gradient_amplification, multi-agent SP cells for sp_role_capture).")]
     return Table(
         name="findings_alerts", title="Mechanism alerts — how often each fired, and when against the peak",
-        caption="The alerts of gridrun/mechanisms.py replayed on each cell's metrics.jsonl with the current "
+        caption="The alerts of gridrun/seam/mechanisms.py replayed on each cell's metrics.jsonl with the current "
         "thresholds: training steps at which the alert held (of the steps replayed), its first step, and that "
         "step minus the cell's validation peak step (negative: it fired before the peak).",
         columns=columns, headers=["Cell", "State", "Mechanism", "Fired (steps)", "Steps", "First step", "Peak step",

@@ -6,25 +6,25 @@ finds each peak in the validation accuracies it read; neither opens metrics.json
 Writes, under results/<sweep>/:
 
     cells.parquet     one row per cell: coordinates, kind, state, attempt, cost (wall_h,
-                      gpu_h), the per-cell statistics of grid/analysis/summary.py, the
+                      gpu_h), the per-cell statistics of analysis/summary.py, the
                       step-0 check against the base control, drift alerts and mechanism
                       flags, and where its peak's checkpoint is (`peak_checkpoint`)
     metrics.parquet   every numeric metric of every cell in long form:
                       cell, split, step, metric, value
-    table1 .. table6  (and table1_final) as md, csv and tex: grid/analysis/tables.py
+    table1 .. table6  (and table1_final) as md, csv and tex: analysis/tables.py
     findings, findings_alerts   the paper's claims measured, and the mechanism alerts per
-                      cell, as md, csv and tex: grid/analysis/findings.py
+                      cell, as md, csv and tex: analysis/findings.py
     early_warning     per alert, its recall on cliff cells and false-alarm rate on the others
-                      (grid/analysis/warning.py; the per-cell cliff and leads are in cells.parquet)
+                      (analysis/warning.py; the per-cell cliff and leads are in cells.parquet)
     noise_floor       per trained cell, its validation SE, noise floor and largest fall in SEs
     alert_actions     cells whose train.on_alert acted: steps a stop saved, the peak it kept
                       against the would-be end (its own final, or a twin's that ran on)
     early_warning_calibration, early_warning_search, mechanism_shown   with an early_warning
                       plan in sweep.json: thresholds chosen on its fit seeds and reported on
-                      its held-out seeds (grid/analysis/calibration.py)
-    figures/          PNGs: grid/analysis/curves.py (learning curves, gradient shares),
-                      grid/analysis/paper_figures.py (Figures 2-6), early_warning-<task>-<scale>
-    report.md, report.html   grid/analysis/report.py
+                      its held-out seeds (analysis/calibration.py)
+    figures/          PNGs: analysis/curves.py (learning curves, gradient shares),
+                      analysis/paper_figures.py (Figures 2-6), early_warning-<task>-<scale>
+    report.md, report.html   analysis/report.py
 
 In a sweep with variants, tables 1-6 and findings_alerts are written per variant (over its
 cells and the controls), named <table>-<variant>; findings and early_warning span them all;
@@ -56,14 +56,12 @@ from typing import Any, NamedTuple
 import pandas as pd
 import yaml
 
-from gridrun import registry
 from gridrun.adapters import peak_checkpoint
-from gridrun.cellstate import FINISHED_STATES, CellState
-from gridrun.grid.analysis.calibration import calibration_tables
-from gridrun.grid.analysis.findings import alerts_table, findings_table
-from gridrun.grid.analysis.summary import MetricColumns, alert_summary, cell_grouping, cell_hours, cell_summary
-from gridrun.grid.analysis.tables import Table, base_mismatch_notes, flags, signature_tables, table1, table2, table3
-from gridrun.grid.analysis.warning import (
+from gridrun.analysis.calibration import calibration_tables
+from gridrun.analysis.findings import alerts_table, findings_table
+from gridrun.analysis.summary import MetricColumns, alert_summary, cell_grouping, cell_hours, cell_summary
+from gridrun.analysis.tables import Table, base_mismatch_notes, flags, signature_tables, table1, table2, table3
+from gridrun.analysis.warning import (
     CLIFF_SE,
     alert_actions_table,
     early_warning_jobs,
@@ -76,10 +74,12 @@ from gridrun.grid.console import track
 from gridrun.grid.spec import EarlyWarningPlan
 from gridrun.grid.status import sweep_rows
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.mechanisms import ALERTS
-from gridrun.metric_keys import VAL_ROLE
-from gridrun.runconfig import CellKind
-from gridrun.rundir import RunDir, atomic_write_bytes, atomic_write_text
+from gridrun.seam import registry
+from gridrun.seam.cellstate import FINISHED_STATES, CellState
+from gridrun.seam.mechanisms import ALERTS
+from gridrun.seam.metric_keys import VAL_ROLE
+from gridrun.seam.runconfig import CellKind
+from gridrun.seam.rundir import RunDir, atomic_write_bytes, atomic_write_text
 
 # Below this many cells, worker processes cost more to start than they save.
 PARALLEL_FROM_CELLS = 200
@@ -357,10 +357,10 @@ def export_peaks(sweep: SweepDir, data: SweepData, out: Path, console: Any) -> l
 def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0, export_to: Path | None = None) -> list[Table]:
     """Write every output (see the module docstring); print Table 1 and where the rest went;
     with `export_to`, export every done cell's peak there too."""
-    from gridrun.grid.analysis.curves import figure_jobs
-    from gridrun.grid.analysis.paper_figures import paper_figure_jobs
-    from gridrun.grid.analysis.plotting import render
-    from gridrun.grid.analysis.report import write_report
+    from gridrun.analysis.curves import figure_jobs
+    from gridrun.analysis.paper_figures import paper_figure_jobs
+    from gridrun.analysis.plotting import render
+    from gridrun.analysis.report import write_report
 
     data = read_sweep(sweep, tolerance_pp)
     cells = data.cells

@@ -64,8 +64,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gridrun import registry
-from gridrun.metric_keys import VAL_ROLE, parse_role_key, role_key, val_key
+from gridrun.seam import registry
+from gridrun.seam.metric_keys import VAL_ROLE, parse_role_key, role_key, val_key
 
 GRADIENT_AMPLIFICATION = "gradient_amplification"
 SP_ROLE_CAPTURE = "sp_role_capture"

@@ -2,7 +2,7 @@
 figures on the Agg canvas, seeds as thin lines, legends, PNG bytes, and the rendering of a
 sweep's figures (in forked workers for large sweeps) into files.
 
-The figures themselves: gridrun/grid/analysis/curves.py (learning curves, gradient shares),
+The figures themselves: gridrun/analysis/curves.py (learning curves, gradient shares),
 paper_figures.py (Figures 2-6) and warning.py (the early-warning figure). matplotlib is
 imported only inside the functions that draw, so collecting a sweep that has not run yet
 stays fast. Left out: what any figure shows.
@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gridrun.rundir import atomic_write_bytes
+from gridrun.seam.rundir import atomic_write_bytes
 
 # Okabe-Ito, a palette that colour-blind readers tell apart; fixed per series, so IP, SP and
 # SA-RL look the same in every panel and figure.

@@ -12,7 +12,7 @@ reached, bold: a lagging seed shortens the mean rather than making it jump. A fa
 cancelled cell is drawn thin and dotted and kept out of the mean (as Table 1 keeps it out of
 its numbers), or one that died at step 0 would cut the mean to a point. Cells without
 metrics are skipped; a figure with nothing to draw is not written (and an older one of that
-name is removed). Drawing and rendering: gridrun/grid/analysis/plotting.py.
+name is removed). Drawing and rendering: gridrun/analysis/plotting.py.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from gridrun.grid.analysis.plotting import (
+from gridrun.analysis.plotting import (
     OKABE_ITO,
     SERIES_COLORS,
     Job,
@@ -34,11 +34,11 @@ from gridrun.grid.analysis.plotting import (
     thin_runs,
     to_png,
 )
-from gridrun.grid.analysis.summary import MetricColumns
-from gridrun.grid.analysis.tables import POLICY_LABELS, ordered_workflows
+from gridrun.analysis.summary import MetricColumns
+from gridrun.analysis.tables import POLICY_LABELS, ordered_workflows
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.metric_keys import role_key
-from gridrun.registry import single_agent_workflow
+from gridrun.seam.metric_keys import role_key
+from gridrun.seam.registry import single_agent_workflow
 
 # The paper's order; a policy it does not name comes after, alphabetically.
 POLICY_ORDER = ("isolated", "shared")

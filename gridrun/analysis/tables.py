@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from gridrun.cellstate import CellState
-from gridrun.grid.analysis.stats import Entry
-from gridrun.mechanisms import MECHANISMS
-from gridrun.metric_keys import ADAPTER, ROLE, role_key, val_key
-from gridrun.registry import single_agent_workflow
-from gridrun.runconfig import CellKind
+from gridrun.analysis.stats import Entry
+from gridrun.seam.cellstate import CellState
+from gridrun.seam.mechanisms import MECHANISMS
+from gridrun.seam.metric_keys import ADAPTER, ROLE, role_key, val_key
+from gridrun.seam.registry import single_agent_workflow
+from gridrun.seam.runconfig import CellKind
 
 HEADERS = {"base": "Base", "sa_rl": "SA-RL", "ip": "IP", "sp": "SP", "ip_minus_sa": "IP−SA", "sp_minus_sa": "SP−SA"}
 # The reward controls' columns (`shuffled` cells: their twin's training with each step's rewards
@@ -346,7 +346,7 @@ def table3(cells: pd.DataFrame) -> Table:
 
 # --- Tables 4-6: flagged cells' trajectory signatures --------------------------------------------
 def flags(row: pd.Series) -> list[str]:
-    """The mechanisms flagged in a cell: those whose alert (gridrun/mechanisms.py, replayed by
+    """The mechanisms flagged in a cell: those whose alert (gridrun/seam/mechanisms.py, replayed by
     collect on the cell's rows) held at one training step or more. One definition serves the
     trainer's live alerts, the findings and Tables 4-6."""
     found = []

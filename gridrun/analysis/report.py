@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from gridrun.grid.analysis.tables import Table
+from gridrun.analysis.tables import Table
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.rundir import atomic_write_text
+from gridrun.seam.rundir import atomic_write_text
 
 AXES = ("workflow", "task", "scale", "policy", "seed", "kind", "variant")
 # figure file stem (before any -<task>-<scale>) -> (title, what to look for)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from gridrun.cellstate import CellState
+from gridrun.seam.cellstate import CellState
 
 # Two-sided 95% Student t quantiles by degrees of freedom (a df between entries takes the
 # lower entry's, slightly wider, value).

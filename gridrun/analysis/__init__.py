@@ -1,5 +1,8 @@
-"""The paper's analysis of a sweep, written by `gridrun collect` (gridrun/grid/collect.py
-reads the run dirs once and calls these):
+"""The paper's analysis of a sweep, written by `gridrun collect`. Reads a results folder and
+never launches; imports gridrun.grid for the sweep's folder and status rows, never the reverse.
+
+    commands.py       the `gridrun collect` subcommand
+    collect.py        reads the run dirs once and calls the modules below; cells/metrics.parquet
 
     stats.py          seed statistics: means, counts, 95% t half-widths, a missing value's state
     summary.py        a cell's metrics as columns; per-cell statistics (cells.parquet's columns)
@@ -14,5 +17,5 @@ reads the run dirs once and calls these):
                       legends, PNG bytes, rendering in forked workers
     report.py         report.md and the self-contained report.html
 
-Torch-free like the rest of gridrun/grid/; matplotlib is imported only to draw.
+Torch-free like gridrun/grid/; matplotlib is imported only to draw.
 """

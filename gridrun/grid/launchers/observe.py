@@ -1,6 +1,6 @@
 """A cell's observed state: what its state.json says, corrected by what is true now.
 
-`RunDir.read_state` (gridrun/rundir.py) reads the record, tolerant of damage (`damaged`,
+`RunDir.read_state` (gridrun/seam/rundir.py) reads the record, tolerant of damage (`damaged`,
 `missing`); on top of it this module derives, never writing anything:
 
     lost      a cell reading running on this host whose run lock no process holds reads
@@ -13,7 +13,7 @@
 
 `gridrun status` and `gridrun plan` read states only through here; queueing
 (gridrun/grid/launchers/dispatch.py) judges each cell by its observed state. The state
-machine itself (states, named transitions, the one writer) is gridrun/cellstate.py.
+machine itself (states, named transitions, the one writer) is gridrun/seam/cellstate.py.
 Stdlib only: `gridrun status` imports this.
 """
 
@@ -23,12 +23,12 @@ import socket
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from gridrun.cellstate import BLOCKING_STATES, FINISHED_STATES, CellState, StateRecord
 from gridrun.grid.launchers.base import LAUNCHERS, launcher_class
+from gridrun.seam.cellstate import BLOCKING_STATES, FINISHED_STATES, CellState, StateRecord
 
 if TYPE_CHECKING:
     from gridrun.grid.sweepdir import PlanEntry, SweepDir
-    from gridrun.rundir import RunDir
+    from gridrun.seam.rundir import RunDir
 
 HOST = socket.gethostname()
 

@@ -1,7 +1,7 @@
 """The cliff early warning: did an alert fire validations before a cell's accuracy fell?
 
 Per cell (cells.parquet's columns, from its validation accuracy and the alerts replayed on
-its rows, gridrun/mechanisms.py):
+its rows, gridrun/seam/mechanisms.py):
 
     val_acc_se_pp         the cell's noise: the mean standard error of its validations
                           (`val/acc_se`, over problems and samples), in points
@@ -49,13 +49,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gridrun.cellstate import CellState
-from gridrun.grid.analysis.plotting import OKABE_ITO, legend, new_figure, to_png
-from gridrun.grid.analysis.summary import MetricColumns
-from gridrun.grid.analysis.tables import POLICY_LABELS, Table, number
+from gridrun.analysis.plotting import OKABE_ITO, legend, new_figure, to_png
+from gridrun.analysis.summary import MetricColumns
+from gridrun.analysis.tables import POLICY_LABELS, Table, number
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.mechanisms import ALERTS
-from gridrun.runconfig import TRAINED_KINDS
+from gridrun.seam.cellstate import CellState
+from gridrun.seam.mechanisms import ALERTS
+from gridrun.seam.runconfig import TRAINED_KINDS
 
 # A cliff worth warning about: at least this many points below the running peak...
 CLIFF_PP = 10.0
@@ -214,7 +214,7 @@ def early_warning_table(cells: pd.DataFrame, name: str = "early_warning") -> Tab
                  "peak_drop_cliff; k: the sweep's early_warning.cliff_se, else "
                  f"{CLIFF_SE:g}). Recall: cliff cells whose alert first fired at least {LEAD_VALIDATIONS} "
                  "validations before the fall showed. False alarms: cells without such a cliff (shuffled-reward "
-                 "twins included) where it fired at all. Thresholds: gridrun/mechanisms.py's, provisional."),
+                 "twins included) where it fired at all. Thresholds: gridrun/seam/mechanisms.py's, provisional."),
         columns=columns, headers=["Alert", "Cells", "Recall (warned / cliffs)", "False alarms (fired / calm)"],
         rows=rows, shown=shown, left=1,
     )
