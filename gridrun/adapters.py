@@ -29,6 +29,7 @@ from pathlib import Path
 
 from gridrun.seam.accuracy import first_peak, val_accuracy
 from gridrun.seam.cellstate import FINISHED_STATES
+from gridrun.seam.errors import UserError
 from gridrun.seam.rundir import COMPLETE_MARKER, ROLES_FILE, RunDir, adapter_dir
 
 STEP_CHOICES = "peak, last or a step number"
@@ -37,7 +38,7 @@ _HEADER_MAX = 100 << 20  # safetensors' own limit on a header's size
 _REWRITE = "re-run the cell (or export another step) to write it again"
 
 
-class AdapterSourceError(ValueError):
+class AdapterSourceError(UserError, ValueError):
     """An adapter that cannot be found or used, and the fix, in one line."""
 
 

@@ -31,14 +31,12 @@ from typing import Any
 
 import torch
 
-from gridrun.adapters import AdapterSourceError
 from gridrun.modelfiles import model_dirs_from_env, model_source
 from gridrun.seam import cellstate
+from gridrun.seam.errors import UserError
 from gridrun.seam.runconfig import ModelSpec, RunConfig, ToySpec, load_config
 from gridrun.seam.rundir import RUN_DISK_FIXES, NotARunDir, RunDir, disk_error
-from gridrun.tasks.sandbox import SandboxUnavailable
-from gridrun.train.distributed import Dist, NoGpu, require_gpus
-from gridrun.train.rollout import AdapterNotServed
+from gridrun.train.distributed import Dist, require_gpus
 from gridrun.train.trainer import Preempted, Trainer
 
 log = logging.getLogger("gridrun")
@@ -158,7 +156,7 @@ def run_cell(path: Path) -> int:
             return 1
         except cellstate.IllegalTransition as moved:
             return _superseded(moved)
-        except (SandboxUnavailable, AdapterSourceError, AdapterNotServed, NoGpu) as refused:  # a fix for the user, not a bug: one line
+        except UserError as refused:  # a fix for the user, not a bug: one line
             log.error("%s", refused)
             return fail(str(refused))
         except Exception as err:  # noqa: BLE001 - any failure is recorded in state.json, then the exit code says it

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
+from gridrun.seam.errors import UserError
+
 
 def _setup_logging() -> None:
     level = os.environ.get("GRIDRUN_LOG", "INFO").upper()
@@ -62,7 +64,7 @@ def _cmd_reward(args: argparse.Namespace) -> int:
         result: dict[str, Any] = {"reward": score.reward, "parsed": score.parsed}
     else:
         from gridrun.tasks.code import CodeParams, limits_of
-        from gridrun.tasks.code_reward import CodeInputError, score_program_json
+        from gridrun.tasks.code_reward import score_program_json
         from gridrun.tasks.sandbox import SandboxConfig, SandboxUnavailable
 
         task = _cell_task(args.cell, "code", ["--mode"] if args.mode else []) if args.cell else None
@@ -71,8 +73,6 @@ def _cmd_reward(args: argparse.Namespace) -> int:
         try:
             result = score_program_json(args.file, args.tests, mode, SandboxConfig(isolation=isolation),
                                         limits_of(task))
-        except CodeInputError as err:
-            raise UserError(str(err)) from None
         except SandboxUnavailable as err:
             raise UserError(f"{err}; or pass --no-sandbox to run the program unisolated") from None
     print(json.dumps(result))
@@ -88,12 +88,9 @@ def _val_size(text: str) -> float | int:
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
-    from gridrun.tasks.data import DataError, prepare
+    from gridrun.tasks.data import prepare
 
-    try:
-        done = prepare(args.task, args.from_path, args.out, seed=args.seed, val_size=args.val_size)
-    except DataError as err:
-        raise UserError(str(err)) from None
+    done = prepare(args.task, args.from_path, args.out, seed=args.seed, val_size=args.val_size)
     dropped = ", ".join(f"{n} {why}" for why, n in done.dropped.items()) or "none"
     print(f"prepared {args.task}: {done.n_train} train, {done.n_val} val (dropped: {dropped}) in {done.out}")
     print(f"task.data_path={done.out.resolve()}")
@@ -102,14 +99,11 @@ def _cmd_data(args: argparse.Namespace) -> int:
 
 def _cmd_toy(args: argparse.Namespace) -> int:
     from gridrun.seam.runconfig import ToySpec
-    from gridrun.toy.build import SHIPPED, ToyWorldError, ensure_toy_world, file_hashes, rebuild, shipped_world
+    from gridrun.toy.build import SHIPPED, ensure_toy_world, file_hashes, rebuild, shipped_world
 
     spec = ToySpec() if args.seed is None else ToySpec(seed=args.seed)
-    try:
-        path = rebuild(spec) if args.rebuild else ensure_toy_world(spec)
-        shipped = shipped_world(spec)
-    except ToyWorldError as err:
-        raise UserError(str(err)) from None
+    path = rebuild(spec) if args.rebuild else ensure_toy_world(spec)
+    shipped = shipped_world(spec)
     info = json.loads((path / "build.json").read_text())
     where = "shipped with gridrun" if path == SHIPPED else "rebuilt" if args.rebuild else "cached"
     print(f"toy world (seed {spec.seed}, {where}): {path}")
@@ -125,22 +119,16 @@ def _cmd_toy(args: argparse.Namespace) -> int:
 
 def _cmd_plot(args: argparse.Namespace) -> int:
     from gridrun.analysis.paper_figures import plot_cell
-    from gridrun.grid.errors import GridError
     from gridrun.grid.show import find_cell
     from gridrun.grid.sweepdir import results_root
 
     conf = _conf_arg(args.conf, "plot")
-    try:
-        path = plot_cell(find_cell(args.cell, results_root(args.results_dir), conf))
-    except GridError as err:
-        raise UserError(str(err)) from None
-    print(path)
+    print(plot_cell(find_cell(args.cell, results_root(args.results_dir), conf)))
     return 0
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from gridrun.export import ExportError, MergeWriter, export
-    from gridrun.grid.errors import GridError
+    from gridrun.export import MergeWriter, export
     from gridrun.grid.show import find_cell
     from gridrun.grid.sweepdir import results_root
 
@@ -148,12 +136,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     merge: MergeWriter | None = None
     if args.merged:
         from gridrun.cellrun import write_merged as merge
-    try:
-        run_dir = find_cell(args.cell, results_root(args.results_dir), conf)
-        out = export(run_dir, args.step, Path(args.out) if args.out else None, merge=merge)
-    except (GridError, ExportError) as err:
-        raise UserError(str(err)) from None
-    print(out)
+    run_dir = find_cell(args.cell, results_root(args.results_dir), conf)
+    print(export(run_dir, args.step, Path(args.out) if args.out else None, merge=merge))
     return 0
 
 
@@ -247,10 +231,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class UserError(Exception):
-    """An error the user can fix; printed as one line, no traceback."""
-
-
 # The `train` extra (pyproject.toml): what the trainer imports and a plain `pip install .`
 # (the grid half, for a login node) leaves out.
 TRAIN_STACK = ("torch", "transformers", "peft", "tokenizers", "safetensors", "wandb", "datasets")
@@ -270,12 +250,9 @@ def missing_train_stack(err: ModuleNotFoundError, command: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     args = build_parser().parse_args(argv)
-    from gridrun.seam.runconfig import ConfigError
-    from gridrun.seam.rundir import DamagedFile, NotARunDir, RunLocked
-
     try:
         return int(args.func(args) or 0)
-    except (UserError, ConfigError, NotARunDir, DamagedFile, RunLocked, FileNotFoundError) as err:
+    except (UserError, FileNotFoundError) as err:
         print(f"gridrun: error: {err}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as err:

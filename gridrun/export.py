@@ -26,11 +26,12 @@ from typing import Any
 
 from gridrun.adapters import AdapterSourceError, Checkpoint, find_checkpoint
 from gridrun.seam.accuracy import first_peak, val_accuracy
+from gridrun.seam.errors import UserError
 from gridrun.seam.runconfig import ConfigError, RunConfig, load_config
 from gridrun.seam.rundir import ROLES_FILE, DamagedFile, RunDir, disk_error
 
 
-class ExportError(ValueError):
+class ExportError(UserError, ValueError):
     """What cannot be exported, and the fix, in one line."""
 
 

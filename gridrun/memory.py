@@ -18,9 +18,23 @@ A cell's GPU holds, per data-parallel rank (every rank keeps a full replica):
   ENGINE_SHARE_CAP (the released code's 0.85, with its actor offloaded during rollouts); `engine=hf` holds a KV cache for a sub-batch
   of `engine.max_batch_size` requests at the longest prompt plus the response limit.
 
+The engine's share (`engine_share`, frozen into config.yaml at plan time when
+`engine.gpu_memory_utilization` is null): the GPU less what the trainer keeps on it while
+the engine rolls out (the frozen weights, each adapter's float32 weights and AdamW moments,
+the allocator reserve; with `engine.enable_sleep_mode=false` also the update's activations)
+and one CUDA context for each of the two processes (CUDA_CONTEXT_BYTES, 1 GiB each), at most
+ENGINE_SHARE_CAP (0.85), rounded down to 0.01. The released code ran vLLM at 0.85 with its
+actor offloaded during rollouts; gridrun's trainer keeps its weights on the GPU, so its
+share comes off the top first.
+
+The update never holds a whole micro-batch's full-vocabulary logits: the output layer runs
+on 2,048-position chunks under checkpointing (gridrun/train/logprobs.py), and the hf engine
+records each sampled token's log-prob as it decodes instead of keeping every step's logits.
+
 The peak is the larger of the rollout phase and the update phase. The constants below
 were fitted to peaks measured with torch.cuda.max_memory_allocated on an H100 (1.7B and
-4B, bench/gpu.py, bench/measured/): predicted/measured is in docs/real-scale.md, not assumed.
+4B, bench/gpu.py): predicted/measured is in bench/measured/gpu-h100-2026-11-22.md, not
+assumed.
 Torch-free: the grid imports it at plan time.
 
 Not counted: the CUDA context (outside PyTorch's allocator), NCCL buffers, vLLM's CUDA

@@ -8,6 +8,14 @@ cluster profile's `model_dirs` (hub id -> folder) is grid-only, so it is in no c
 and no fingerprint; the launchers hand it to each cell as `$GRIDRUN_MODEL_DIRS` (JSON), and
 the run entry (gridrun/cellrun.py) loads the folder while the config keeps the hub id.
 
+A folder counts as a whole checkpoint (`incomplete`) when it holds config.json,
+tokenizer_config.json, the tokenizer's files (tokenizer.json, or vocab.json and merges.txt) and
+every weight shard its safetensors index
+names (or model.safetensors). Keeping the hub id in the config matters: naming a folder in
+`model.name_or_path` instead would give every cell another fingerprint, lose the
+architecture and load one model for every scale; a load that fails names `gridrun fetch`
+and `model_dirs` (gridrun/train/model.py).
+
 Both halves use it: the grid to check, before anything is queued, that every cell's files
 are there (gridrun/grid/fetch.py); the run entry to resolve them. Standard library only: it
 reads the cache's documented layout (`hub/models--<org>--<name>/refs/main` names the

@@ -11,6 +11,7 @@ never launches; imports gridrun.grid for the sweep's folder and status rows, nev
                       mechanism alerts per cell
     warning.py        the alerts as an early warning: recall on cliff cells, false alarms, lead
                       time, and its figure
+    calibration.py    the early warning's thresholds chosen on fit seeds, scored on held-out ones
     curves.py         learning curves and per-role gradient shares per (task, scale) (PNG)
     paper_figures.py  Figures 2-6 (PNG), and one cell's Figure 6 for `gridrun plot`
     plotting.py       what every figure draws with: palette, thin seed lines,

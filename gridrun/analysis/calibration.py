@@ -48,7 +48,7 @@ from gridrun.analysis.warning import (
     warning_columns,
 )
 from gridrun.grid.spec import EarlyWarningPlan
-from gridrun.grid.sweepdir import SweepDir
+from gridrun.grid.sweepdir import SweepDir, SweepPlan
 from gridrun.seam.accuracy import val_accuracy
 from gridrun.seam.cellstate import CellState
 from gridrun.seam.mechanisms import (
@@ -307,14 +307,16 @@ def shown_table(curves: Sequence[CellCurve], results: Sequence[Calibration], k: 
     )
 
 
-def calibration_tables(sweep: SweepDir, cells: pd.DataFrame, metric_rows: Mapping[str, list[dict[str, Any]]]) -> list[Table]:
-    """The three tables, when sweep.json records an early_warning plan (none otherwise);
-    `metric_rows`: each cell's metric rows as collect read them (it keeps them for such a plan)."""
-    recorded = sweep.read().early_warning if sweep.exists() else None
+def calibration_tables(sweep: SweepDir, plan: SweepPlan, cells: pd.DataFrame,
+                       metric_rows: Mapping[str, list[dict[str, Any]]]) -> list[Table]:
+    """The three tables, when sweep.json (`plan`, as collect read it) records an early_warning
+    plan (none otherwise); `metric_rows`: each cell's metric rows as collect read them (it
+    keeps them for such a plan)."""
+    recorded = plan.early_warning
     if recorded is None or cells.empty:
         return []
-    plan = EarlyWarningPlan.parse(recorded, str(sweep.sweep_json))
+    early = EarlyWarningPlan.parse(recorded, str(sweep.sweep_json))
     curves = read_curves(sweep, cells, metric_rows)
-    results = calibrate(curves, plan)
-    k = CLIFF_SE if plan.cliff_se is None else plan.cliff_se
-    return [calibration_table(results, plan), search_table(results), shown_table(curves, results, k)]
+    results = calibrate(curves, early)
+    k = CLIFF_SE if early.cliff_se is None else early.cliff_se
+    return [calibration_table(results, early), search_table(results), shown_table(curves, results, k)]

@@ -73,7 +73,7 @@ from gridrun.grid.cells import base_control
 from gridrun.grid.console import track
 from gridrun.grid.spec import EarlyWarningPlan
 from gridrun.grid.status import sweep_rows
-from gridrun.grid.sweepdir import SweepDir
+from gridrun.grid.sweepdir import SweepDir, SweepPlan
 from gridrun.seam import registry
 from gridrun.seam.cellstate import FINISHED_STATES, CellState
 from gridrun.seam.mechanisms import ALERTS
@@ -94,6 +94,8 @@ class SweepData:
 
     cells: pd.DataFrame
     columns: dict[str, MetricColumns]
+    # sweep.json as read, once: the report and the calibration read it from here.
+    plan: SweepPlan
     rows: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
 
     def val_acc(self, cell: str) -> dict[int, float]:
@@ -165,7 +167,9 @@ def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
     recorded = sweep.read()
     plan = recorded.entries()
     keep_rows = recorded.early_warning is not None
-    rows = sweep_rows(sweep)
+    # Each cell's state.json, read once: its row and its hours come from the same record.
+    states = {cell.id: sweep.cell(cell.id).read_state() for cell in recorded.cells}
+    rows = sweep_rows(sweep, recorded, states)
     # The cliff's k: the sweep file's early_warning.cliff_se, else the default.
     early = EarlyWarningPlan.parse(recorded.early_warning, str(sweep.sweep_json)) if recorded.early_warning else None
     k = CLIFF_SE if early is None or early.cliff_se is None else early.cliff_se
@@ -179,7 +183,7 @@ def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
     for row, (metric_columns, summary, metrics_damage, metric_rows) in zip(rows, read):
         cell = plan[row["cell"]]
         resources = cell.resources
-        wall_h = cell_hours(sweep.cell(row["cell"]).read_state(), now)
+        wall_h = cell_hours(states[row["cell"]], now)
         columns[row["cell"]] = metric_columns
         if metric_rows is not None:
             kept[row["cell"]] = metric_rows
@@ -205,7 +209,7 @@ def read_sweep(sweep: SweepDir, tolerance_pp: float = 1.0) -> SweepData:
     for column in INT_COLUMNS:
         if column in frame:
             frame[column] = pd.array([None if pd.isna(v) else int(v) for v in frame[column]], dtype="Int64")
-    return SweepData(frame, columns, kept)
+    return SweepData(frame, columns, recorded, kept)
 
 
 def twin_ran_on(sweep: SweepDir, cells: pd.DataFrame, cell: str) -> str | None:
@@ -379,7 +383,7 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0, export_to:
             alerts_table(part)]]
     tables += [findings_table(cells), early_warning_table(cells), noise_table(cells),
                alert_actions_table(cells, functools.partial(twin_ran_on, sweep, cells)),
-               *calibration_tables(sweep, cells, data.rows)]
+               *calibration_tables(sweep, data.plan, cells, data.rows)]
     sweep.root.mkdir(parents=True, exist_ok=True)
     write_parquet(_parquet_ready(cells), sweep.cells_parquet)
     write_parquet(metrics_frame(data.columns), sweep.metrics_parquet)
@@ -395,7 +399,7 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0, export_to:
     has_metrics = any(columns.splits for columns in data.columns.values())
     no_figures = ("none of Figures 2-6 applies to these cells (they draw multi-agent train cells)"
                   if has_metrics else "no cell has metrics yet")
-    write_report(sweep, cells, tables, figures, no_figures)
+    write_report(sweep, data.plan, cells, tables, figures, no_figures)
 
     from rich.markdown import Markdown
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from gridrun.analysis.tables import Table
-from gridrun.grid.sweepdir import SweepDir
+from gridrun.grid.sweepdir import SweepDir, SweepPlan
 from gridrun.seam.rundir import atomic_write_text
 
 AXES = ("workflow", "task", "scale", "policy", "seed", "kind", "variant")
@@ -63,8 +63,7 @@ def _stem(path: Path) -> str:
     return path.stem
 
 
-def _coordinates(sweep: SweepDir, cells: pd.DataFrame) -> list[str]:
-    plan = sweep.read()
+def _coordinates(plan: SweepPlan, cells: pd.DataFrame) -> list[str]:
     last = (plan.plans or ({},))[-1]
     lines = ["| axis | values |", "|---|---|"]
     for axis in AXES:
@@ -87,8 +86,8 @@ def _states(cells: pd.DataFrame) -> list[str]:
     return lines
 
 
-def _cost(sweep: SweepDir, cells: pd.DataFrame) -> list[str]:
-    estimate = {cell.id: cell.est_hours for cell in sweep.read().cells}
+def _cost(plan: SweepPlan, cells: pd.DataFrame) -> list[str]:
+    estimate = {cell.id: cell.est_hours for cell in plan.cells}
     lines = ["| kind | cells | wall-clock hours | GPU-hours | planned estimate (wall h) |", "|---|---:|---:|---:|---:|"]
     for kind, group in cells.groupby("kind", sort=False):
         est = sum(float(estimate.get(c) or 0) for c in group["cell"])
@@ -107,17 +106,18 @@ def _figure_lines(path: Path, root: Path) -> list[str]:
             f"![{title}]({path.relative_to(root).as_posix()})", ""]
 
 
-def report_markdown(sweep: SweepDir, cells: pd.DataFrame, tables: list[Table], figures: list[Path],
+def report_markdown(sweep: SweepDir, plan: SweepPlan, cells: pd.DataFrame, tables: list[Table], figures: list[Path],
                     no_figures: str = "no cell has metrics yet") -> str:
-    """The report; `no_figures` says why, when there is no figure."""
+    """The report of the sweep planned as `plan` (its sweep.json as collect read it);
+    `no_figures` says why, when there is no figure."""
     by_name: dict[str, list[Table]] = {}
     for t in tables:  # a sweep with variants has one table per variant: <name>-<variant>
         by_name.setdefault(t.name.split("-", 1)[0], []).append(t)
     lines = [f"# gridrun report — sweep `{sweep.name}`", "",
              (f"Written by `gridrun collect` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
              "Numbers come from finished (`done`) cells only; other cells show as their state."), "",
-             "## Sweep", "", *_coordinates(sweep, cells), "", "## Cell states", "", *_states(cells), "",
-             "## Cost", "", *_cost(sweep, cells), ""]
+             "## Sweep", "", *_coordinates(plan, cells), "", "## Cell states", "", *_states(cells), "",
+             "## Cost", "", *_cost(plan, cells), ""]
     lines += ["## Findings", ""]
     for name in ("findings", "findings_alerts"):
         lines += [line for t in by_name.get(name, []) for line in (t.markdown(heading="###"), "")]
@@ -159,9 +159,9 @@ def report_html(markdown: str, root: Path, title: str) -> str:
             f"<style>{STYLE}</style></head><body>\n{body}</body></html>\n")
 
 
-def write_report(sweep: SweepDir, cells: pd.DataFrame, tables: list[Table], figures: list[Path],
+def write_report(sweep: SweepDir, plan: SweepPlan, cells: pd.DataFrame, tables: list[Table], figures: list[Path],
                  no_figures: str = "no cell has metrics yet") -> tuple[Path, Path]:
-    markdown = report_markdown(sweep, cells, tables, figures, no_figures)
+    markdown = report_markdown(sweep, plan, cells, tables, figures, no_figures)
     atomic_write_text(sweep.report("md"), markdown)
     atomic_write_text(sweep.report("html"), report_html(markdown, sweep.root, f"gridrun report — {sweep.name}"))
     return sweep.report("md"), sweep.report("html")

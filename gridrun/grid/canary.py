@@ -3,8 +3,10 @@
     gridrun canary cluster=<profile> [conf=<sweep>] [--cpu] [hydra overrides]
 
 Plans sweeps/canary.yaml (one Voting-IP 1.7B math cell, 8 problems x 3 steps) on the
-cluster profile into results/canary (a fresh cell every time), runs it (launcher=slurm on
-a SLURM profile, else locally), waits for it, and reports from its run directory only:
+cluster profile into results/canary (wiped and planned afresh every time; refused while a
+canary there is queued or running), runs the preflight, runs it (launcher=slurm on a SLURM
+profile, else locally), waits for it (a SLURM canary not finished by --timeout-min is
+cancelled), and reports from its run directory only:
 
 - per rank (ranks/rank<r>.json, written by each rank's trainer): host, GPU UUID and name
   (CPU where none), CUDA_VISIBLE_DEVICES (the trainer and its engine share it), the free
@@ -18,12 +20,25 @@ a SLURM profile, else locally), waits for it, and reports from its run directory
   in place of the model's for the cells of its shape (workflow, task, model, policy, GPU
   class, engine); the step is kept in results/canary/measured-step.json, where every later
   dry run reads it. The report says how far the model's prediction for the canary cell was.
+  The step is the median of the steps after the first (warm-up), scaled linearly per problem
+  (8 in the canary, 64 in the paper's cells): pessimistic on a GPU, where larger batches roll
+  out more efficiently. The matching cells' rate column reads `c`.
+- NO-GO (exit 1) when the cell did not finish (its error's last line), a rank did not record
+  where it ran, two ranks shared a GPU, or a rank saw several; GO (exit 0) otherwise.
 
 `--cpu` (the default with cluster=local on a machine without an NVIDIA GPU) runs the same
 cell (CPU_SHAPE) against `model.init=random` with the architecture cut to a CPU's size and
 tiny lengths: the real workflow, task data, Qwen3 class, LoRA and live-adapter check, on the
 hf engine; on a SLURM profile still as two tasks with one GPU each bound, so the binding is
-exercised (the trainers stay on the CPU).
+exercised (the trainers stay on the CPU). The shape: `model.arch_overrides` keeps 2 decoder
+layers, 256 wide (768 MLP, 4 query / 2 key-value heads of Qwen3's 128 dims), float32,
+8-token responses, 2 problems x 2 rollouts x 2 steps, validation on 2 problems. The hf
+engine, because `model.init=random` builds its weights in memory and vLLM loads weights from
+disk (the plan refuses that pair); it samples from the trainer's own adapters, so the
+live-adapter check reads "not run" there. The cell is planned with
+`+grid.gpu.binding_only=true` (recorded in cell.json), so its trainer does not refuse a GPU
+cell whose torch sees no GPU. Its measured step is recorded for the CPU: it never replaces a
+GPU cell's prediction, and the projection is labelled a CPU number.
 Grid side: reads files, never imports torch.
 """
 

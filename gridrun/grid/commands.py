@@ -17,6 +17,7 @@ from typing import Any
 
 from gridrun.grid.console import console as make_console
 from gridrun.grid.errors import GridError, closest, disk_error
+from gridrun.seam.errors import UserError
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -29,7 +30,7 @@ def guarded(handler: Handler) -> Handler:
 
                 set_user_root(args.config_dir)
             return handler(args)
-        except GridError as err:
+        except UserError as err:  # GridError and every other error that names its fix
             print(f"gridrun: error: {err}", file=sys.stderr)
             return 2
         except OSError as err:

@@ -9,6 +9,7 @@ import errno
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
+from gridrun.seam.errors import UserError
 from gridrun.seam.runconfig import ConfigError, from_dict
 from gridrun.seam.rundir import disk_error as write_error
 
@@ -31,7 +32,7 @@ _DISK_FIXES = {
 }
 
 
-class GridError(Exception):
+class GridError(UserError):
     """Bad input or a refused action; the message says what to do instead."""
 
 

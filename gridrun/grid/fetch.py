@@ -13,8 +13,14 @@ shared storage:
 The toy world (built locally) and `model.init=random` (the shipped architecture, the toy
 tokenizer) need no model; the toy task needs no data.
 
+A model is fetched with the cache's allow patterns (modelfiles.MODEL_PATTERNS: config,
+tokenizer and safetensors shards, no README), from `HF_ENDPOINT` where set (a site mirror).
+A second run that finds everything prints `nothing to fetch: ... all present` and sends no
+request to the hub.
+
 `missing` is the one test of "are this cell's files here": plan, fetch and the preflight all
-call it. Fetching is idempotent: what is present is never fetched again, and a second run
+call it. The plan refuses in one line naming `gridrun fetch` for the same sweep and
+overrides; `--dry-run` prints a `not fetched yet:` line instead. Fetching is idempotent: what is present is never fetched again, and a second run
 says so. Left out: gated models (`hf auth login` first), revisions other than `main`,
 pruning old snapshots (`hf cache` does that).
 """

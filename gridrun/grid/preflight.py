@@ -20,6 +20,16 @@ naming its fix:
 - each cell's model and prepared data are present (`inputs_missing`);
 - the results root has room for the cells' checkpoints (`checkpoint_gb`).
 
+The sandbox check runs the interpreter inside bubblewrap, which binds only `/usr`, `/etc` and
+the interpreter's prefix and clears the environment. A python that finds its libpython only
+through LD_LIBRARY_PATH (a site module's build) fails there, and bubblewrap's own probe fails
+on it too; the system's /usr/bin/python3 starting in the sandbox tells the two apart, so the
+line names the interpreter, not the sandbox. A python under /tmp cannot run in the sandbox at
+all (its /tmp is a fresh tmpfs over the bound prefix), and is named the same way. A probe for
+engine=vllm cells imports vLLM once per task (tens of seconds on a loaded node). The disk
+check reads the dry run's per-cell estimate (gridrun/grid/disk.py `cell_disk`) through
+`checkpoint_gb`; the model check is the plan's (gridrun/modelfiles.py).
+
 A gridrun command rather than `setup_node.sh --check`: what to check comes from the plan
 (engines, tasks, models, GPUs per cell, disk), and the answer must come back to the login
 node as lines. Grid side: torch and vLLM are imported only by a child python of the probe.

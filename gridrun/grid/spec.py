@@ -53,13 +53,43 @@ from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError, closest
 from gridrun.grid.sweepdir import SWEEP_FILE_SUFFIXES, check_sweep_name
 from gridrun.seam import registry
-from gridrun.seam.runconfig import SEED_MAX
+from gridrun.seam.runconfig import SEED_MAX, ConfigError, from_dict
 
 # A variant's name ends cell ids: no '-' (the ids' separator) and nothing a path refuses,
 # short enough that an id (and replaced/<id>-<time>) fits a file name.
 VARIANT_NAME = re.compile(r"[A-Za-z0-9_]+")
 VARIANT_NAME_MAX = 64
-SWEEP_KEYS = ("axes", "restrict", "overrides", "variants", "early_warning", "cell_gpu")
+
+
+@dataclass
+class SweepFile:
+    """What a sweep file (sweeps/<name>.yaml) may hold, read by the run schema's typed loader
+    (gridrun/seam/runconfig.py's `from_dict`, as config.yaml and the grid root are); an empty
+    key is as if absent. What each value means is checked by `load_spec` and the modules
+    named below."""
+
+    # axis -> its values (one value: a list of one).
+    axes: dict[str, Any] | None = None
+    # kind -> axis -> values: the cells of that kind the sweep keeps.
+    restrict: dict[str, dict[str, Any]] | None = None
+    # Hydra overrides every cell takes.
+    overrides: list[str] | None = None
+    # name -> settings, or policy -> settings (`_variants`).
+    variants: Any = None
+    # The early-warning study's plan (EarlyWarningPlan.parse).
+    early_warning: Any = None
+    # glob on cell ids -> GPU class.
+    cell_gpu: dict[str, str] | None = None
+
+
+SWEEP_KEYS = tuple(f.name for f in dataclasses.fields(SweepFile))
+# What a key of the wrong shape must look like, said with its file.
+SWEEP_SHAPES = {
+    "axes": "'axes' must map axis names to lists of values",
+    "restrict": "'restrict' must map a kind to axes and their values, e.g. transfer: {scale: [1.7b]}",
+    "overrides": "'overrides' must be a list of Hydra overrides such as train.total_steps=20",
+    "cell_gpu": "'cell_gpu' must map a glob on cell ids to a GPU class, e.g. 'eval_opt-*-0.6b-math-*': h100",
+}
 VARIANT_AXIS = "variant"
 POLICIES = ("isolated", "shared")
 # A variant given as a list: the same settings under every policy.
@@ -233,9 +263,12 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
     for key in data:
         if key not in SWEEP_KEYS:
             raise GridError(f"{path}: unknown key '{key}'{closest(str(key), SWEEP_KEYS)}")
-    axes_data = data.get("axes") or {}
-    if not isinstance(axes_data, dict):
-        raise GridError(f"{path}: 'axes' must map axis names to lists of values")
+    try:
+        written = from_dict(SweepFile, data)
+    except ConfigError as err:
+        key = re.split(r"[.\[:]", str(err), maxsplit=1)[0]
+        raise GridError(f"{path}: {SWEEP_SHAPES.get(key, err)}") from None
+    axes_data = written.axes or {}
     axes: dict[str, list[Any]] = {}
     # Unknown names first: a misspelt axis (`tsak:`) is named, not reported as the one missing.
     for axis, values in axes_data.items():
@@ -245,22 +278,14 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
     for axis in AXES:
         if axis not in axes_data:
             raise GridError(f"{path}: axes.{axis} is missing: list its values (e.g. {axis}: [{_example(axis)}])")
-    file_settings = data.get("overrides") or []
-    if not isinstance(file_settings, list) or not all(isinstance(s, str) for s in file_settings):
-        raise GridError(f"{path}: 'overrides' must be a list of Hydra overrides such as train.total_steps=20")
-
-    restrict_data = data.get("restrict") or {}
-    if not isinstance(restrict_data, dict) or not all(isinstance(v, dict) for v in restrict_data.values()):
-        raise GridError(f"{path}: 'restrict' must map a kind to axes and their values, e.g. transfer: {{scale: [1.7b]}}")
+    file_settings = written.overrides or []
     restrict_lines: dict[tuple[str, str], Any] = {
-        (str(kind), str(axis)): values for kind, limits in restrict_data.items() for axis, values in limits.items()
+        (kind, axis): values for kind, limits in (written.restrict or {}).items() for axis, values in limits.items()
     }
-
-    variants = _variants(path, data.get("variants"), composer)
-    cell_gpu = data.get("cell_gpu") or {}
-    if not isinstance(cell_gpu, dict) or not all(isinstance(v, str) for v in cell_gpu.values()):
-        raise GridError(f"{path}: 'cell_gpu' must map a glob on cell ids to a GPU class, e.g. 'eval_opt-*-0.6b-math-*': h100")
-    early_warning = None if data.get("early_warning") is None else EarlyWarningPlan.parse(data["early_warning"], str(path))
+    variants = _variants(path, written.variants, composer)
+    cell_gpu = written.cell_gpu or {}
+    early = written.early_warning
+    early_warning = None if early is None else EarlyWarningPlan.parse(early, str(path))
     chosen: list[str] | None = None
     settings = list(file_settings)
     for line in overrides:
@@ -301,7 +326,7 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
     return SweepSpec(
         name=path.stem, source=path, axes=axes, settings=_last_wins(settings, composer), restrict=restrict,
         argv=list(overrides), variants=_chosen_variants(path, variants, chosen), early_warning=early_warning,
-        cell_gpu={str(k): v for k, v in cell_gpu.items()},
+        cell_gpu=dict(cell_gpu),
     )
 
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from gridrun.grid.cells import base_control
 from gridrun.grid.launchers.observe import live_state, needs_of, observe
-from gridrun.grid.sweepdir import SweepDamaged, SweepDir, planned_sweeps
-from gridrun.seam.cellstate import STATES, UNREADABLE_STATES, CellState
+from gridrun.grid.sweepdir import SweepDamaged, SweepDir, SweepPlan, planned_sweeps
+from gridrun.seam.cellstate import STATES, UNREADABLE_STATES, CellState, StateRecord
 
 STATE_STYLES = {
     "planned": "dim",
@@ -41,11 +42,14 @@ STATE_STYLES = {
 }
 
 
-def sweep_rows(sweep: SweepDir) -> list[dict[str, Any]]:
-    """One row per cell of the sweep, in plan order."""
-    cells = sweep.read().cells
+def sweep_rows(sweep: SweepDir, plan: SweepPlan | None = None,
+               recorded: Mapping[str, StateRecord] | None = None) -> list[dict[str, Any]]:
+    """One row per cell of the sweep, in plan order. `plan` (sweep.json) and `recorded` (each
+    cell's state.json): where the caller has read them already (collect reads each once)."""
+    cells = (sweep.read() if plan is None else plan).cells
     # state.json only (cell.json's damage is `show`'s to report and `plan`'s to repair): the fast path.
-    states = observe({cell.id: live_state(sweep.cell(cell.id)) for cell in cells}, needs_of(cells))
+    states = observe({cell.id: live_state(sweep.cell(cell.id), recorded[cell.id] if recorded else None)
+                      for cell in cells}, needs_of(cells))
     base_acc = {cell_id: s.peak_val_acc for cell_id, s in states.items() if s.state == CellState.DONE}
     now = time.time()
     rows = []

@@ -7,5 +7,8 @@ Torch-free and standard library only (tests/test_seam.py checks every module of 
     accuracy.py     what an accuracy and a run's peak are
     mechanisms.py   the alerts both halves compute from metric rows
     metric_keys.py  the metric keys' vocabulary (role/<r>/<m>, adapter/<a>/<m>, val/<key>)
-    registry.py     the registries of workflows, tasks and engines (built-ins and plugins)
+    registry.py     the registries of workflows, tasks and engines (built-ins and plugins), and
+                    `named`: the one resolver of a `<module>:<name>` plugin function
+    routing.py      which adapter serves each role; per-role loss weights, LR factors, steps
+    errors.py       UserError: the base of every error a user can fix (one line, no traceback)
 """

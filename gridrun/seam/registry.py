@@ -25,10 +25,12 @@ import importlib
 import importlib.util
 import pkgutil
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
+
+from gridrun.seam.errors import UserError
 
 # Modules holding the built-in tasks and engines, imported on the first lookup with every
 # module of the WORKFLOWS_PACKAGE.
@@ -41,7 +43,8 @@ BUILTIN_MODULES = (
 )
 
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A config that cannot be run; the message names the key and the fix."""
 
 
@@ -150,6 +153,8 @@ class Engine:
 
 
 EntryT = TypeVar("EntryT", Workflow, Task, Engine)
+# A registry of named functions (estimators, policy losses) that `named` resolves.
+NamedT = TypeVar("NamedT")
 
 
 @dataclass
@@ -243,6 +248,22 @@ def load_plugin(plugin: str) -> None:
         except (Exception, SystemExit) as err:  # noqa: BLE001 - any error of a user's module (a sys.exit too) is its own
             raise ConfigError(_failed(plugin, err)) from None
     _loaded_plugins.add(plugin)
+
+
+def named(knob: str, name: str, registered: Mapping[str, NamedT], kind: str, decorator: str) -> NamedT:
+    """The entry of `registered` that `name` names: a registered name, or "<module>:<name>",
+    whose module is imported first (load_plugin: it registers the entry). One ConfigError line
+    otherwise, naming `knob`, what is registered and how to add one (`decorator`)."""
+    module, _, short = name.rpartition(":")
+    if module:
+        try:
+            load_plugin(module)
+        except ConfigError as err:
+            raise ConfigError(f"{knob}='{name}': {err}") from None
+    if short not in registered:
+        raise ConfigError(f"{knob}: no {kind} '{short}' (registered: {', '.join(sorted(registered))}); add one with "
+                          f"@{decorator} and name it <module>:<name>")
+    return registered[short]
 
 
 def _failed(plugin: str, err: BaseException) -> str:

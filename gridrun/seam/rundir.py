@@ -43,6 +43,7 @@ from typing import Any
 
 from gridrun.seam.accuracy import is_accuracy
 from gridrun.seam.cellstate import RECORDED, STATE_FIELDS, CellState, StateRecord, Transition
+from gridrun.seam.errors import UserError
 
 COMPLETE_MARKER = "COMPLETE"
 # A checkpoint's role -> adapter map (null: the base model), beside its adapters/ folder.
@@ -149,15 +150,15 @@ def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
-class NotARunDir(ValueError):
+class NotARunDir(UserError, ValueError):
     """Raised for a directory that holds no planned cell."""
 
 
-class DamagedFile(ValueError):
+class DamagedFile(UserError, ValueError):
     """A file of a run dir that cannot be read as what it should be; the message names the fix."""
 
 
-class RunLocked(RuntimeError):
+class RunLocked(UserError, RuntimeError):
     """Another process holds the run's lock (it is running the cell)."""
 
 

@@ -72,6 +72,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gridrun.seam.errors import UserError
 from gridrun.tasks import harness
 from gridrun.tasks.answers import last_python_block
 from gridrun.tasks.sandbox import Limits, SandboxConfig, SandboxProcess, require, start_python
@@ -96,7 +97,7 @@ _REPLY_SLACK_S = 3.0  # per test, on top of the harness's own timeout
 _HARNESS_SOURCE = inspect.getsource(harness)
 
 
-class CodeInputError(ValueError):
+class CodeInputError(UserError, ValueError):
     """A program or tests file that cannot be scored as given; the message names the fix."""
 
 

@@ -61,6 +61,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gridrun.seam.errors import UserError
+
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2
@@ -75,7 +77,7 @@ _DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class DataError(Exception):
+class DataError(UserError):
     """A data problem the user can fix; one line, naming the fix."""
 
 

@@ -80,6 +80,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from gridrun.seam.errors import UserError
+
 __all__ = [
     "Limits",
     "SandboxConfig",
@@ -105,7 +107,7 @@ _ETC_SECRETS = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", 
                 "/etc/sudoers", "/etc/sudoers.d", "/etc/security/opasswd")
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(UserError, RuntimeError):
     """No working sandbox here, and the caller did not opt out by name (``isolation="none"``)."""
 
 

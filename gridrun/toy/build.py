@@ -43,6 +43,7 @@ from filelock import FileLock
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+from gridrun.seam.errors import UserError
 from gridrun.seam.runconfig import ToySpec
 from gridrun.tasks.arith import make_problems
 from gridrun.toy import transcripts
@@ -95,7 +96,7 @@ CHAT_TEMPLATE = (
 SHIPPED = Path(__file__).parent / "world"
 
 
-class ToyWorldError(RuntimeError):
+class ToyWorldError(UserError, RuntimeError):
     pass
 
 

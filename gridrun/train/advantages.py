@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gridrun.seam.registry import ConfigError, Workflow, load_plugin
+from gridrun.seam.registry import Workflow, named
 from gridrun.seam.runconfig import GRPOSpec
 from gridrun.train.distributed import Dist
 from gridrun.train.episode import Episode
@@ -86,16 +86,9 @@ def estimator(name: str) -> Estimator:
 
 
 def _registered(name: str) -> str:
-    module, _, short = name.rpartition(":")
-    if module:
-        try:
-            load_plugin(module)
-        except ConfigError as err:
-            raise ConfigError(f"grpo.estimator='{name}': {err}") from None
-    if short not in ESTIMATORS:
-        raise ConfigError(f"no advantage estimator '{short}' (registered: {', '.join(sorted(ESTIMATORS))}); add one "
-                          "with @gridrun.train.advantages.register_estimator and name it <module>:<name>")
-    return short
+    """The short name of the estimator `name` names (registry.named)."""
+    named("grpo.estimator", name, ESTIMATORS, "advantage estimator", "gridrun.train.advantages.register_estimator")
+    return name.rpartition(":")[2]
 
 
 def group_advantages(

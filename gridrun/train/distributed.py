@@ -22,6 +22,16 @@ sees more or fewer than one GPU (on a CUDA machine) is refused: its vLLM engine 
 the first visible device whatever the trainer's. No WORLD_SIZE, or 1, is a single process: every method is then the
 identity and no process group is created, so a local run behaves exactly as without it.
 
+Devices: a rank runs on `cuda:0`, its one visible GPU, whatever its local rank, and its
+rollout engine shares that GPU (rollout and update alternate; vLLM sleeps during the update).
+One visible device per process, rather than vLLM's `external_launcher` (which would tie
+vLLM's own process group to the trainer's torchrun world): the engine must share the GPU
+with the trainer anyway, tensor parallel 1 needs no cross-rank engine group, and "which
+device" becomes a property of the process environment that torch, NCCL, vLLM's executor and
+the sandbox's children all read the same way. Nothing passes a device index, and nothing can
+fall back to device 0 of the node. A cell planned for GPUs whose torch sees none fails at
+once, naming why (`require_gpus`).
+
 Backend: nccl when CUDA is available, else gloo. Left out: several nodes per cell (the
 paper uses one 2-GPU node), FSDP/sharded parameters (LoRA adapters are small; each rank
 holds the whole model), overlapping communication with compute.
@@ -42,6 +52,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from gridrun.seam.errors import UserError
 from gridrun.train.seeds import Stream, derive
 
 log = logging.getLogger("gridrun")
@@ -50,7 +61,7 @@ T = TypeVar("T")
 TIMEOUT_S = 1800
 
 
-class NoGpu(RuntimeError):
+class NoGpu(UserError, RuntimeError):
     """A cell planned for GPUs sees none: one line saying why, before anything runs on the CPU."""
 
 

@@ -17,13 +17,12 @@ What it leaves out, kept by the update so every loss gets them the same way:
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import TypeAlias
 
 import torch
 
-from gridrun.seam.registry import ConfigError
+from gridrun.seam.registry import named
 from gridrun.seam.runconfig import GRPOSpec
 from gridrun.train import ppo
 
@@ -51,20 +50,7 @@ def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
 def policy_loss(name: str) -> PolicyLoss:
     """The loss registered as `name` ("<module>:<name>": after importing the module, which
     registers it); a ConfigError naming the registered ones if none is."""
-    module, _, short = name.rpartition(":")
-    if module:
-        try:
-            importlib.import_module(module)
-        except ImportError as err:
-            raise ConfigError(f"grpo.policy_loss='{name}': module '{module}' does not import ({err}); "
-                              "make it importable (on PYTHONPATH or installed)") from None
-        name = short
-    if name not in _POLICY_LOSSES:
-        raise ConfigError(
-            f"unknown policy loss '{name}': registered are {', '.join(sorted(_POLICY_LOSSES))} "
-            "(add one with @gridrun.train.losses.register_policy_loss)"
-        )
-    return _POLICY_LOSSES[name]
+    return named("grpo.policy_loss", name, _POLICY_LOSSES, "policy loss", "gridrun.train.losses.register_policy_loss")
 
 
 @register_policy_loss(DEFAULT_POLICY_LOSS)

@@ -14,12 +14,13 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from gridrun.seam.errors import UserError
 from gridrun.seam.runconfig import ModelSpec
 from gridrun.train import cpu
 from gridrun.train.precision import EmulatedDtype, check_cpu_dtype
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(UserError, RuntimeError):
     pass
 
 

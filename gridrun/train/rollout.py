@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from gridrun.seam.errors import UserError
 from gridrun.tasks.base import Messages
 from gridrun.train.episode import Episode, Turn
 from gridrun.train.seeds import request_seed
@@ -68,7 +69,7 @@ class Completion:
     finish_reason: str
 
 
-class AdapterNotServed(RuntimeError):
+class AdapterNotServed(UserError, RuntimeError):
     """The rollout engine does not serve a role the adapter the trainer holds (one line)."""
 
 

@@ -375,3 +375,18 @@ def test_mean_band_over_seeds_uses_the_steps_all_reached() -> None:
     assert steps == [0, 10] and mean == [12.0, 25.0]
     assert half == [pytest.approx(25.412), pytest.approx(63.53)]
     assert mean_band([{0: 5.0}]) == ([0], [5.0], [0.0])  # one seed: no band
+
+
+def test_collect_reads_sweep_json_and_each_state_json_once(analysed: SweepDir, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gridrun.analysis.collect import collect
+    from gridrun.grid.console import console
+    from gridrun.seam.rundir import RunDir
+
+    reads: list[str] = []
+    sweep_read, state_read = SweepDir.read, RunDir.read_state
+    monkeypatch.setattr(SweepDir, "read", lambda self: reads.append("sweep.json") or sweep_read(self))
+    monkeypatch.setattr(RunDir, "read_state", lambda self: reads.append(self.root.name) or state_read(self))
+    collect(analysed, console())
+    assert reads.count("sweep.json") == 1
+    cells = analysed.cell_ids()  # read after collect, outside the count
+    assert sorted(r for r in reads if r != "sweep.json") == sorted(cells)

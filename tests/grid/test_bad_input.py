@@ -119,6 +119,26 @@ def test_a_misspelt_axis_in_a_sweep_file_is_named(gridrun: Gridrun, results: Pat
     assert not results.exists()
 
 
+@pytest.mark.parametrize(("key", "value", "shape"), [
+    ("axes", "[workflow, task]", "'axes' must map axis names to lists of values"),
+    ("overrides", "[train.total_steps=2, 3]", "'overrides' must be a list of Hydra overrides"),
+    ("overrides", "train.total_steps=2", "'overrides' must be a list of Hydra overrides"),
+    ("restrict", "{transfer: [1.7b]}", "'restrict' must map a kind to axes and their values"),
+    ("cell_gpu", "{'*': [h100]}", "'cell_gpu' must map a glob on cell ids to a GPU class"),
+])
+def test_a_sweep_file_key_of_the_wrong_shape_is_one_line(gridrun: Gridrun, results: Path, tmp_path: Path, key: str,
+                                                          value: str, shape: str) -> None:
+    # The sweep file is read by the run schema's typed loader; its error names the key's shape.
+    sweep = tmp_path / "shape.yaml"
+    smoke = (Path(__file__).resolve().parents[2] / "gridrun" / "sweeps" / "smoke.yaml").read_text()
+    text = "".join(line for line in smoke.splitlines(keepends=True) if not line.startswith(f"{key}:"))
+    sweep.write_text(text.replace("axes:", f"{key}: {value}\naxes:", 1) if key != "axes" else f"axes: {value}\n")
+    result = gridrun("plan", f"conf={sweep}")
+    assert result.code == 2 and result.err.startswith(f"gridrun: error: {sweep}: {shape}"), result.err
+    assert result.err.count("\n") == 1
+    assert not results.exists()
+
+
 def test_resubmit_needs_a_selection(gridrun: Gridrun, results: Path) -> None:
     assert gridrun("plan", "conf=smoke").code == 0
     result = gridrun("resubmit", "conf=smoke")

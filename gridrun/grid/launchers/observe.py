@@ -33,13 +33,14 @@ if TYPE_CHECKING:
 HOST = socket.gethostname()
 
 
-def live_state(run_dir: RunDir) -> StateRecord:
+def live_state(run_dir: RunDir, record: StateRecord | None = None) -> StateRecord:
     """The cell's state.json, except that a cell reading running on this host whose run lock
     no process holds reads failed and lost: its process ended without saying so (kill -9,
     out of memory), whoever started it (the local launcher, or `gridrun run` by hand). The
     lock is the truth, not the pid (recycled) or state.json (a dead process cannot update
-    it); a scheduler that may requeue the job (`lock_is_liveness` False) is asked instead."""
-    record = run_dir.read_state()
+    it); a scheduler that may requeue the job (`lock_is_liveness` False) is asked instead.
+    `record`: the cell's state.json where the caller has read it already."""
+    record = run_dir.read_state() if record is None else record
     if record.state != CellState.RUNNING or record.node != HOST or run_dir.held():
         return record
     launcher = record.launcher

@@ -6,6 +6,11 @@ task of a SLURM job on its node).
 - Its environment: this process's, plus unbuffered output, the job id (named in the run's
   lock file, so a second run says who holds it) and thread pools sized to the cell's CPUs
   (torch's through the trainer's GRIDRUN_THREADS, OpenMP's, MKL's).
+- Its GPU (`bind_gpu`): exactly one device in CUDA_VISIBLE_DEVICES, which the trainer and
+  its rollout engine share. One visible GPU: the scheduler bound the task
+  (`--gpus-per-task`), kept. One per rank on the node: the job was bound, not the task, and
+  the rank takes the one at its local rank. Anything else is refused in one line: two ranks
+  on one GPU, or an engine taking device 0 beside another rank's trainer, is never right.
 - Its logs: stdout and stderr appended to the given files, each attempt opened by a header
   line naming what started it, the host and the time; `log_tail` reads a log's last lines.
 

@@ -16,11 +16,21 @@ Jobs. Every job runs `CellJob` (gridrun/grid/launchers/slurm_job.py) with the su
 python (with the job's directory off sys.path: `process.interpreter`): one task per GPU
 (`--gpus-per-task=[type:]1`, so each task sees exactly its own GPU), each starting
 `python -P -m gridrun.cli run <run_dir>` as a data-parallel rank.
-SLURM's warning signal (USR2, sent by hand or before the time limit by the plan's estimate of
-one step plus a checkpoint, `signal_delay_s` at least: `warning_lead_s`) makes the trainer
-checkpoint after its current step (the trainer alone: see gridrun/train/trainer.py `usr2_stops`); the job then requeues itself (submitit's
+A GPU cell's tasks are bound per task (`--gpus-per-task`, typed by the cluster profile's
+`gpu_types`), never by a job-wide `--gres`, under which every task would see every GPU; a
+`tasks_per_cell` other than the cell's GPU count is refused at submission.
+SLURM's warning signal (USR2, sent by hand or before the time limit) makes the trainer
+checkpoint after its current step (the trainer alone: see gridrun/cellrun.py `usr2_stops`); the job then requeues itself (submitit's
 Checkpointable) and resumes from that checkpoint as the cell's next attempt. Requeues
 after the time limit are capped by `max_num_timeout`; the cell then stops as `preempted`.
+The warning's lead, per job array (`warning_lead_s`): twice the slowest cell's estimated step
+(the dry run's est_hours x 3600 / total_steps) plus CHECKPOINT_S (120 s to write and fsync a
+checkpoint), at least `grid.launcher.signal_delay_s`; a lead over half the time limit is
+refused before anything is queued, naming the profile's `time_limit_h`.
+An array sbatch accepts hands its ids to `accepted` at once (dispatch.py writes them to the
+cells' state.json), so a submission cut short keeps them; an array sbatch refuses (a per-user
+job limit such as MaxSubmitJobs, which `sbatch --test-only` on one job does not see) stops
+the submission with `PartlySubmitted`, naming the cells left out.
 
 Watching. `reconcile` asks sacct (or squeue when accounting is off) about every active cell
 at once. A cell's own state.json wins when it says done/failed/cancelled/preempted; the

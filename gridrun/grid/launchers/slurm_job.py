@@ -16,7 +16,14 @@ writes what the trainer cannot:
   requeue` / a preemption (SIGTERM: the trainer records cancelled, and `scontrol show job`'s
   Restarts tells the two apart); a job that restarts finds the same thing out at its start;
 - a trainer that died without a word (SIGKILL, out of memory) is recorded failed;
-- once the timeout budget (submitit's max_num_timeout) is spent the cell stops as preempted.
+- once the timeout budget (submitit's max_num_timeout) is spent the cell stops as preempted;
+- a requeue SLURM refuses after its warning (JobRequeue=0, --no-requeue) leaves the cell
+  preempted with a line naming `gridrun resubmit --preempted` (`requeue_refused`); the
+  refusal does not raise out of `CellJob`;
+- a failed rank: every job step runs `srun --kill-on-bad-exit=1`; a rank other than 0 whose
+  trainer fails writes its error tail to ranks/rank<r>.error and its task exits non-zero,
+  while rank 0's task polls for that file every RANK_POLL_S (2 s), stops its own trainer and
+  records the cell failed with `rank <r> failed: <tail>`, not a collective's timeout.
 
 The child starts with SIGUSR2 ignored until the trainer installs its handler (the default
 action would kill it). Imports submitit and the standard library, never torch.

