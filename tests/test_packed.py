@@ -192,3 +192,23 @@ def test_the_update_benchmark_runs_on_the_toy_world() -> None:
     assert packed["tokens_computed"] < padded["tokens_computed"]
     assert packed["opt_steps"] == padded["opt_steps"] == 4
     assert set(packed["phases"]) == {"old_logprobs", "forward", "backward", "optimizer", "bookkeeping"}
+
+
+def test_a_model_without_gridruns_attention_never_takes_the_cpu_fast_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As on a GPU, where load_base keeps transformers' attention: the one door is shut, and the
+    # update runs padded, on peft's own LoRA layers.
+    import gridrun.train.update as update_module
+
+    model = _model(("a",))
+    model.get_base_model().set_attn_implementation("sdpa")
+    assert not cpu.applies(model)
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a CPU fast path ran")
+
+    for name in ("fused_lora", "packed_logprobs", "packed_cuts"):
+        monkeypatch.setattr(update_module, name, refuse)
+    optimizers = {"a": torch.optim.SGD(list(adapter_parameters(model, "a").values()), lr=1.0)}
+    metrics = update(model, Routing({"generator": "a"}, ("a",)), optimizers, _rows({"generator": "a"}),
+                     _settings(4096, 4), {"a": 1.0}, random.Random(0))
+    assert metrics["adapter/a/grad_norm"] > 0
