@@ -240,3 +240,18 @@ See [the design](docs/nope.md) and [its map](docs/design.md#no-such-heading), [a
                   "test_no_such_thing", "SWEEP=fulll_matrix", "docs/nope.md", "#no-such-heading"):
         assert any(wrong in line for line in found), f"{wrong} was not caught: {found}"
     assert not any(name in line for line in found for name in ("scale=1.7b", "make test", "engine=hf`", "as_verl"))
+
+
+# Docs state what is; how it came to be belongs to the commits and bench/measured/.
+CHANGE_NOTES = re.compile(r"\b(no longer|before this change|used to|previously|since the last|is now|are now)\b", re.I)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_the_docs_say_what_is_not_how_it_came_to_be(doc: Path) -> None:
+    notes = [f"{doc.name}:{i}: {line.strip()}" for i, line in enumerate(doc.read_text().splitlines(), 1)
+             if CHANGE_NOTES.search(line)]
+    assert notes == []
+
+
+def test_the_real_scale_guide_stays_a_guide() -> None:
+    assert len((REPO / "docs" / "real-scale.md").read_text().splitlines()) <= 450
