@@ -214,7 +214,7 @@ class Dist:
 
     def should_stop(self) -> bool:
         """Whether any rank was asked to stop (call at a step boundary, on every rank)."""
-        # The trainer blocks SIGUSR2 (`trainer.usr2_stops`): one that every thread blocked
+        # The run entry blocks SIGUSR2 (`gridrun.cellrun.usr2_stops`): one that every thread blocked
         # waits pending until taken here.
         if not self.stop_requested and signal.SIGUSR2 in signal.sigpending():
             signal.sigtimedwait([signal.SIGUSR2], 0)
