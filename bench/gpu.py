@@ -152,8 +152,8 @@ def run_case(args: argparse.Namespace) -> dict:
         peaks["update"] = torch.cuda.max_memory_allocated() / 2**30
     else:
         peaks["process_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    predicted = predict(config, gpu["memory_gb"])
-    at_largest = predict(config, gpu["memory_gb"], micro_tokens=largest["tokens"] or None)
+    predicted = predict(config, gpu["memory_gib"])
+    at_largest = predict(config, gpu["memory_gib"], micro_tokens=largest["tokens"] or None)
     seqs = sum(v for k, v in row.items() if k.startswith("role/") and k.endswith("/seqs"))
     return {
         "scale": args.scale, "workflow": args.workflow, "policy": args.policy, "device": str(device),
