@@ -45,6 +45,9 @@ What it does:
   (`Trainer.hand_gpu_to_engine`); an engine asked to serve while asleep raises instead of
   waking beside the update's reserved peak. vLLM refuses sleep mode on CPU, so it is skipped
   there.
+- GPU only: each engine compiles into a cache folder of its own GPU
+  (gridrun/train/engines/compile_cache.py), set as VLLM_CACHE_ROOT before the
+  engine core starts (a spawned process: it reads the variable then).
 - `refresh_proven(step, roles)` (after every update, and when a run starts or resumes):
   the refresh, with a proof that each role is served its adapter's current weights, from
   step 1 on, when LoRA B is still 0 and the current adapter *is* the base model. A fixed
@@ -282,7 +285,12 @@ class VLLMEngine(RolloutEngine):
             kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(max_len, CPU_MIN_BATCHED_TOKENS))
         else:
             from gridrun.memory import ENGINE_MAX_BATCHED_TOKENS, ENGINE_MAX_SEQS
+            from gridrun.train.distributed import gpu_uuid
+            from gridrun.train.engines.compile_cache import vllm_cache_root
 
+            gpu = gpu_uuid(torch.device("cuda", 0))
+            if gpu:
+                os.environ["VLLM_CACHE_ROOT"] = vllm_cache_root(os.environ, gpu)
             # Chunked prefill (as released): a step's token budget below the longest prompt is valid.
             kwargs.update(gpu_memory_utilization=self._gpu_share(), enable_sleep_mode=self.sleep_mode,
                           enable_chunked_prefill=True, max_num_seqs=ENGINE_MAX_SEQS,
