@@ -240,3 +240,16 @@ See [the design](docs/nope.md) and [its map](docs/design.md#no-such-heading), [a
                   "test_no_such_thing", "SWEEP=fulll_matrix", "docs/nope.md", "#no-such-heading"):
         assert any(wrong in line for line in found), f"{wrong} was not caught: {found}"
     assert not any(name in line for line in found for name in ("scale=1.7b", "make test", "engine=hf`", "as_verl"))
+
+
+def test_the_warning_lead_the_docs_state_is_the_recorded_jobs() -> None:
+    # docs/real-scale.md states the 1.7B Voting-IP job's SIGUSR2 lead next to the recorded
+    # sbatch script it is read from: the number (seconds, or whole minutes) must be that script's.
+    golden = REPO / "tests" / "grid" / "golden" / "sbatch_voting-ip-1.7b-math-s0.sh"
+    (lead,) = re.findall(r"^#SBATCH --signal=USR2@(\d+)$", golden.read_text(), re.MULTILINE)
+    text = " ".join((REPO / "docs" / "real-scale.md").read_text().split())
+    stated = re.search(r"gets (?:`--signal=USR2@(\d+)`|about (\d+) min) \(`tests/grid/golden/sbatch_voting-ip-1\.7b-math-s0\.sh`\)",
+                       text)
+    assert stated, "docs/real-scale.md no longer states the 1.7B job's lead beside its recorded script"
+    seconds, minutes = stated.groups()
+    assert int(seconds) == int(lead) if seconds else int(minutes) == int(lead) // 60, (stated.group(0), lead)

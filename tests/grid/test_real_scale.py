@@ -13,7 +13,7 @@ import pytest
 from gridrun.grid.canary import adapter_lines, measured_step_s, rank_lines, report
 from gridrun.grid.compose import Composer
 from gridrun.grid.cost import MeasuredStep, cell_shape
-from gridrun.grid.plan import make_plan
+from gridrun.grid.plan import PlannedCell, make_plan
 from gridrun.grid.spec import load_spec
 from gridrun.memory import ENGINE_SHARE_CAP, GIB, engine_share, longest_row, predict
 from gridrun.seam.runconfig import dump_config
@@ -101,6 +101,36 @@ def test_every_phase_of_the_papers_cells_fits_the_cards_usable_memory(cell_id: s
     # Woken beside the update's reserved peak (no empty_cache between them), the engine would
     # not fit: the trainer returns its cache first (tests/test_training.py checks the order).
     assert estimate.unreleased > usable * GIB
+
+
+# docs/real-scale.md's table of what each phase holds, in its order.
+DOC_CELLS = ("voting-ip-1.7b-math-s0", "orch_workers-ip-1.7b-math-s0", "voting-ip-4b-math-s0", "voting-sp-4b-math-s0",
+             "orch_workers-ip-4b-math-s0", "voting-ip-0.6b-math-s0")
+
+
+def test_the_docs_say_what_each_phase_holds() -> None:
+    composer = Composer()
+    planned = {pc.id: pc for scale in ("0.6b", "1.7b", "4b") for pc in make_plan(
+        load_spec("full_matrix", [f"scale={scale}"], composer), composer).cells}
+
+    def row(pc: PlannedCell) -> str:
+        usable = pc.resources["gpu_memory_gib"]
+        e = predict(pc.config, usable)
+        f = [f"{v / GIB:.2f}" for v in (e.trainer_update, e.engine_asleep, e.contexts, e.update_phase, e.trainer_kept,
+                                        e.rollout, e.contexts, e.rollout_phase, e.unreleased)]
+        return (f"| {pc.id} | {pc.resources['gpu_class']} {usable} | {pc.config.engine.gpu_memory_utilization:.2f} | "
+                f"{f[0]} + {f[1]} + {f[2]} = {f[3]} | {f[4]} + {f[5]} + {f[6]} = {f[7]} | {f[8]} |")
+
+    doc = (Path(__file__).parents[2] / "docs" / "real-scale.md").read_text()
+    rows = [row(planned[cell_id]) for cell_id in DOC_CELLS]
+    assert "\n".join(rows) in doc
+    # The shares the full matrix's H100 cells get, as the docs range them.
+    shares = {scale: sorted({pc.config.engine.gpu_memory_utilization for pc in planned.values()
+                             if pc.resources["gpu_class"] == "h100" and pc.config.engine.name == "vllm"
+                             and pc.cell.coords().get("scale") == scale}) for scale in ("0.6b", "1.7b", "4b")}
+    assert shares["0.6b"] == shares["1.7b"] == [0.85]
+    assert (f"On H100 the full matrix's cells get 0.85 at 0.6B and 1.7B and {shares['4b'][0]:.2f}–{shares['4b'][-1]:.2f} "
+            "at 4B") in " ".join(doc.split())
 
 
 def test_a_share_pinned_above_what_the_trainer_leaves_is_refused_in_one_line(gridrun: Gridrun, results: Path) -> None:
