@@ -58,6 +58,9 @@ BLOCKING_STATES = (CellState.FAILED.value, CellState.CANCELLED.value, CellState.
 RECORDED = frozenset(CellState) - {CellState.DAMAGED, CellState.MISSING, CellState.BLOCKED}
 # Cells no launcher dispatches until a user fixes them (their error says how).
 UNREADABLE_STATES = (CellState.DAMAGED.value, CellState.MISSING.value)
+# `gridrun run`'s exit code for a run that stopped to resume later (SLURM's warning): every
+# rank of a cell stops after the same step and exits with it; the launchers requeue on it.
+EXIT_PREEMPTED = 75
 # Fields of an attempt kept in the `attempts` history when the cell is queued again.
 ATTEMPT_FIELDS = ("attempt", "state", "launcher", "job_id", "node", "step", "started_at", "finished_at", "error")
 

@@ -252,6 +252,24 @@ def test_a_requeue_opens_the_next_attempt_once(tmp_path: Path) -> None:
     state = run_dir.read_state().to_json()
     assert (state["state"], state["attempt"], state["requeues"], state["slurm_restarts"]) == ("queued", 2, 1, 1)
     assert state["job_id"] == "7_2" and [(a["state"], a["step"]) for a in state["attempts"]] == [("preempted", 3)]
+    # The record says where the next attempt starts: no checkpoint was written, so step 0.
+    assert state["attempts"][0]["error"] == "preempted (SIGUSR2) and requeued; restarts from step 0: no complete checkpoint"
+
+
+def test_a_requeues_record_names_the_checkpoint_the_next_attempt_resumes_from(tmp_path: Path) -> None:
+    from gridrun.grid.launchers.slurm_job import CellJob
+    from gridrun.seam.rundir import COMPLETE_MARKER, RunDir
+
+    run_dir = RunDir(tmp_path)
+    run_dir.config_yaml.write_text("{}\n")
+    put_state(run_dir, state="preempted", attempt=1, job_id="7_2", launcher="slurm", step=12)
+    # Step 8's checkpoint is whole; step 12's was cut short before its marker.
+    for step in (8, 12):
+        run_dir.checkpoint(step).mkdir(parents=True)
+    (run_dir.checkpoint(8) / COMPLETE_MARKER).write_text("8\n")
+    CellJob(str(tmp_path), time_min=5, signal_delay_s=60)._record_requeue(run_dir, 0, "requeued near its 5 min time limit (SIGUSR2)")
+    (ended,) = run_dir.read_state().to_json()["attempts"]
+    assert ended["error"] == "requeued near its 5 min time limit (SIGUSR2); resumes from the checkpoint of step 8"
 
 
 def test_every_rank_decides_alike_whether_the_job_runs_the_cell(tmp_path: Path) -> None:

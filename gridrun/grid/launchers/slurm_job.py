@@ -14,7 +14,9 @@ writes what the trainer cannot:
   it came from SLURM's warning signal (submitit's USR2 handler calls `checkpoint`, which lets
   the trainer finish its step and checkpoint, then requeues the job) or from `scontrol
   requeue` / a preemption (SIGTERM: the trainer records cancelled, and `scontrol show job`'s
-  Restarts tells the two apart); a job that restarts finds the same thing out at its start;
+  Restarts tells the two apart); a job that restarts finds the same thing out at its start.
+  The ended attempt's record names the checkpoint the next one resumes from (the newest
+  complete one once the trainer has exited), or says it restarts from step 0;
 - a trainer that died without a word (SIGKILL, out of memory) is recorded failed;
 - once the timeout budget (submitit's max_num_timeout) is spent the cell stops as preempted;
 - a requeue SLURM refuses after its warning (JobRequeue=0, --no-requeue) leaves the cell
@@ -23,7 +25,10 @@ writes what the trainer cannot:
 - a failed rank: every job step runs `srun --kill-on-bad-exit=1`; a rank other than 0 whose
   trainer fails writes its error tail to ranks/rank<r>.error and its task exits non-zero,
   while rank 0's task polls for that file every RANK_POLL_S (2 s), stops its own trainer and
-  records the cell failed with `rank <r> failed: <tail>`, not a collective's timeout.
+  records the cell failed with `rank <r> failed: <tail>`, not a collective's timeout;
+- a stopped rank: on SLURM's warning every rank stops after the same step (EXIT_PREEMPTED),
+  and only rank 0 checkpoints and requeues. Another rank's task, done first, exits 0: a
+  non-zero exit would have srun kill rank 0 in the middle of its save.
 
 The child starts with SIGUSR2 ignored until the trainer installs its handler (the default
 action would kill it). Imports submitit and the standard library, never torch.
@@ -191,6 +196,10 @@ class CellJob(submitit.helpers.Checkpointable):
             raise
         if rank == 0:
             return self._finish(run_dir, rank, restart, code, err_path)
+        if code == cellstate.EXIT_PREEMPTED:
+            # Stopped with every rank after the same step: rank 0, still saving the checkpoint,
+            # requeues the job. This task's end must not end the step (srun --kill-on-bad-exit).
+            return 0
         if code != 0:
             # A failed task ends the job's step at once (srun --kill-on-bad-exit): rank 0
             # records this rank's error (ranks/rank<r>.error) instead of waiting in a collective.
@@ -255,12 +264,17 @@ class CellJob(submitit.helpers.Checkpointable):
         return True
 
     def _record_requeue(self, run_dir: RunDir, restart: int, why: str) -> None:
-        """Open the next attempt of a job that SLURM requeued (its restart `restart` + 1)."""
+        """Open the next attempt of a job that SLURM requeued (its restart `restart` + 1). Its
+        trainer has exited (or not started): the newest complete checkpoint is the one the
+        next attempt resumes from, and the ended attempt's record names it."""
         state = run_dir.read_state()
         if state.slurm_restarts > restart or state.state in FINISHED_STATES:
             return  # recorded already, or nothing left to run
+        latest = run_dir.latest_checkpoint()
+        resumes = (f"resumes from the checkpoint of step {latest[0]}" if latest
+                   else "restarts from step 0: no complete checkpoint")
         # The attempt SLURM ended goes to the history as preempted, whatever it last recorded.
-        ended = state.with_(state=CellState.PREEMPTED, error=why, finished_at=time.time())
+        ended = state.with_(state=CellState.PREEMPTED, error=f"{why}; {resumes}", finished_at=time.time())
         run_dir.record(cellstate.queued(
             ended,
             state.launcher or "slurm",
@@ -271,8 +285,8 @@ class CellJob(submitit.helpers.Checkpointable):
 
     def _why_requeued(self) -> str:
         if timed_out(self._started, self.time_min):
-            return f"requeued near its {self.time_min} min time limit (SIGUSR2); resumes from its checkpoint"
-        return "preempted (SIGUSR2) and requeued; resumes from its checkpoint"
+            return f"requeued near its {self.time_min} min time limit (SIGUSR2)"
+        return "preempted (SIGUSR2) and requeued"
 
     def _finish(self, run_dir: RunDir, rank: int, restart: int, code: int, err_path: Path) -> int:
         """Rank 0 after its trainer exited: record what the trainer could not; fail the job
@@ -282,7 +296,7 @@ class CellJob(submitit.helpers.Checkpointable):
             restarts = slurm_restarts(os.environ.get("SLURM_JOB_ID", ""))
             if restarts is not None and restarts > restart:
                 # SIGTERM of a requeue (scontrol requeue, preemption), not of scancel.
-                self._record_requeue(run_dir, restart, "requeued by the scheduler (SIGTERM); resumes from its checkpoint")
+                self._record_requeue(run_dir, restart, "requeued by the scheduler (SIGTERM)")
             return code
         if state.state in (*FINISHED_STATES, CellState.PREEMPTED):
             return code
