@@ -180,6 +180,12 @@ class StateRecord:
     def active(self) -> bool:
         return self.state in ACTIVE_STATES
 
+    @property
+    def failures(self) -> int:
+        """Attempts that ended failed, this one included (what grid.launcher.max_attempts caps)."""
+        ended = [*(attempt.get("state") for attempt in self.attempts), self.state]
+        return sum(state == CellState.FAILED for state in ended)
+
 
 class IllegalTransition(RuntimeError):
     """A transition from a state it may not leave; the message names the rule."""

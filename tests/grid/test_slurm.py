@@ -290,7 +290,7 @@ def test_every_rank_decides_alike_whether_the_job_runs_the_cell(tmp_path: Path) 
     assert not job._should_run(run_dir, "7_2", 2, record=True) and run_dir.read_state().to_json()["state"] == "done"
 
 
-def test_resubmissions_stop_at_max_attempts_but_requeues_do_not_count(
+def test_resubmissions_stop_at_max_attempts_failures_and_other_attempts_do_not_count(
     gridrun: Gridrun, results: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from gridrun.grid.sweepdir import SweepDir
@@ -300,12 +300,15 @@ def test_resubmissions_stop_at_max_attempts_but_requeues_do_not_count(
     assert gridrun("plan", "conf=smoke", "cluster=testcluster", "launcher=slurm", "kind=base").code == 0
     sweep = SweepDir(results, "smoke")
     ids = sweep.cell_ids()[:3]
-    # Two submissions; two submissions and a requeue (3 attempts); one submission.
-    for cell_id, attempt, requeues in zip(ids, (2, 3, 1), (0, 1, 0)):
-        put_state(sweep.cell(cell_id), state="failed", attempt=attempt, requeues=requeues)
+    # Failed twice; six attempts, one of them failed (the others preempted at the time limit,
+    # resubmitted --preempted, or cancelled); failed once.
+    histories = (["failed"], ["preempted", "preempted", "cancelled", "failed", "preempted"], [])
+    for cell_id, history, now in zip(ids, histories, ("failed", "preempted", "failed")):
+        put_state(sweep.cell(cell_id), state=now, attempt=len(history) + 1,
+                  attempts=[{"attempt": n + 1, "state": was} for n, was in enumerate(history)])
     admitted = SlurmLauncher({"name": "slurm", "max_attempts": 2}).admit(sweep, ids)
-    assert admitted == [ids[2]]
-    assert f"not resubmitting {ids[0]}: it has had 2 submissions (grid.launcher.max_attempts=2)" in caplog.text
+    assert admitted == ids[1:]
+    assert f"not resubmitting {ids[0]}: it has failed 2 times (grid.launcher.max_attempts=2)" in caplog.text
 
 
 # ---------------------------------------------------------------- issue 30: signals and failures

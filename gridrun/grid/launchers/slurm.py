@@ -36,8 +36,8 @@ Watching. `reconcile` asks sacct (or squeue when accounting is off) about every 
 at once. A cell's own state.json wins when it says done/failed/cancelled/preempted; the
 scheduler speaks for cells whose job died without a word: CANCELLED -> cancelled,
 TIMEOUT/PREEMPTED -> preempted, NODE_FAIL/OUT_OF_MEMORY/FAILED/BOOT_FAIL -> failed. `gridrun
-resubmit --failed` (and --preempted, --cells) queues them again, at most
-`grid.launcher.max_attempts` submissions per cell (the scheduler's own requeues do not count).
+resubmit --failed` (and --preempted, --cells) queues them again until a cell has failed
+`grid.launcher.max_attempts` times (a preempted, cancelled or requeued attempt is no failure).
 
 Dependencies. A cell that needs others (a transfer cell its sa_rl cell) is submitted after
 them with `--dependency=afterok:<their jobs>` (none for needs already done): SLURM starts it
@@ -75,7 +75,7 @@ from gridrun.grid import PACKAGE_DIR
 from gridrun.grid.errors import GridError
 from gridrun.grid.launchers.base import Accepted, Launcher, LauncherSettings, PartlySubmitted, launcher_settings
 from gridrun.grid.launchers.cluster import CellOverride, ClusterSpec, cluster_spec
-from gridrun.grid.launchers.observe import sweep_needs
+from gridrun.grid.launchers.observe import observe_cells, sweep_needs
 from gridrun.grid.launchers.process import interpreter_line
 from gridrun.modelfiles import model_dirs_env
 from gridrun.seam import cellstate
@@ -138,8 +138,8 @@ class SlurmSettings(LauncherSettings):
     # Requeues at the time limit a cell may take (submitit's max_num_timeout); then it stops as
     # `preempted` (`gridrun resubmit --preempted` resumes it). Preemptions do not count.
     max_num_timeout: int = 3
-    # Submissions of one cell, the first included (`gridrun resubmit` refuses more); requeues by
-    # the scheduler (preemption, time limit) do not count.
+    # Failed attempts of one cell after which `gridrun resubmit` refuses it; preempted,
+    # cancelled and requeued attempts are no failures.
     max_attempts: int = 5
 
 
@@ -475,15 +475,14 @@ class SlurmLauncher(Launcher):
         if cluster.check_shared_paths:
             check_shared(sweep.root, cluster)
         admitted = []
-        for cell_id in ids:
-            record = sweep.cell(cell_id).read_state()
-            used = record.attempt - record.requeues
-            if used >= self.max_attempts:
+        # As observed: a job lost while its cell read running is a failure.
+        for cell_id, record in observe_cells(sweep, ids).items():
+            if record.failures >= self.max_attempts:
                 log.warning(
-                    "not resubmitting %s: it has had %d submissions (grid.launcher.max_attempts=%d); find out why with "
+                    "not resubmitting %s: it has failed %d times (grid.launcher.max_attempts=%d); find out why with "
                     "`gridrun status --failed`, then raise the cap by re-planning the sweep with "
                     "grid.launcher.max_attempts=%d (cells stay as they are) or start it afresh with --replace",
-                    cell_id, used, self.max_attempts, self.max_attempts + 3,
+                    cell_id, record.failures, self.max_attempts, self.max_attempts + 3,
                 )
                 continue
             admitted.append(cell_id)
