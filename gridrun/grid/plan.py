@@ -48,7 +48,7 @@ from gridrun.grid.errors import GridError
 from gridrun.grid.gridconfig import GpuSpec, GridRoot, GridSpec, as_dict, grid_root
 from gridrun.grid.launchers.observe import live_state, observe
 from gridrun.grid.spec import SweepSpec
-from gridrun.grid.sweepdir import SweepDamaged, SweepDir, sibling_cell
+from gridrun.grid.sweepdir import PlanEntry, SweepDamaged, SweepDir, sibling_cell
 from gridrun.seam import cellstate, registry
 from gridrun.seam.cellstate import StateRecord
 from gridrun.seam.runconfig import (
@@ -595,11 +595,16 @@ def plan_table(plan: Plan, preview: Freeze, sweep: SweepDir) -> Any:
     ~ modelled, conf conf/'s rough rate), and the sweep's node-days under the table."""
     from rich.table import Table
 
-    table = Table(title=f"plan of sweep {sweep.name} -> {sweep.root}", caption="\n".join(cost_lines(plan)),
+    from gridrun.grid.launchers.slurm import requeue_budgets, requeue_lines
+
+    # On a SLURM profile, each cell's segments at the time limit and its requeue budget.
+    budgets = requeue_budgets([PlanEntry.from_json(pc.entry()) for pc in plan.cells], plan.cluster, plan.launcher)
+    table = Table(title=f"plan of sweep {sweep.name} -> {sweep.root}",
+                  caption="\n".join([*cost_lines(plan), *requeue_lines(budgets, plan.cluster)]),
                   title_justify="left", caption_justify="left")
-    numeric = ("cpus", "mem GB", "GPU GiB", "disk GB", "s/step", "hours")
+    numeric = ("cpus", "mem GB", "GPU GiB", "disk GB", "s/step", "hours", "segs", "requeues")
     columns = ("cell", "kind", "plan", "gpus", "partition", "cpus", "mem GB", "GPU GiB", "disk GB", "s/step", "rate",
-               "hours")
+               "hours", *(("segs", "requeues") if budgets else ()))
     for column in columns:
         table.add_column(column, justify="right" if column in numeric else "left", no_wrap=True)
     for pc in plan.cells:
@@ -625,6 +630,8 @@ def plan_table(plan: Plan, preview: Freeze, sweep: SweepDir) -> Any:
             f"{pc.est_step_s:,.0f}" if pc.total_steps() else "-",
             _rate_mark(pc.rate_source),
             f"{pc.est_hours:.2f}",
+            *((str(budgets[pc.id].segments), str(budgets[pc.id].requeues)) if pc.id in budgets else
+              ("", "") if budgets else ()),
         )
     return table
 

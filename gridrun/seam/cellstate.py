@@ -323,7 +323,7 @@ def preempted(error: str) -> Transition:
     """Stopped to resume later. From cancelled too: a SLURM job whose requeue was refused
     after its trainer had recorded the SIGTERM that stopped it; and from preempted: the
     trainer recorded its own stop on SLURM's warning, and the job then learns that no requeue
-    follows (its timeout budget is spent) and says so."""
+    follows (its requeue budget is spent) and says so."""
     return Transition("preempted", frozenset({CellState.QUEUED, CellState.RUNNING, CellState.CANCELLED,
                                               CellState.PREEMPTED}),
                       "only an active (or just stopped) cell is preempted", CellState.PREEMPTED,

@@ -200,7 +200,7 @@ def test_usr2_and_scontrol_requeue_resume_from_a_checkpoint(gridrun: Gridrun) ->
     assert gridrun.rows("preempt")[cell_id]["attempt"] == 3
 
 
-def test_a_spent_timeout_budget_stops_the_cell_as_preempted(gridrun: Gridrun) -> None:
+def test_a_spent_requeue_budget_stops_the_cell_as_preempted(gridrun: Gridrun) -> None:
     # Under a 5 min limit submitit reads every USR2 as the time limit (a timeout once the job
     # ran min(80%, limit - 10 min) < 0 of it); with max_num_timeout=0 the first one spends the
     # budget: the trainer checkpoints, the job is not requeued, the cell stops as preempted.
@@ -208,7 +208,7 @@ def test_a_spent_timeout_budget_stops_the_cell_as_preempted(gridrun: Gridrun) ->
                                         "train.val_every=100", "grid.cluster.time_limit_h=0.08", "grid.launcher.max_num_timeout=0")
     wait_until(lambda: state(run_dir).get("step", 0) >= 1, "step 1")
     subprocess.run(["scancel", "--signal=USR2", state(run_dir)["job_id"]], check=True, timeout=30)
-    wait_until(lambda: "timeout budget" in str(state(run_dir).get("error")), "the budget to be spent", 120)
+    wait_until(lambda: "requeue budget" in str(state(run_dir).get("error")), "the budget to be spent", 120)
     final = state(run_dir)
     assert (final["state"], final["attempt"]) == ("preempted", 1)
     assert run_dir.latest_checkpoint() is not None and run_dir.latest_checkpoint()[0] == final["step"]

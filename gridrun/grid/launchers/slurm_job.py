@@ -18,7 +18,9 @@ writes what the trainer cannot:
   The ended attempt's record names the checkpoint the next one resumes from (the newest
   complete one once the trainer has exited), or says it restarts from step 0;
 - a trainer that died without a word (SIGKILL, out of memory) is recorded failed;
-- once the timeout budget (submitit's max_num_timeout) is spent the cell stops as preempted;
+- the cell's requeue budget (`timeouts_left`: requeues at the time limit, from its planned
+  hours, gridrun/grid/launchers/slurm.py `requeue_budget`) travels with the job; once it is
+  spent the cell stops as preempted;
 - a requeue SLURM refuses after its warning (JobRequeue=0, --no-requeue) leaves the cell
   preempted with a line naming `gridrun resubmit --preempted` (`requeue_refused`); the
   refusal does not raise out of `CellJob`;
@@ -119,10 +121,12 @@ def requeue_refused(err: subprocess.CalledProcessError) -> str:
 class CellJob(submitit.helpers.Checkpointable):
     """Runs one cell in a SLURM job; requeues itself on SLURM's warning signal."""
 
-    def __init__(self, run_dir: str, time_min: int, signal_delay_s: int) -> None:
+    def __init__(self, run_dir: str, time_min: int, signal_delay_s: int, timeouts_left: int | None = None) -> None:
         self.run_dir = run_dir
         self.time_min = time_min
         self.signal_delay_s = signal_delay_s
+        # Requeues at the time limit this cell may still take (None: submitit's count alone).
+        self.timeouts_left = timeouts_left
         self._child: subprocess.Popen[bytes] | None = None
         self._started = time.time()
         # Set by `checkpoint` when the trainer had finished anyway: nothing to requeue.
@@ -130,7 +134,8 @@ class CellJob(submitit.helpers.Checkpointable):
 
     def __getstate__(self) -> dict[str, Any]:
         # The child process handle and start time belong to one run, not to the pickle.
-        return {"run_dir": self.run_dir, "time_min": self.time_min, "signal_delay_s": self.signal_delay_s}
+        return {"run_dir": self.run_dir, "time_min": self.time_min, "signal_delay_s": self.signal_delay_s,
+                "timeouts_left": self.timeouts_left}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]
@@ -187,11 +192,12 @@ class CellJob(submitit.helpers.Checkpointable):
             if self._finished_state is not None:
                 # The warning came as the trainer ended: the cell is done (or failed).
                 return self._finish(run_dir, rank, restart, self._child.wait(), err_path)
-            # submitit refused to requeue: the time-limit budget is spent.
+            # No requeue (`checkpoint`): the cell's requeue budget is spent.
             if rank == 0:
                 run_dir.record(cellstate.preempted(
-                    f"stopped at its time limit after {self.time_min} min, with its timeout budget "
-                    "(grid.launcher.max_num_timeout) spent; resume it with `gridrun resubmit --preempted`"
+                    f"stopped at its time limit after {self.time_min} min, with its requeue budget spent (the "
+                    "requeues its planned hours need, or grid.launcher.max_num_timeout); resume it with "
+                    "`gridrun resubmit --preempted`"
                 ))
             raise
         if rank == 0:
@@ -241,7 +247,13 @@ class CellJob(submitit.helpers.Checkpointable):
         if final in (*FINISHED_STATES, CellState.FAILED):
             self._finished_state = final
             return None
-        return submitit.helpers.DelayedSubmission(CellJob(self.run_dir, self.time_min, self.signal_delay_s))
+        timeout = timed_out(self._started, self.time_min)
+        left = self.timeouts_left
+        if timeout and left is not None and left < 1:
+            return None  # the requeue budget is spent: `__call__` records the cell preempted
+        return submitit.helpers.DelayedSubmission(
+            CellJob(self.run_dir, self.time_min, self.signal_delay_s, None if left is None else left - timeout)
+        )
 
     # --- state bookkeeping (rank 0) --------------------------------------------------------
     def _should_run(self, run_dir: RunDir, job_id: str, restart: int, record: bool) -> bool:
