@@ -233,7 +233,10 @@ class CellJob(submitit.helpers.Checkpointable):
     def checkpoint(self) -> submitit.helpers.DelayedSubmission | None:  # type: ignore[override]
         """SLURM's warning signal (rank 0, in submitit's handler): let the trainer finish its
         step and checkpoint, then hand submitit the same job to requeue (None, no requeue,
-        when the trainer ended the cell meanwhile)."""
+        when the trainer ended the cell meanwhile, or when the warning is the time limit's and
+        the cell's requeue budget is spent)."""
+        # Judged on arrival, as submitit's handler judges it, not after the trainer's stop.
+        timeout = timed_out(self._started, self.time_min)
         # This runs inside a signal handler that interrupted `Popen.wait()` (which holds its
         # lock), so the child is watched with waitid(WNOWAIT): nothing is reaped here.
         child = self._child
@@ -247,7 +250,6 @@ class CellJob(submitit.helpers.Checkpointable):
         if final in (*FINISHED_STATES, CellState.FAILED):
             self._finished_state = final
             return None
-        timeout = timed_out(self._started, self.time_min)
         left = self.timeouts_left
         if timeout and left is not None and left < 1:
             return None  # the requeue budget is spent: `__call__` records the cell preempted
