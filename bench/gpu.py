@@ -152,8 +152,8 @@ def run_case(args: argparse.Namespace) -> dict:
         peaks["update"] = torch.cuda.max_memory_allocated() / 2**30
     else:
         peaks["process_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    predicted = predict(config, gpu["memory_gb"])
-    at_largest = predict(config, gpu["memory_gb"], micro_tokens=largest["tokens"] or None)
+    predicted = predict(config, gpu["memory_gib"])
+    at_largest = predict(config, gpu["memory_gib"], micro_tokens=largest["tokens"] or None)
     seqs = sum(v for k, v in row.items() if k.startswith("role/") and k.endswith("/seqs"))
     return {
         "scale": args.scale, "workflow": args.workflow, "policy": args.policy, "device": str(device),
@@ -166,8 +166,10 @@ def run_case(args: argparse.Namespace) -> dict:
         # The update's row tokens: gridrun/grid/cost.py fits the update's rate to these.
         "update_tokens": int(row["time/update_tokens"]),
         "peak_gb": {k: round(v, 2) for k, v in peaks.items()},
-        "predicted_gb": {k: round(v, 2) for k, v in predicted.as_gb().items()},
-        "predicted_update_gb_at_largest_micro": round(at_largest.as_gb()["update_phase"], 2),
+        "predicted_gb": {k: round(v, 2) for k, v in predicted.as_gib().items()},
+        # The trainer's own allocations: what torch.cuda.max_memory_allocated measures (no
+        # engine, no CUDA context).
+        "predicted_update_gb_at_largest_micro": round(at_largest.as_gib()["trainer_update"], 2),
     }
 
 

@@ -150,7 +150,7 @@ def run_cell(path: Path) -> int:
         except Preempted as stop:
             record(cellstate.preempted(str(stop)))
             log.info("%s", stop)
-            return 75
+            return cellstate.EXIT_PREEMPTED
         except NotARunDir as gone:  # the cell's folder was deleted under the run: write nothing more
             log.error("%s", gone)
             return 1

@@ -1,45 +1,69 @@
-"""Predicted peak GPU memory of one cell, from its resolved config: the dry run's fit check.
+"""The GPU memory of one cell, phase by phase, from its resolved config: the plan's fit check
+and the vLLM engine's share.
 
-A cell's GPU holds, per data-parallel rank (every rank keeps a full replica):
+All sizes are GiB (2**30 bytes), and a card's size is its usable memory: what CUDA reports
+as its total (`torch.cuda.mem_get_info()[1]`, the total vLLM's `gpu_memory_utilization` is a
+fraction of), not the nominal size on the data sheet (conf/gpu/<class>.yaml `memory_gib`).
+
+A step hands the GPU back and forth between two processes on each rank's GPU, the trainer and
+vLLM's engine core (engine=vllm; engine=hf generates inside the trainer). Each phase's total
+must stay under the card's usable memory:
+
+- update (the engine asleep): the trainer's update peak (`trainer_update`) beside what the
+  sleeping engine keeps (`engine_asleep`) and a CUDA context per process (`contexts`);
+- rollout (the engine awake, validation included): what the trainer keeps once it has
+  returned its cached memory (`trainer_kept`) beside the awake engine (`rollout`) and the
+  contexts. The validation's gather across ranks runs over a CPU group
+  (gridrun/train/distributed.py), so it adds nothing here.
+
+The trainer returns its cached memory before every wake (gridrun/train/trainer.py
+`Trainer.hand_gpu_to_engine`): PyTorch's allocator otherwise keeps the update's peak reserved
+while vLLM's wake_up maps its whole share again, which no card holds (`unreleased`: the
+total that order would need, e.g. 85.8 GiB for Voting-IP 1.7B on an H100).
+
+The terms, per data-parallel rank (every rank keeps a full replica):
 - weights: every parameter of the frozen base, in the model dtype;
 - adapters: each trainable LoRA adapter's float32 weights and AdamW moments, plus the
   gradient of the one adapter being updated;
-- update activations of one micro-batch of T tokens (T = the token budget, the most a
-  micro-batch may hold, or the cell's longest possible row where that is longer: a row is
-  never split, so it is forwarded whole; the plan refuses such a cell, `longest_row`). With gradient checkpointing each decoder layer keeps its input
-  (T x hidden x dtype), and on top of that either the output layer's working set (one
-  chunk of float32 logits and its softmax/gradient copies, gridrun/train/logprobs.py) or
-  one layer's recomputed working set, whichever is larger; without checkpointing every
-  layer keeps its working set;
-- rollout: vLLM claims `engine.gpu_memory_utilization` of the whole GPU (released while
-  the trainer updates when sleep mode is on); left unset, the plan sizes it with
-  `engine_share`: what the trainer keeps on the same GPU during rollouts (its weights and
-  adapters, the reserve, a CUDA context per process) comes off the top, at most
-  ENGINE_SHARE_CAP (the released code's 0.85, with its actor offloaded during rollouts); `engine=hf` holds a KV cache for a sub-batch
-  of `engine.max_batch_size` requests at the longest prompt plus the response limit.
+- activations of one micro-batch of T tokens (T = the token budget, the most a micro-batch
+  may hold, or the cell's longest possible row where that is longer: a row is never split,
+  so it is forwarded whole; the plan refuses such a cell, `longest_row`). With gradient
+  checkpointing each decoder layer keeps its input (T x hidden x dtype), and on top of that
+  either the output layer's working set (one chunk of float32 logits and its
+  softmax/gradient copies, gridrun/train/logprobs.py) or one layer's recomputed working set,
+  whichever is larger; without checkpointing every layer keeps its working set;
+- the reserve (RESERVE_BYTES): cuBLAS workspaces and allocator slack; after the trainer
+  returns its cache it also holds the live-adapter proof's probe forwards, which run beside
+  the awake engine;
+- rollout: vLLM claims `engine.gpu_memory_utilization` of the card (weights, activations,
+  CUDA graphs and KV cache: vLLM profiles all four into its share); left unset, the plan sizes
+  it with `engine_share`. `engine=hf` holds a KV cache for a sub-batch of
+  `engine.max_batch_size` requests at the longest prompt plus the response limit, and one
+  decoding step's logits;
+- engine_asleep: sleep mode (level 1) moves vLLM's weights to host memory and drops its KV
+  cache; its CUDA graphs' pool stays (ENGINE_ASLEEP_BYTES). With sleep mode off the whole
+  share stays;
+- contexts: a CUDA context (and NCCL's buffers) per process on the GPU, outside PyTorch's
+  allocator (CUDA_CONTEXT_BYTES): two with vLLM's engine core, one otherwise.
 
 The engine's share (`engine_share`, frozen into config.yaml at plan time when
-`engine.gpu_memory_utilization` is null): the GPU less what the trainer keeps on it while
-the engine rolls out (the frozen weights, each adapter's float32 weights and AdamW moments,
-the allocator reserve; with `engine.enable_sleep_mode=false` also the update's activations)
-and one CUDA context for each of the two processes (CUDA_CONTEXT_BYTES, 1 GiB each), at most
+`engine.gpu_memory_utilization` is null): the card less what the trainer keeps beside the
+awake engine (the update's whole peak when sleep mode is off) and the contexts, at most
 ENGINE_SHARE_CAP (0.85), rounded down to 0.01. The released code ran vLLM at 0.85 with its
 actor offloaded during rollouts; gridrun's trainer keeps its weights on the GPU, so its
-share comes off the top first.
+share comes off the top first. A cell whose phase cannot fit is refused at plan time in one
+line naming the knob (`fit_problem`).
 
 The update never holds a whole micro-batch's full-vocabulary logits: the output layer runs
 on 2,048-position chunks under checkpointing (gridrun/train/logprobs.py), and the hf engine
 records each sampled token's log-prob as it decodes instead of keeping every step's logits.
 
-The peak is the larger of the rollout phase and the update phase. The constants below
-were fitted to peaks measured with torch.cuda.max_memory_allocated on an H100 (1.7B and
-4B, bench/gpu.py): predicted/measured is in bench/measured/gpu-h100-2026-11-22.md, not
-assumed.
-Torch-free: the grid imports it at plan time.
-
-Not counted: the CUDA context (outside PyTorch's allocator), NCCL buffers, vLLM's CUDA
-graphs beyond its fraction. Unverified on a GPU: the rollout terms at full length (the
-GPU check samples short rollouts) and the no-checkpointing working set.
+The trainer's constants were fitted to peaks measured with torch.cuda.max_memory_allocated on
+an H100 (1.7B and 4B, bench/gpu.py): predicted/measured is in
+bench/measured/gpu-h100-2026-11-22.md, not assumed. Unverified on a GPU: the rollout terms at
+full length, the no-checkpointing working set, the engine's asleep pool, the contexts, and
+how much of the update's peak the allocator cannot return (fragmentation; the canary prints
+what the trainer keeps beside the awake engine). Torch-free: the grid imports it at plan time.
 """
 
 from __future__ import annotations
@@ -79,25 +103,58 @@ ENGINE_MAX_SEQS = 1024
 # CUDA context and NCCL buffers of one process, outside PyTorch's allocator: the trainer's
 # and the vLLM engine core's (a spawned process) sit on the same GPU.
 CUDA_CONTEXT_BYTES = 1.0 * GIB
+# What a vLLM engine asleep (level 1) keeps: only its weights and KV cache live in the sleep
+# allocator's pools (vllm/device_allocator/cumem.py, tags "weights" and "kv_cache"), so its
+# CUDA graphs' pool stays. vLLM profiles that pool into its share and logs it; 0.65 GiB is its
+# log for a 4B dense model (vllm-project/vllm#21489, gemma-3-4b), taken for every scale here.
+ENGINE_ASLEEP_BYTES = 0.65 * GIB
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
+    """Bytes on one GPU of `usable` bytes: the terms (module docstring) and each phase's total."""
+
+    usable: float
     weights: float
     adapters: float
     activations: float
     logits: float
+    # The engine awake: vLLM's share of the card, or engine=hf's KV cache and decoding logits.
     rollout: float
-    update_phase: float
-    rollout_phase: float
+    engine_asleep: float
+    contexts: float
+    # The trainer's allocator at the update's peak (reserved until the trainer returns it).
+    trainer_update: float
+    # The trainer's allocator once it has returned its cache (weights, adapters, the reserve).
+    trainer_kept: float
+
+    @property
+    def update_phase(self) -> float:
+        return self.trainer_update + self.engine_asleep + self.contexts
+
+    @property
+    def rollout_phase(self) -> float:
+        return self.trainer_kept + self.rollout + self.contexts
+
+    @property
+    def unreleased(self) -> float:
+        """The GPU if the engine woke beside the update's reserved peak: the order the trainer
+        avoids by returning its cache first (not a phase of the step)."""
+        return self.trainer_update + self.rollout + self.contexts
+
+    @property
+    def phases(self) -> dict[str, float]:
+        return {"update": self.update_phase, "rollout": self.rollout_phase}
 
     @property
     def peak(self) -> float:
-        return max(self.update_phase, self.rollout_phase)
+        return max(self.phases.values())
 
-    def as_gb(self) -> dict[str, float]:
-        return {**{k: v / GIB for k, v in asdict(self).items()}, "peak": self.peak / GIB}
+    def as_gib(self) -> dict[str, float]:
+        return {**{k: v / GIB for k, v in asdict(self).items()},
+                **{f"{name}_phase": total / GIB for name, total in self.phases.items()},
+                "unreleased": self.unreleased / GIB, "peak": self.peak / GIB}
 
 
 def architecture(config: RunConfig) -> dict | None:
@@ -130,16 +187,29 @@ def longest_row(config: RunConfig) -> int:
     return config.lengths.max_prompt_tokens + config.lengths.max_response_tokens
 
 
-def engine_share(config: RunConfig, gpu_memory_gb: float, arch: dict | None = None) -> float:
-    """The vLLM engine's `gpu_memory_utilization` beside this cell's trainer on one GPU of
-    `gpu_memory_gb`: the GPU less what the trainer keeps there while the engine holds its
-    share (weights, adapters and the reserve; the update's activations too when sleep mode
-    is off) and both processes' CUDA contexts, at most ENGINE_SHARE_CAP, rounded down to 0.01."""
+def engine_processes(config: RunConfig) -> int:
+    """Processes holding a CUDA context on each GPU: the trainer, and vLLM's engine core."""
+    return 2 if isinstance(config.engine, VLLMParams) else 1
+
+
+def engine_room(config: RunConfig, usable_gib: float, arch: dict | None = None) -> float:
+    """The largest share of the card the vLLM engine can take beside this cell's trainer:
+    the card less the contexts and what the trainer holds while the engine is awake (what it
+    keeps once it returned its cache; its whole update peak when sleep mode is off)."""
     assert isinstance(config.engine, VLLMParams)
-    without = predict(replace(config, engine=replace(config.engine, gpu_memory_utilization=0.0)), gpu_memory_gb, arch)
-    kept = without.update_phase if not config.engine.enable_sleep_mode else without.rollout_phase
-    free = 1.0 - (kept + 2 * CUDA_CONTEXT_BYTES) / (gpu_memory_gb * GIB)
-    return math.floor(min(ENGINE_SHARE_CAP, free) * 100) / 100
+    without = predict(replace(config, engine=replace(config.engine, gpu_memory_utilization=0.0)), usable_gib, arch)
+    trainer = without.trainer_kept if config.engine.enable_sleep_mode else without.trainer_update
+    return 1.0 - (trainer + without.contexts) / without.usable
+
+
+def engine_share(config: RunConfig, usable_gib: float, arch: dict | None = None) -> float:
+    """The vLLM engine's `gpu_memory_utilization` beside this cell's trainer on a card of
+    `usable_gib`: `engine_room`, at most ENGINE_SHARE_CAP, rounded down to 0.01."""
+    return _floor_share(min(ENGINE_SHARE_CAP, engine_room(config, usable_gib, arch)))
+
+
+def _floor_share(share: float) -> float:
+    return math.floor(share * 100) / 100
 
 
 def layer_bytes_per_token(arch: dict, dtype_bytes: int) -> float:
@@ -154,13 +224,14 @@ def layer_bytes_per_token(arch: dict, dtype_bytes: int) -> float:
 
 
 def predict(
-    config: RunConfig, gpu_memory_gb: float, arch: dict | None = None, micro_tokens: int | None = None
+    config: RunConfig, usable_gib: float, arch: dict | None = None, micro_tokens: int | None = None
 ) -> MemoryEstimate:
-    """Peak bytes on one GPU of `gpu_memory_gb` for this cell (the module docstring lists the
-    terms); `micro_tokens`: the largest micro-batch's tokens when known (default: the budget)."""
+    """This cell's terms and phases on one card of `usable_gib` GiB (the module docstring);
+    `micro_tokens`: the largest micro-batch's tokens when known (default: the budget)."""
     arch = arch or architecture(config)
     if arch is None:
         raise ValueError(f"no published architecture for '{config.model.name_or_path}'")
+    usable = usable_gib * GIB
     b = _DTYPE_BYTES[config.model.dtype]
     layers, hidden = arch["num_hidden_layers"], arch["hidden_size"]
     weights = parameter_count(arch) * b
@@ -174,20 +245,76 @@ def predict(
         activations = kept + max(0.0, tokens * per_layer - logits)
     else:
         activations = tokens * layers * per_layer
-    update_phase = weights + adapters + (activations + logits if config.trains else 0) + RESERVE_BYTES
-    rollout = _rollout_bytes(config, arch, b, gpu_memory_gb * GIB)
-    rollout_phase = weights + adapters + rollout + RESERVE_BYTES
-    if isinstance(config.engine, VLLMParams) and not config.engine.enable_sleep_mode:
-        update_phase += rollout
-    return MemoryEstimate(weights, adapters, activations, logits, rollout, update_phase, rollout_phase)
+    trainer_kept = weights + adapters + RESERVE_BYTES
+    trainer_update = trainer_kept + (activations + logits if config.trains else 0)
+    rollout = _rollout_bytes(config, arch, b, usable)
+    engine_asleep = 0.0
+    if isinstance(config.engine, VLLMParams):
+        engine_asleep = ENGINE_ASLEEP_BYTES if config.engine.enable_sleep_mode else rollout
+    return MemoryEstimate(usable, weights, adapters, activations, logits, rollout, engine_asleep,
+                          engine_processes(config) * CUDA_CONTEXT_BYTES, trainer_update, trainer_kept)
 
 
-def _rollout_bytes(config: RunConfig, arch: dict, dtype_bytes: int, gpu_bytes: float) -> float:
+def fit_problem(config: RunConfig, estimate: MemoryEstimate) -> str | None:
+    """None when every phase fits the card; else what does not, in one line ending with the
+    knob to turn (the plan adds the cell and `or pick a larger gpu=`)."""
+    over = {name: total for name, total in estimate.phases.items() if total > estimate.usable}
+    if not over:
+        return _engine_too_small(config, estimate)
+    phase = max(over, key=lambda name: over[name])
+    g = {k: v / GIB for k, v in asdict(estimate).items()}
+    engine = config.engine
+    if phase == "update":
+        parts = (f"trainer {g['trainer_update']:.1f} (weights {g['weights']:.1f}, adapters {g['adapters']:.1f}, "
+                 f"activations {g['activations']:.1f}, logits {g['logits']:.1f}), engine asleep {g['engine_asleep']:.1f}")
+        knob = f"lower train.micro_token_budget (now {config.train.micro_token_budget})"
+        if not config.train.gradient_checkpointing:
+            knob = "set train.gradient_checkpointing=true or " + knob
+        if isinstance(engine, VLLMParams) and not engine.enable_sleep_mode:
+            knob = "set engine.enable_sleep_mode=true or " + knob
+    else:
+        parts = f"trainer {g['trainer_kept']:.1f} (weights {g['weights']:.1f}, adapters {g['adapters']:.1f}), engine {g['rollout']:.1f}"
+        if isinstance(engine, VLLMParams):
+            room = _floor_share(engine_room(config, g["usable"]))
+            knob = (f"lower engine.gpu_memory_utilization (now {engine.gpu_memory_utilization}; at most {room:.2f} fits)"
+                    if room > 0 else "the trainer's weights and adapters leave the engine no room")
+        elif isinstance(engine, HFParams):
+            knob = f"lower engine.max_batch_size (now {engine.max_batch_size}) or use engine=vllm"
+        else:
+            knob = f"lower engine {engine.name}'s rollout memory or use engine=vllm"
+    return (f"its {phase} phase needs {over[phase] / GIB:.1f} GiB per GPU of {g['usable']:g} usable ({parts}, "
+            f"CUDA contexts {g['contexts']:.1f}): {knob}")
+
+
+def engine_floor(config: RunConfig, arch: dict) -> float:
+    """What vLLM's share must hold at least: its own copy of the weights and the KV cache of
+    one sequence at the cell's limits (vLLM refuses to start with less; its activations and
+    CUDA graphs come on top)."""
+    b = _DTYPE_BYTES[config.model.dtype]
+    kv_per_token = arch["num_hidden_layers"] * 2 * arch["num_key_value_heads"] * arch["head_dim"] * b
+    return parameter_count(arch) * b + longest_row(config) * kv_per_token
+
+
+def _engine_too_small(config: RunConfig, estimate: MemoryEstimate) -> str | None:
+    if not isinstance(config.engine, VLLMParams):
+        return None
+    arch = architecture(config)
+    floor = engine_floor(config, arch) if arch else 0.0
+    if estimate.rollout >= floor:
+        return None
+    room = _floor_share(engine_room(config, estimate.usable / GIB, arch))
+    knob = (f"raise engine.gpu_memory_utilization (at most {room:.2f} fits)" if room > (config.engine.gpu_memory_utilization or 0)
+            else "lower lengths.max_prompt_tokens or lengths.max_response_tokens")
+    return (f"its vLLM share {config.engine.gpu_memory_utilization} of {estimate.usable / GIB:g} GiB ({estimate.rollout / GIB:.1f} GiB) "
+            f"holds less than the engine's weights and one sequence's KV cache at the cell's limits ({floor / GIB:.1f} GiB): {knob}")
+
+
+def _rollout_bytes(config: RunConfig, arch: dict, dtype_bytes: int, usable: float) -> float:
     if isinstance(config.engine, VLLMParams):
         share = config.engine.gpu_memory_utilization
         if share is None:
-            share = engine_share(config, gpu_bytes / GIB, arch)
-        return share * gpu_bytes
+            share = engine_share(config, usable / GIB, arch)
+        return share * usable
     # engine=hf: a KV cache per sub-batch of requests, each up to the longest prompt plus
     # the response limit, and one decoding step's float32 logits and log-probs.
     requests = max(config.train.batch_problems * config.grpo.n, 1) * config.parallel_slots
@@ -196,4 +323,3 @@ def _rollout_bytes(config: RunConfig, arch: dict, dtype_bytes: int, gpu_bytes: f
     tokens = config.lengths.max_prompt_tokens + config.lengths.max_response_tokens
     kv_per_token = arch["num_hidden_layers"] * 2 * arch["num_key_value_heads"] * arch["head_dim"] * dtype_bytes
     return rows * (tokens * kv_per_token + 2 * 4 * arch["vocab_size"])
-

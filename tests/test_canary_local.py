@@ -31,7 +31,7 @@ def test_the_canary_runs_the_real_cell_on_a_random_model_on_cpu_and_says_go(toy_
     assert "(CPU: a random-init model of the cell's architecture, cut to CPU size)" in out
     assert "canary voting-ip-1.7b-math-s0: done" in out
     assert "rank 0/1 on " in out and ": CPU; CUDA_VISIBLE_DEVICES=unset (trainer cpu, engine hf" in out
-    assert "free GPU memory before the engine sleeps n/a (CPU), after n/a (CPU) (step 2)" in out
+    assert "GPU memory at the hand-overs: n/a (CPU) (step 2)" in out
     # Voting: the voters' stage (2 problems x 2 rollouts x 3 voters) and the aggregators' (x 1),
     # every response at its 8-token limit (a random model never stops).
     assert "rollout stage 0: 12 requests, " in out and ", 96 tokens (" in out

@@ -103,7 +103,7 @@ def test_only_an_active_cell_fails_or_is_cancelled() -> None:
 
 def test_a_slurm_job_whose_requeue_was_refused_is_preempted_with_the_reason() -> None:
     # cancelled: the trainer recorded the SIGTERM; preempted: the trainer recorded its stop
-    # on SLURM's warning, and the job's word (timeout budget spent) replaces the reason.
+    # on SLURM's warning, and the job's word (requeue budget spent) replaces the reason.
     assert allowed_sources("preempted") == {"queued", "running", "cancelled", "preempted"}
     record = cellstate.preempted("budget spent").apply({"state": "preempted", "error": "stopped after step 1 on SIGUSR2"})
     assert (record["state"], record["error"]) == ("preempted", "budget spent")

@@ -44,6 +44,47 @@ def test_stride_splits_a_mini_batch_and_one_rank_is_the_identity() -> None:
     assert one.all_reduce_sum([1.0]) == [1.0] and not one.should_stop()
 
 
+def test_beside_an_nccl_world_objects_are_gathered_over_a_cpu_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    # all_gather_object over nccl pickles into tensors on the GPU, beside the awake rollout
+    # engine (validation's episodes): the world makes a gloo group for objects, and gather uses it.
+    made: list[dict[str, Any]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda backend, **kwargs: made.append({"world": backend}))
+    monkeypatch.setattr(torch.distributed, "new_group", lambda **kwargs: made.append(kwargs) or "the gloo group")
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    dist = Dist.from_env(env)
+    assert made == [{"world": "nccl"}, {"backend": "gloo"}] and dist.object_group == "the gloo group"
+    used: list[Any] = []
+
+    def all_gather_object(parts: list[Any], items: Any, group: Any = None) -> None:
+        used.append(group)
+        parts[:] = [["a"], items]
+
+    monkeypatch.setattr(torch.distributed, "all_gather_object", all_gather_object)
+    assert dist.gather(["b", "c"]) == (["a", "b", "c"], slice(1, 3)) and used == ["the gloo group"]
+    # A gloo world gathers over itself.
+    made.clear()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert Dist.from_env(env).object_group is None and made == [{"world": "gloo"}]
+
+
+def test_the_cached_memory_goes_back_to_the_driver_on_a_gpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    from gridrun.train.distributed import return_cached_memory
+
+    calls: list[str] = []
+    monkeypatch.setattr(gc, "collect", lambda: calls.append("gc.collect") or 0)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("torch.cuda.empty_cache"))
+    return_cached_memory(torch.device("cpu"))
+    assert calls == []
+    return_cached_memory(torch.device("cuda", 0))
+    assert calls == ["gc.collect", "torch.cuda.empty_cache"]
+
+
 # ---------------------------------------------------------------- two ranks vs one process
 def _trainer(cell: Path) -> Trainer:
     config = load_config(cell / "config.yaml")

@@ -255,3 +255,16 @@ def test_the_docs_say_what_is_not_how_it_came_to_be(doc: Path) -> None:
 
 def test_the_real_scale_guide_stays_a_guide() -> None:
     assert len((REPO / "docs" / "real-scale.md").read_text().splitlines()) <= 450
+
+
+def test_the_warning_lead_the_docs_state_is_the_recorded_jobs() -> None:
+    # docs/real-scale.md states the 1.7B Voting-IP job's SIGUSR2 lead next to the recorded
+    # sbatch script it is read from: the number (seconds, or whole minutes) must be that script's.
+    golden = REPO / "tests" / "grid" / "golden" / "sbatch_voting-ip-1.7b-math-s0.sh"
+    (lead,) = re.findall(r"^#SBATCH --signal=USR2@(\d+)$", golden.read_text(), re.MULTILINE)
+    text = " ".join((REPO / "docs" / "real-scale.md").read_text().split())
+    stated = re.search(r"gets (?:`--signal=USR2@(\d+)`|about (\d+) min) \(`tests/grid/golden/sbatch_voting-ip-1\.7b-math-s0\.sh`\)",
+                       text)
+    assert stated, "docs/real-scale.md no longer states the 1.7B job's lead beside its recorded script"
+    seconds, minutes = stated.groups()
+    assert int(seconds) == int(lead) if seconds else int(minutes) == int(lead) // 60, (stated.group(0), lead)

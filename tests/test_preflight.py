@@ -15,9 +15,18 @@ from pathlib import Path
 
 import pytest
 
+from gridrun.grid import preflight
 from gridrun.grid.compose import Composer
 from gridrun.grid.plan import make_plan
-from gridrun.grid.preflight import Needs, checkpoint_gb, inputs_missing, sandbox_failures, stack_failures
+from gridrun.grid.preflight import (
+    Needs,
+    checkpoint_gb,
+    compute_mode_failures,
+    gpu_compute_modes,
+    inputs_missing,
+    sandbox_failures,
+    stack_failures,
+)
 from gridrun.grid.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,6 +72,32 @@ def test_a_python_without_torch_and_a_cpu_torch_on_a_gpu_cell_fail_in_one_line(t
     if not torch.cuda.is_available():
         (line,) = stack_failures(Needs(gpus=2, cuda=True))
         assert " sees no GPU on " in line and "install a CUDA build of torch into the venv" in line
+
+
+def test_a_compute_mode_that_refuses_vllms_engine_core_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # nvidia-smi as a node answers; the probe reads the modes of the GPUs its torch sees (the
+    # UUIDs as torch spells them, without "GPU-"): an engine=vllm cell runs two processes on
+    # each GPU, which Exclusive_Process refuses, and Prohibited refuses any.
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\n[ "$*" = "--query-gpu=uuid,compute_mode --format=csv,noheader" ] || exit 9\n'
+                   'printf "GPU-aaa, Default\\nGPU-bbb, Exclusive_Process\\nGPU-ccc, Prohibited\\n"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert gpu_compute_modes() == {"GPU-aaa": "Default", "GPU-bbb": "Exclusive_Process", "GPU-ccc": "Prohibited"}
+    monkeypatch.setattr(preflight, "stack_report", lambda needs: ([], {"cuda": True, "uuids": ["aaa", "bbb"]}))
+    needs = Needs(gpus=2, cuda=True, vllm=True, results=str(tmp_path))
+    (line,) = preflight.probe(needs)
+    assert line.startswith("GPU GPU-bbb on ") and line.endswith(
+        " runs in compute mode Exclusive_Process, which admits one process, and an engine=vllm cell runs two on each "
+        "GPU (its trainer and vLLM's engine core): ask the site for the Default compute mode on the cells' "
+        "partition, or set engine=hf")
+    # engine=hf runs one process per GPU; Prohibited refuses even that one, and only where torch sees it.
+    assert preflight.probe(Needs(gpus=2, cuda=True, results=str(tmp_path))) == []
+    (line,) = compute_mode_failures(Needs(cuda=True), gpu_compute_modes(), ["ccc"])
+    assert line.startswith("GPU GPU-ccc on ") and " runs in compute mode Prohibited, which admits no process" in line
+    # Without nvidia-smi there is nothing to read, and nothing is claimed.
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert gpu_compute_modes() == {}
 
 
 @pytest.mark.sandbox

@@ -525,3 +525,38 @@ def test_an_alert_that_acts_exports_the_peak_and_stop_ends_the_cell(tmp_path: Pa
         # The peak at the alert was the base model (step 1 did not beat step 0): nothing to export.
         accs = val_accuracy(RunDir(cell).read_metrics())
         assert accs[1] <= accs[0] and state.peak_export == "base model"
+
+
+def test_the_trainer_returns_its_cached_memory_between_the_update_and_the_wake(tmp_path: Path, monkeypatch) -> None:
+    # The GPU's hand-overs, in the order a CPU run makes them (the CUDA calls are behind
+    # return_cached_memory, stubbed here; tests/test_distributed.py checks what it calls): the
+    # engine starts after the trainer returned its cache, and every step sleeps the engine,
+    # updates, returns the update's cache and only then wakes the engine for the live-adapter
+    # proof and the next rollout.
+    from gridrun.train import trainer as trainer_module
+
+    calls: list[str] = []
+    real_update, real_make_engine = trainer_module.update, trainer_module.make_engine
+    monkeypatch.setattr(trainer_module, "return_cached_memory", lambda device: calls.append("return_cached_memory"))
+    monkeypatch.setattr(trainer_module, "update", lambda *a, **k: calls.append("update") or real_update(*a, **k))
+
+    def make_engine(*args):
+        calls.append("engine starts")
+        engine = real_make_engine(*args)
+        for name in ("sleep", "wake", "refresh_proven", "generate"):
+            method = getattr(engine, name)
+            setattr(engine, name, lambda *a, _m=method, _n=name, **k: calls.append(_n) or _m(*a, **k))
+        return engine
+
+    monkeypatch.setattr(trainer_module, "make_engine", make_engine)
+    cell = make_cell(tmp_path, train={"total_steps": 2, "val_every": 2})
+    assert run_cell(cell) == 0, RunDir(cell).read_state().to_json().get("error")
+    # Consecutive generate calls (rollout stages; step 0's validation and step 1's rollout) read as one.
+    order = [c for i, c in enumerate(calls) if c != "generate" or calls[i - 1] != "generate"]
+    step = ["generate", "sleep", "update", "return_cached_memory", "wake", "refresh_proven"]
+    assert order == ["return_cached_memory", "engine starts", "refresh_proven", *step, *step, "generate"]
+    # Each step's record holds the GPU memory at every hand-over (None on the CPU).
+    last = RunDir(cell).read_rank_records()[0]["steps"][-1]
+    assert {k: last[k] for k in last if "gpu_gb" in k or k.startswith("trainer_")} == dict.fromkeys(
+        ["free_gpu_gb_awake", "free_gpu_gb_asleep", "free_gpu_gb_updated", "trainer_peak_gb", "free_gpu_gb_released",
+         "trainer_kept_gb", "free_gpu_gb_woken"])

@@ -10,7 +10,10 @@ cancelled), and reports from its run directory only:
 
 - per rank (ranks/rank<r>.json, written by each rank's trainer): host, GPU UUID and name
   (CPU where none), CUDA_VISIBLE_DEVICES (the trainer and its engine share it), the free
-  GPU memory before and after the engine sleeps for the update, each rollout stage's
+  GPU memory at each hand-over (the engine awake, asleep before the update, after the update,
+  the trainer's cache returned before the wake, after the wake) with the trainer's reserved
+  update peak and what it keeps beside the engine, against the memory model's prediction for
+  the cell (gridrun/memory.py), each rollout stage's
   seconds and generated tokens/s (engine=vllm's continuous rollout: the whole rollout's), the update's seconds and tokens/s, and the time spent
   gathering across ranks, all of the last step;
 - the live-adapter check per role (metrics.jsonl's `adapter_check/<role>/{served,zero,
@@ -206,8 +209,35 @@ def _rate(tokens: float, seconds: float) -> str:
     return f"{tokens / seconds:,.0f} tok/s" if seconds > 0 else "- tok/s"
 
 
-def _gb(value: Any) -> str:
-    return "n/a (CPU)" if value is None else f"{float(value):.1f} GiB"
+def _gib(value: Any) -> str:
+    return "n/a" if value is None else f"{float(value):.1f}"
+
+
+def memory_lines(last: dict[str, Any]) -> list[str]:
+    """The GPU memory at a step's hand-overs (GiB; the trainer's fields of RANK_FIELDS)."""
+    if last.get("free_gpu_gb_awake") is None:
+        return [f"  GPU memory at the hand-overs: n/a (CPU) (step {last.get('step')})"]
+    free = (f"  free GPU memory (GiB, step {last.get('step')}): {_gib(last.get('free_gpu_gb_awake'))} with the engine "
+            f"awake, {_gib(last.get('free_gpu_gb_asleep'))} asleep before the update, "
+            f"{_gib(last.get('free_gpu_gb_updated'))} after it, {_gib(last.get('free_gpu_gb_released'))} with the "
+            f"trainer's cache returned before the wake, {_gib(last.get('free_gpu_gb_woken'))} after the wake")
+    trainer = (f"  trainer (GiB): update peak {_gib(last.get('trainer_peak_gb'))} reserved, "
+               f"{_gib(last.get('trainer_kept_gb'))} kept beside the awake engine")
+    return [free, trainer]
+
+
+def model_line(cell: PlannedCell) -> str | None:
+    """The memory model's prediction for the cell on its GPU class, to read beside the ranks'."""
+    from gridrun.memory import GIB, architecture, predict
+
+    usable = cell.resources.get("gpu_memory_gib")
+    arch = architecture(cell.config)
+    if not usable or arch is None:
+        return None
+    e = predict(cell.config, float(usable), arch)
+    return (f"memory model (GiB per GPU of {usable} usable): trainer update peak {e.trainer_update / GIB:.1f}, kept "
+            f"{e.trainer_kept / GIB:.1f}; engine {e.rollout / GIB:.1f} awake, {e.engine_asleep / GIB:.1f} asleep; phases: "
+            f"update {e.update_phase / GIB:.1f}, rollout {e.rollout_phase / GIB:.1f}")
 
 
 def rank_lines(record: dict[str, Any]) -> list[str]:
@@ -222,8 +252,7 @@ def rank_lines(record: dict[str, Any]) -> list[str]:
     if not steps:
         return [*lines, "  no step recorded"]
     last = steps[-1]
-    lines.append(f"  free GPU memory before the engine sleeps {_gb(last.get('free_gpu_gb_awake'))}, "
-                 f"after {_gb(last.get('free_gpu_gb_asleep'))} (step {last.get('step')})")
+    lines += memory_lines(last)
     for k, stage in enumerate(last.get("stages") or []):
         what = "rollout (continuous, no stages)" if stage.get("continuous") else f"rollout stage {k}"
         lines.append(f"  {what}: {stage['requests']} requests, {stage['seconds']:.2f} s, "
@@ -274,6 +303,9 @@ def report(run_dir: RunDir, cell: PlannedCell, project_name: str, project: list[
     lines = [f"canary {cell.id}: {record.state}" + (f" (job {record.job_id})" if record.job_id else "")]
     for rank in records:
         lines += rank_lines(rank)
+    predicted = None if cpu else model_line(cell)
+    if predicted:
+        lines.append(predicted)
     roles = sorted(set(cell.config.workflow_entry().roles))
     lines += adapter_lines(rows, roles, cell.config.engine.name)
     problems = []

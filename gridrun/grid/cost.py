@@ -228,7 +228,7 @@ def _kv_bytes_per_token(arch: dict[str, Any], dtype_bytes: int) -> float:
     return float(arch["num_hidden_layers"] * 2 * arch["num_key_value_heads"] * arch["head_dim"] * dtype_bytes)
 
 
-def _rollout_s(config: RunConfig, arch: dict[str, Any], gpu: str, memory_gb: float, episodes: float, stages: list[Call]) -> float:
+def _rollout_s(config: RunConfig, arch: dict[str, Any], gpu: str, memory_gib: float, episodes: float, stages: list[Call]) -> float:
     """Seconds of one rank's rollout of `episodes` episodes (the module docstring's model)."""
     sheet = GPU_SHEETS[gpu]
     dtype_bytes = 2 if config.model.dtype in ("bfloat16", "float16") else 4
@@ -248,7 +248,7 @@ def _rollout_s(config: RunConfig, arch: dict[str, Any], gpu: str, memory_gb: flo
         if isinstance(engine, VLLMParams):
             share = engine.gpu_memory_utilization or 0.0
             context = stage.prompt + stage.response / 2
-            room = max(share * memory_gb * GIB - weights, kv * context)
+            room = max(share * memory_gib * GIB - weights, kv * context)
             running = min(requests, room / (kv * context), ENGINE_MAX_SEQS)
             iteration = (weights + running * context * kv) / bandwidth
             decode = max(requests * stage.response / running * iteration, limit * iteration)
@@ -267,7 +267,7 @@ def val_problems(config: RunConfig) -> int:
     return VAL_PROBLEMS.get(config.task.name, config.train.batch_problems)
 
 
-def step_cost(config: RunConfig, gpu: str, gpus: int, memory_gb: float,
+def step_cost(config: RunConfig, gpu: str, gpus: int, memory_gib: float,
               measured: Mapping[tuple[str, str], Rate] | None = None) -> StepCost | None:
     """Predicted seconds of `config`'s training step and validation on `gpus` GPUs of class
     `gpu`; None where the model has nothing to go on (no architecture, no data sheet)."""
@@ -280,10 +280,10 @@ def step_cost(config: RunConfig, gpu: str, gpus: int, memory_gb: float,
         return None
     stages = shape(config)
     episodes = config.train.batch_problems * config.grpo.n / gpus
-    rollout = _rollout_s(config, arch, gpu, memory_gb, episodes, stages)
+    rollout = _rollout_s(config, arch, gpu, memory_gib, episodes, stages)
     tokens = episodes * sum(s.calls * (s.prompt + s.response) for s in stages)
     update = 6 * parameter_count(arch) * tokens / rate.value
-    val = _rollout_s(config, arch, gpu, memory_gb, val_problems(config) / gpus, stages)
+    val = _rollout_s(config, arch, gpu, memory_gib, val_problems(config) / gpus, stages)
     engine = "modelled: decode at the GPU's bandwidth (cost.py)"
     return StepCost(rollout if config.trains else 0.0, update if config.trains else 0.0, val, (rate.source, engine))
 

@@ -33,8 +33,9 @@ class GpuSpec:
     name: str
     # GPUs a cell takes (a whole node's worth on the GPU classes, 0 on cpu).
     gpus_per_cell: int = 0
-    # Memory of one GPU, GB (the dry run's fit check).
-    memory_gb: int | float = 0
+    # Usable memory of one GPU, GiB: the total CUDA reports, not the data sheet's size (the
+    # memory model's card, gridrun/memory.py).
+    memory_gib: int | float = 0
     # The GPUs are asked for but the trainer runs on the CPU: `gridrun canary --cpu` on a SLURM
     # profile, whose job checks each task's GPU binding (cell.json says so; the trainer then
     # does not require a GPU it can use).

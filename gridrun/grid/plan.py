@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from gridrun.engine_params import HFParams, VLLMParams
+from gridrun.engine_params import VLLMParams
 from gridrun.grid import checkout, cost
 from gridrun.grid.cells import TOY_SCALE, Cell, expand
 from gridrun.grid.compose import Composer
@@ -48,7 +48,7 @@ from gridrun.grid.errors import GridError
 from gridrun.grid.gridconfig import GpuSpec, GridRoot, GridSpec, as_dict, grid_root
 from gridrun.grid.launchers.observe import live_state, observe
 from gridrun.grid.spec import SweepSpec
-from gridrun.grid.sweepdir import SweepDamaged, SweepDir, sibling_cell
+from gridrun.grid.sweepdir import PlanEntry, SweepDamaged, SweepDir, sibling_cell
 from gridrun.seam import cellstate, registry
 from gridrun.seam.cellstate import StateRecord
 from gridrun.seam.runconfig import (
@@ -77,7 +77,7 @@ class PlannedCell:
     est_hours: float
     # Predicted peak GPU memory per GPU (gridrun/memory.py); None on CPU or for models
     # whose architecture is not shipped.
-    gpu_mem_gb: float | None = None
+    gpu_mem_gib: float | None = None
     # Seconds of one training step of this cell at its own batch (gridrun/grid/cost.py; the
     # canary's measured step for its shape), and where the update's rate came from.
     est_step_s: float = 0.0
@@ -102,7 +102,7 @@ class PlannedCell:
             "total_steps": self.total_steps(),
             "resources": self.resources,
             "est_hours": round(self.est_hours, 3),
-            "gpu_mem_gb": None if self.gpu_mem_gb is None else round(self.gpu_mem_gb, 1),
+            "gpu_mem_gib": None if self.gpu_mem_gib is None else round(self.gpu_mem_gib, 1),
         }
         if self.cell.needs:
             # Cells that must be done before this one starts (dispatch.py holds it back).
@@ -295,35 +295,24 @@ def _size_engine(config: RunConfig, gpu: GpuSpec) -> RunConfig:
     arch = architecture(config)
     if arch is None:
         return config
-    return dataclasses.replace(config, engine=dataclasses.replace(engine, gpu_memory_utilization=engine_share(config, gpu.memory_gb, arch)))
+    share = engine_share(config, gpu.memory_gib, arch)
+    # A trainer that leaves the engine nothing is refused by the fit check, naming it.
+    return dataclasses.replace(config, engine=dataclasses.replace(engine, gpu_memory_utilization=max(share, 0.0)))
 
 
 def _fits(cell_id: str, config: RunConfig, gpu: GpuSpec) -> float | None:
-    """Predicted peak GB per GPU; refuses a cell that cannot fit, naming the knob to turn."""
-    from gridrun.memory import architecture, predict
+    """The largest phase's predicted GiB per GPU; refuses a cell with a phase the card's
+    usable memory cannot hold, naming the knob to turn (gridrun/memory.py fit_problem)."""
+    from gridrun.memory import GIB, architecture, fit_problem, predict
 
     arch = architecture(config)
     if not gpu.gpus_per_cell or arch is None:
         return None
-    estimate = predict(config, gpu.memory_gb, arch)
-    gb = estimate.as_gb()
-    if gb["peak"] <= gpu.memory_gb:
-        return gb["peak"]
-    if estimate.update_phase >= estimate.rollout_phase:
-        knob = f"lower train.micro_token_budget (now {config.train.micro_token_budget})"
-        if not config.train.gradient_checkpointing:
-            knob = "set train.gradient_checkpointing=true or " + knob
-    elif isinstance(config.engine, VLLMParams):
-        knob = f"lower engine.gpu_memory_utilization (now {config.engine.gpu_memory_utilization})"
-    elif isinstance(config.engine, HFParams):
-        knob = f"lower engine.max_batch_size (now {config.engine.max_batch_size}) or use engine=vllm"
-    else:
-        knob = f"lower engine {config.engine.name}'s rollout memory or use engine=vllm"
-    raise GridError(
-        f"cell {cell_id} cannot fit: predicted {gb['peak']:.1f} GB per GPU on {gpu.name} "
-        f"({gpu.memory_gb} GB; weights {gb['weights']:.1f}, update activations {gb['activations']:.1f}, "
-        f"logits {gb['logits']:.1f}, rollout {gb['rollout']:.1f}): {knob}, or pick a larger gpu="
-    )
+    estimate = predict(config, gpu.memory_gib, arch)
+    problem = fit_problem(config, estimate)
+    if problem:
+        raise GridError(f"cell {cell_id} cannot fit on {gpu.name}: {problem}, or pick a larger gpu=")
+    return estimate.peak / GIB
 
 
 def _resources(grid: GridSpec) -> dict[str, Any]:
@@ -331,7 +320,7 @@ def _resources(grid: GridSpec) -> dict[str, Any]:
     return {
         "gpu_class": gpu.name,
         "gpus": gpu.gpus_per_cell,
-        "gpu_memory_gb": gpu.memory_gb,
+        "gpu_memory_gib": gpu.memory_gib,
         "nodes": 1,
         "cpus": cluster.cpus_per_cell,
         "mem_gb": cluster.mem_gb_per_cell,
@@ -346,7 +335,7 @@ def _cost(grid: GridSpec, config: RunConfig, measured: MeasuredStep | None) -> t
     model's (gridrun/grid/cost.py) with a canary's measured step for its shape; conf's rough rates
     (grid.estimate) where the model has nothing to go on (the toy world on CPU)."""
     gpu = grid.gpu
-    predicted = cost.step_cost(config, gpu.name, gpu.gpus_per_cell, gpu.memory_gb)
+    predicted = cost.step_cost(config, gpu.name, gpu.gpus_per_cell, gpu.memory_gib)
     if predicted is None:
         step_s = grid.estimate.step_s * grid.estimate.relative_cost
         validations = cost.validations(config)
@@ -606,11 +595,16 @@ def plan_table(plan: Plan, preview: Freeze, sweep: SweepDir) -> Any:
     ~ modelled, conf conf/'s rough rate), and the sweep's node-days under the table."""
     from rich.table import Table
 
-    table = Table(title=f"plan of sweep {sweep.name} -> {sweep.root}", caption="\n".join(cost_lines(plan)),
+    from gridrun.grid.launchers.slurm import requeue_budgets, requeue_lines
+
+    # On a SLURM profile, each cell's segments at the time limit and its requeue budget.
+    budgets = requeue_budgets([PlanEntry.from_json(pc.entry()) for pc in plan.cells], plan.cluster, plan.launcher)
+    table = Table(title=f"plan of sweep {sweep.name} -> {sweep.root}",
+                  caption="\n".join([*cost_lines(plan), *requeue_lines(budgets, plan.cluster)]),
                   title_justify="left", caption_justify="left")
-    numeric = ("cpus", "mem GB", "GPU GB", "disk GB", "s/step", "hours")
-    columns = ("cell", "kind", "plan", "gpus", "partition", "cpus", "mem GB", "GPU GB", "disk GB", "s/step", "rate",
-               "hours")
+    numeric = ("cpus", "mem GB", "GPU GiB", "disk GB", "s/step", "hours", "segs", "requeues")
+    columns = ("cell", "kind", "plan", "gpus", "partition", "cpus", "mem GB", "GPU GiB", "disk GB", "s/step", "rate",
+               "hours", *(("segs", "requeues") if budgets else ()))
     for column in columns:
         table.add_column(column, justify="right" if column in numeric else "left", no_wrap=True)
     for pc in plan.cells:
@@ -631,11 +625,13 @@ def plan_table(plan: Plan, preview: Freeze, sweep: SweepDir) -> Any:
             res["partition"] or "",
             str(res["cpus"]),
             str(res["mem_gb"]),
-            "" if pc.gpu_mem_gb is None else f"{pc.gpu_mem_gb:.1f}/{res['gpu_memory_gb']}",
+            "" if pc.gpu_mem_gib is None else f"{pc.gpu_mem_gib:.1f}/{res['gpu_memory_gib']}",
             "" if pc.disk is None else f"{pc.disk.results / GB:.1f}",
             f"{pc.est_step_s:,.0f}" if pc.total_steps() else "-",
             _rate_mark(pc.rate_source),
             f"{pc.est_hours:.2f}",
+            *((str(budgets[pc.id].segments), str(budgets[pc.id].requeues)) if pc.id in budgets else
+              ("", "") if budgets else ()),
         )
     return table
 

@@ -15,6 +15,8 @@ naming its fix:
 - torch imports, and sees a GPU where the cells take GPUs (`--cpu` canaries excepted);
 - vLLM imports where a cell uses engine=vllm;
 - each task sees exactly one GPU, a different one (what the cells' ranks will see);
+- each GPU's compute mode admits the processes a cell runs on it (`compute_mode_failures`:
+  engine=vllm runs two, the trainer and vLLM's engine core, which Exclusive_Process refuses);
 - the sandbox runs a program with the interpreter the code task uses, where a cell has a
   sandboxed code task (`task.sandbox=bwrap`);
 - each cell's model and prepared data are present (`inputs_missing`);
@@ -130,6 +132,10 @@ try:
     out["built_cuda"] = torch.version.cuda
     out["cuda"] = torch.cuda.is_available()
     out["devices"] = torch.cuda.device_count() if out["cuda"] else 0
+    try:
+        out["uuids"] = [str(torch.cuda.get_device_properties(i).uuid) for i in range(out["devices"])]
+    except Exception:
+        pass
 except Exception as err:
     out["torch_error"] = f"{type(err).__name__}: {err}"
 if want_vllm:
@@ -149,14 +155,19 @@ def _last_line(text: str) -> str:
 
 def stack_failures(needs: Needs, python: str = sys.executable) -> list[str]:
     """torch (with CUDA where needed) and vLLM, imported by `python` in a child process."""
+    return stack_report(needs, python)[0]
+
+
+def stack_report(needs: Needs, python: str = sys.executable) -> tuple[list[str], dict[str, Any]]:
+    """stack_failures' lines and what the child saw (torch's CUDA, its GPUs' UUIDs)."""
     try:
         done = subprocess.run([python, "-c", _STACK, "1" if needs.vllm else "0"], capture_output=True, text=True,
                               timeout=600, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
         return [(f"{python} could not import the training stack ({err.__class__.__name__}): reinstall the venv "
-                "(make install)")]
+                "(make install)")], {}
     if done.returncode != 0 or not done.stdout.strip():
-        return [f"{python} crashed importing torch/vLLM ({_last_line(done.stderr)}): reinstall the venv (make install)"]
+        return [f"{python} crashed importing torch/vLLM ({_last_line(done.stderr)}): reinstall the venv (make install)"], {}
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     failures = []
     if "torch_error" in seen:
@@ -171,6 +182,41 @@ def stack_failures(needs: Needs, python: str = sys.executable) -> list[str]:
     if needs.vllm and "vllm_error" in seen:
         failures.append(f"vllm does not import in {python} ({seen['vllm_error']}): the cells use engine=vllm; "
                         "install vLLM into the venv, or set engine=hf")
+    return failures, seen
+
+
+def gpu_compute_modes() -> dict[str, str]:
+    """Each GPU nvidia-smi shows here: UUID -> compute mode (Default, Exclusive_Process,
+    Prohibited); empty where nvidia-smi does not answer."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=uuid,compute_mode", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    rows = [line.split(",") for line in done.stdout.splitlines() if line.count(",") == 1] if done.returncode == 0 else []
+    return {uuid.strip(): mode.strip() for uuid, mode in rows}
+
+
+def _bare_uuid(uuid: str) -> str:
+    return uuid.strip().removeprefix("GPU-").lower()
+
+
+def compute_mode_failures(needs: Needs, modes: dict[str, str], visible: list[str] | None = None) -> list[str]:
+    """The GPUs (of `modes`, those torch sees where `visible` lists their UUIDs) whose compute
+    mode refuses the processes a cell runs on each: Prohibited any, Exclusive_Process (and
+    the old Exclusive_Thread) a second one, which engine=vllm's engine core is."""
+    seen = {_bare_uuid(u) for u in visible} if visible else None
+    failures = []
+    for uuid, mode in modes.items():
+        if seen is not None and _bare_uuid(uuid) not in seen:
+            continue
+        if mode == "Prohibited":
+            failures.append(f"GPU {uuid} on {socket.gethostname()} runs in compute mode Prohibited, which admits no "
+                            "process: ask the site for the Default compute mode on the cells' partition")
+        elif mode.startswith("Exclusive") and needs.vllm:
+            failures.append(f"GPU {uuid} on {socket.gethostname()} runs in compute mode {mode}, which admits one process, "
+                            "and an engine=vllm cell runs two on each GPU (its trainer and vLLM's engine core): ask the "
+                            "site for the Default compute mode on the cells' partition, or set engine=hf")
     return failures
 
 
@@ -240,7 +286,9 @@ def disk_failures(needs: Needs) -> list[str]:
 
 def probe(needs: Needs) -> list[str]:
     """Every check that runs where a cell runs; the failure lines."""
-    failures = stack_failures(needs)
+    failures, seen = stack_report(needs)
+    if needs.cuda and seen.get("cuda"):
+        failures += compute_mode_failures(needs, gpu_compute_modes(), seen.get("uuids"))
     if needs.sandbox:
         failures += sandbox_failures()
     return failures + inputs_missing(needs) + disk_failures(needs)

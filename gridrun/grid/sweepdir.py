@@ -51,7 +51,7 @@ class PlanEntry:
     total_steps: int | None = None
     resources: Mapping[str, Any] = field(default_factory=dict)
     est_hours: float | None = None
-    gpu_mem_gb: float | None = None
+    gpu_mem_gib: float | None = None
     # Cells that must be done before this one starts (dispatch.py holds it back).
     needs: tuple[str, ...] = ()
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -61,7 +61,7 @@ class PlanEntry:
         return cls(
             id=data["id"], kind=data["kind"], coords=data["coords"], fingerprint=data.get("fingerprint"),
             total_steps=data.get("total_steps"), resources=data.get("resources") or {},
-            est_hours=data.get("est_hours"), gpu_mem_gb=data.get("gpu_mem_gb"),
+            est_hours=data.get("est_hours"), gpu_mem_gib=data.get("gpu_mem_gib"),
             needs=tuple(data.get("needs") or ()), raw=dict(data),
         )
 

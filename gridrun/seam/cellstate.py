@@ -58,6 +58,9 @@ BLOCKING_STATES = (CellState.FAILED.value, CellState.CANCELLED.value, CellState.
 RECORDED = frozenset(CellState) - {CellState.DAMAGED, CellState.MISSING, CellState.BLOCKED}
 # Cells no launcher dispatches until a user fixes them (their error says how).
 UNREADABLE_STATES = (CellState.DAMAGED.value, CellState.MISSING.value)
+# `gridrun run`'s exit code for a run that stopped to resume later (SLURM's warning): every
+# rank of a cell stops after the same step and exits with it; the launchers requeue on it.
+EXIT_PREEMPTED = 75
 # Fields of an attempt kept in the `attempts` history when the cell is queued again.
 ATTEMPT_FIELDS = ("attempt", "state", "launcher", "job_id", "node", "step", "started_at", "finished_at", "error")
 
@@ -176,6 +179,12 @@ class StateRecord:
     @property
     def active(self) -> bool:
         return self.state in ACTIVE_STATES
+
+    @property
+    def failures(self) -> int:
+        """Attempts that ended failed, this one included (what grid.launcher.max_attempts caps)."""
+        ended = [*(attempt.get("state") for attempt in self.attempts), self.state]
+        return sum(state == CellState.FAILED for state in ended)
 
 
 class IllegalTransition(RuntimeError):
@@ -314,7 +323,7 @@ def preempted(error: str) -> Transition:
     """Stopped to resume later. From cancelled too: a SLURM job whose requeue was refused
     after its trainer had recorded the SIGTERM that stopped it; and from preempted: the
     trainer recorded its own stop on SLURM's warning, and the job then learns that no requeue
-    follows (its timeout budget is spent) and says so."""
+    follows (its requeue budget is spent) and says so."""
     return Transition("preempted", frozenset({CellState.QUEUED, CellState.RUNNING, CellState.CANCELLED,
                                               CellState.PREEMPTED}),
                       "only an active (or just stopped) cell is preempted", CellState.PREEMPTED,

@@ -65,7 +65,11 @@ RECORD_FIELDS: dict[str, tuple[type, ...]] = {
 # ranks/rank<r>.json, written by each rank of a run (gridrun/train/trainer.py) and read by
 # `gridrun canary`: where the rank ran and what its last steps cost. `steps` holds up to the
 # last RANK_STEPS_KEPT steps, each {step, stages: [{requests, seconds, tokens}], rollout_s,
-# update_s, update_tokens, gather_s, free_gpu_gb_awake, free_gpu_gb_asleep (null on CPU)}.
+# update_s, update_tokens, gather_s, and the GPU memory at each hand-over, GiB (null on CPU):
+# free_gpu_gb_awake (before the engine sleeps), free_gpu_gb_asleep (before the update),
+# free_gpu_gb_updated (after it), trainer_peak_gb (the trainer's reserved peak in it),
+# free_gpu_gb_released (the trainer's cache returned, before the wake), trainer_kept_gb (what
+# the trainer keeps beside the engine), free_gpu_gb_woken (after the wake)}.
 RANK_FIELDS: dict[str, tuple[type, ...]] = {
     "rank": (int,),
     "world": (int,),

@@ -32,13 +32,16 @@ the sandbox's children all read the same way. Nothing passes a device index, and
 fall back to device 0 of the node. A cell planned for GPUs whose torch sees none fails at
 once, naming why (`require_gpus`).
 
-Backend: nccl when CUDA is available, else gloo. Left out: several nodes per cell (the
+Backend: nccl when CUDA is available, else gloo; beside nccl, `gather` pickles objects over a
+gloo group, so that no gather takes GPU memory (validation's runs while the rollout engine
+holds its share: gridrun/memory.py). Left out: several nodes per cell (the
 paper uses one 2-GPU node), FSDP/sharded parameters (LoRA adapters are small; each rank
 holds the whole model), overlapping communication with compute.
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import os
@@ -100,6 +103,10 @@ class Dist:
     # Seconds spent in `gather` so far (the cross-rank exchange of outcomes and sequences,
     # waiting for the slowest rank included); the trainer reads it per step.
     gather_s: float = field(default=0.0, compare=False)
+    # The group `gather` pickles objects over: a gloo (CPU) group beside an nccl world, so a
+    # gather (validation's episodes, while the rollout engine is awake) takes no GPU memory;
+    # None: the default group (gloo already, or one process).
+    object_group: Any = field(default=None, compare=False, repr=False)
 
     # --- setup -----------------------------------------------------------------------------
     @classmethod
@@ -134,6 +141,9 @@ class Dist:
                 world_size=world,
                 timeout=timedelta(seconds=TIMEOUT_S),
             )
+            if backend == "nccl":
+                # Every rank creates it, in the same order, right after the world.
+                dist.object_group = torch.distributed.new_group(backend="gloo")
             log.info("rank %d/%d: torch.distributed up (%s)", dist.rank, world, backend)
         return dist
 
@@ -170,7 +180,7 @@ class Dist:
             return items, slice(0, len(items))
         parts: list[Any] = [None] * self.world
         started = time.perf_counter()
-        torch.distributed.all_gather_object(parts, items)
+        torch.distributed.all_gather_object(parts, items, group=self.object_group)
         self.gather_s += time.perf_counter() - started
         start = sum(len(part) for part in parts[: self.rank])
         return [item for part in parts for item in part], slice(start, start + len(items))
@@ -250,6 +260,38 @@ def free_gpu_gb(device: torch.device) -> float | None:
     return torch.cuda.mem_get_info(device)[0] / 2**30
 
 
+def return_cached_memory(device: torch.device) -> None:
+    """Give the GPU memory PyTorch's allocator holds but no tensor uses back to the driver:
+    the allocator keeps every freed block (the update's peak among them) for its own reuse,
+    invisible to another process on the GPU. Nothing on the CPU."""
+    if device.type != "cuda":
+        return
+    # Tensors held only by reference cycles (a failed step's traceback) go first.
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def reserved_gb(device: torch.device, peak: bool = False) -> float | None:
+    """GiB this process's allocator holds on the GPU (its peak since `reset_peak_reserved`
+    with `peak`); None on the CPU."""
+    if device.type != "cuda":
+        return None
+    return (torch.cuda.max_memory_reserved(device) if peak else torch.cuda.memory_reserved(device)) / 2**30
+
+
+def reset_peak_reserved(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def gpu_uuid(device: torch.device) -> str | None:
+    """The GPU's UUID as nvidia-smi spells it (GPU-...); None on the CPU."""
+    if device.type != "cuda":
+        return None
+    uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or "")
+    return (uuid if uuid.startswith("GPU-") else f"GPU-{uuid}") if uuid else None
+
+
 def device_report(dist: Dist) -> dict[str, Any]:
     """Where this rank runs: host, CUDA_VISIBLE_DEVICES (its rollout engine inherits it), the
     trainer's device and, on a GPU, its UUID, name and memory (RunDir's RANK_FIELDS)."""
@@ -261,7 +303,5 @@ def device_report(dist: Dist) -> dict[str, Any]:
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        uuid = str(getattr(props, "uuid", "") or "")
-        report.update(gpu_uuid=(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}") if uuid else None,
-                      gpu_name=props.name, gpu_total_gb=props.total_memory / 2**30)
+        report.update(gpu_uuid=gpu_uuid(device), gpu_name=props.name, gpu_total_gb=props.total_memory / 2**30)
     return report

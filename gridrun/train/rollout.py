@@ -110,6 +110,11 @@ class RolloutEngine(ABC):
     def sleep(self) -> None:
         """Called before the update: engines sharing the GPU with training free memory here."""
 
+    def wake(self) -> None:
+        """Called after the update, once the trainer has returned its cached GPU memory
+        (Trainer.hand_gpu_to_engine): a sleeping engine takes its memory back here, and only
+        here."""
+
     def check_agreement(self, update_metrics: dict[str, float]) -> None:
         """Called after the update with its metrics: engines serving their own copy of the
         weights raise when their rollout log-probs disagree with the trainer's."""

@@ -38,7 +38,14 @@ from gridrun.train import checkpoint, lr_schedule
 from gridrun.train.advantages import estimator, shuffle_rewards, turn_advantages
 from gridrun.train.coherence import Coherence
 from gridrun.train.credit import assign_credit, role_reward_metrics
-from gridrun.train.distributed import Dist, device_report, free_gpu_gb
+from gridrun.train.distributed import (
+    Dist,
+    device_report,
+    free_gpu_gb,
+    reserved_gb,
+    reset_peak_reserved,
+    return_cached_memory,
+)
 from gridrun.train.engines import make_engine
 from gridrun.train.episode import Episode
 from gridrun.train.metrics_log import MetricsLog
@@ -89,6 +96,8 @@ class Trainer:
             )
             for name in self.routing.trainable
         }
+        # The engine's start hands it the GPU too: vLLM takes its share of what is free then.
+        return_cached_memory(self.dist.device)
         self.engine = make_engine(config, self.model, self.tokenizer, self.routing.trainable)
         # Where this rank runs (its engine inherits the same CUDA_VISIBLE_DEVICES): its record.
         self.rank_record: dict[str, Any] = {**device_report(self.dist), "engine": config.engine.name, "steps": []}
@@ -206,15 +215,18 @@ class Trainer:
         # The row's `lr` is the first adapter's schedule LR (each adapter's own, role scale
         # included, is adapter/<a>/lr): under per_update stepping an IP step's adapters differ.
         lr = self.lr(step, 0, len(self.routing.trainable))
-        awake = free_gpu_gb(self.dist.device)
+        device = self.dist.device
+        memory = {"free_gpu_gb_awake": free_gpu_gb(device)}
         self.engine.sleep()
-        asleep = free_gpu_gb(self.dist.device)
+        memory["free_gpu_gb_asleep"] = free_gpu_gb(device)
+        reset_peak_reserved(device)
         update_metrics = update(
             self.model, self.routing, self.optimizers, seqs, UpdateSettings.of(cfg, self.pad_id), lrs, self.update_rng,
             self.dist, self.coherence,
         )
         self.record_skipped(int(update_metrics["train/skipped_nonfinite"]))
         self.engine.check_agreement(update_metrics)
+        memory.update(self.hand_gpu_to_engine())
         proof = self.refresh_engine(step)
         done = time.time()
         row: dict[str, Any] = {
@@ -236,22 +248,40 @@ class Trainer:
             **update_metrics,
             **proof,
         }
-        row.update(self.record_costs(step, seqs, rolled - started, done - rolled, awake, asleep))
+        row.update(self.record_costs(step, seqs, rolled - started, done - rolled, memory))
         log.info("step %d/%d reward %.3f acc %.3f (%.1fs)", step, self.total_steps, row["reward/mean"], row["reward/acc"], row["time/step_s"])
         return row
 
+    def hand_gpu_to_engine(self) -> dict[str, float | None]:
+        """After the update: the trainer returns its cached GPU memory, then wakes the engine.
+        The allocator would otherwise keep the update's reserved peak while vLLM maps its whole
+        share again (gridrun/memory.py: no card holds both). The GPU memory at each hand-over
+        (GiB, None on the CPU): free after the update, the trainer's reserved peak, free once
+        returned, what the trainer keeps, free with the engine awake."""
+        device = self.dist.device
+        memory = {"free_gpu_gb_updated": free_gpu_gb(device), "trainer_peak_gb": reserved_gb(device, peak=True)}
+        return_cached_memory(device)
+        memory.update(free_gpu_gb_released=free_gpu_gb(device), trainer_kept_gb=reserved_gb(device))
+        self.engine.wake()
+        memory["free_gpu_gb_woken"] = free_gpu_gb(device)
+        if device.type == "cuda":
+            log.info("GPU memory (GiB): trainer's update peak %.1f, %.1f kept beside the engine; free %.1f after the "
+                     "update, %.1f once returned, %.1f with the engine awake", memory["trainer_peak_gb"],
+                     memory["trainer_kept_gb"], memory["free_gpu_gb_updated"], memory["free_gpu_gb_released"],
+                     memory["free_gpu_gb_woken"])
+        return memory
+
     def record_costs(self, step: int, seqs: list[TrainSeq], rollout_s: float, update_s: float,
-                     awake: float | None, asleep: float | None) -> dict[str, float]:
+                     memory: dict[str, float | None]) -> dict[str, float]:
         """This rank's costs of the step into its own record (ranks/rank<r>.json: `gridrun
         canary` reads it) and the metric row's `time/` keys (rank-local, so a comparison of
         runs leaves them out): per rollout stage seconds and generated tokens (a continuous
-        rollout: one entry, the whole rollout), the update's
-        tokens, the time spent gathering across ranks."""
+        rollout: one entry, the whole rollout), the update's tokens, the time spent gathering
+        across ranks, and the GPU memory at each hand-over (`memory`, RANK_FIELDS)."""
         stages = [asdict(cost) for cost in self.last_stages]
         update_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in seqs)
         entry = {"step": step, "stages": stages, "rollout_s": rollout_s, "update_s": update_s,
-                 "update_tokens": update_tokens, "gather_s": self.dist.gather_s,
-                 "free_gpu_gb_awake": awake, "free_gpu_gb_asleep": asleep}
+                 "update_tokens": update_tokens, "gather_s": self.dist.gather_s, **memory}
         self.rank_record["steps"] = [*self.rank_record["steps"], entry][-RANK_STEPS_KEPT:]
         self.run_dir.write_rank_record(self.dist.rank, self.rank_record)
         row = {"time/gather_s": self.dist.gather_s, "time/update_tokens": float(update_tokens)}

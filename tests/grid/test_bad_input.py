@@ -51,11 +51,13 @@ from tests.grid.conftest import Gridrun, tree
         (["plan", "conf=smoke", "cell.seed=3"], "cell.* is set by the grid"),
         (["plan", "conf=smoke", "workflow=single"], "drop it from workflow="),
         (["plan", "conf=smoke", "seed=0,0"], "lists '0' twice"),
-        # A cell whose predicted GPU memory exceeds its GPU class (gridrun/memory.py).
+        # A cell with a phase its GPU class's usable memory cannot hold (gridrun/memory.py).
         (["plan", "conf=full_matrix", "scale=4b", "gpu=l40s", "train.micro_token_budget=200000"],
-         "lower train.micro_token_budget (now 200000), or pick a larger gpu="),
+         ("cell eval_opt-ip-4b-math-s0 cannot fit on l40s: its update phase needs 89.3 GiB per GPU of 44.4 usable "
+          "(trainer 86.6 (weights 7.5, adapters 3.4, activations 70.3, logits 4.6), engine asleep 0.7, CUDA contexts "
+          "2.0): lower train.micro_token_budget (now 200000), or pick a larger gpu=")),
         (["plan", "conf=full_matrix", "scale=1.7b", "engine.gpu_memory_utilization=0.95"],
-         "lower engine.gpu_memory_utilization (now 0.95)"),
+         "lower engine.gpu_memory_utilization (now 0.95; at most 0.90 fits), or pick a larger gpu="),
         # Syntax.
         (["plan", "conf=smoke", "train.total_steps=[1"], "cannot parse override 'train.total_steps=[1'"),
         # Commands on sweeps that do not exist, and their own options.

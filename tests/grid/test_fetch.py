@@ -138,8 +138,8 @@ def test_a_local_model_folder_keeps_each_cells_fingerprint_architecture_and_scal
     planned = gridrun("plan", *args, setting)
     assert planned.code == 0, planned.err
     by_folder = sweep_cells(results)
-    assert {k: (c["fingerprint"], c["gpu_mem_gb"], c["coords"]) for k, c in by_folder.items()} == {
-        k: (c["fingerprint"], c["gpu_mem_gb"], c["coords"]) for k, c in by_cache.items()}
+    assert {k: (c["fingerprint"], c["gpu_mem_gib"], c["coords"]) for k, c in by_folder.items()} == {
+        k: (c["fingerprint"], c["gpu_mem_gib"], c["coords"]) for k, c in by_cache.items()}
     config = yaml.safe_load((results / "full_matrix" / "cells" / "voting-ip-4b-math-s0" / "config.yaml").read_text())
     assert config["model"]["name_or_path"] == "Qwen/Qwen3-4B"
     assert json.loads((results / "full_matrix" / "sweep.json").read_text())["cluster"]["model_dirs"] == dirs

@@ -77,9 +77,9 @@ def test_a_bad_launcher_or_gpu_file_names_its_own_file(gridrun: Gridrun, results
     assert result.code == 2 and result.err.strip().endswith(
         "unknown config key 'grid.launcher.signal_delay' (did you mean 'grid.launcher.signal_delay_s'?): "
         "fix conf/launcher/myslurm.yaml"), result.err
-    (conf / "gpu" / "h100.yaml").write_text((conf / "gpu" / "h100.yaml").read_text().replace("memory_gb:", "memory:"))
+    (conf / "gpu" / "h100.yaml").write_text((conf / "gpu" / "h100.yaml").read_text().replace("memory_gib:", "memory:"))
     result = gridrun("plan", "conf=full_matrix", "scale=1.7b")
-    assert result.code == 2 and "unknown config key 'grid.gpu.memory' (did you mean 'grid.gpu.memory_gb'?): " \
+    assert result.code == 2 and "unknown config key 'grid.gpu.memory' (did you mean 'grid.gpu.memory_gib'?): " \
         "fix conf/gpu/h100.yaml" in result.err, result.err
 
 

@@ -252,6 +252,42 @@ def test_a_requeue_opens_the_next_attempt_once(tmp_path: Path) -> None:
     state = run_dir.read_state().to_json()
     assert (state["state"], state["attempt"], state["requeues"], state["slurm_restarts"]) == ("queued", 2, 1, 1)
     assert state["job_id"] == "7_2" and [(a["state"], a["step"]) for a in state["attempts"]] == [("preempted", 3)]
+    # The record says where the next attempt starts: no checkpoint was written, so step 0.
+    assert state["attempts"][0]["error"] == "preempted (SIGUSR2) and requeued; restarts from step 0: no complete checkpoint"
+
+
+def test_a_requeues_record_names_the_checkpoint_the_next_attempt_resumes_from(tmp_path: Path) -> None:
+    from gridrun.grid.launchers.slurm_job import CellJob
+    from gridrun.seam.rundir import COMPLETE_MARKER, RunDir
+
+    run_dir = RunDir(tmp_path)
+    run_dir.config_yaml.write_text("{}\n")
+    put_state(run_dir, state="preempted", attempt=1, job_id="7_2", launcher="slurm", step=12)
+    # Step 8's checkpoint is whole; step 12's was cut short before its marker.
+    for step in (8, 12):
+        run_dir.checkpoint(step).mkdir(parents=True)
+    (run_dir.checkpoint(8) / COMPLETE_MARKER).write_text("8\n")
+    CellJob(str(tmp_path), time_min=5, signal_delay_s=60)._record_requeue(run_dir, 0, "requeued near its 5 min time limit (SIGUSR2)")
+    (ended,) = run_dir.read_state().to_json()["attempts"]
+    assert ended["error"] == "requeued near its 5 min time limit (SIGUSR2); resumes from the checkpoint of step 8"
+
+
+def test_each_job_spends_its_own_cells_requeue_budget(tmp_path: Path) -> None:
+    from gridrun.grid.launchers.slurm_job import CellJob
+    from gridrun.seam.rundir import RunDir
+
+    run_dir = RunDir(tmp_path)
+    run_dir.config_yaml.write_text("{}\n")
+    # The trainer stopped on the warning (no child process here: it has exited).
+    put_state(run_dir, state="preempted", attempt=1, job_id="7_2", launcher="slurm", step=3)
+    # Under a 5 min limit every warning is the time limit (submitit's rule, `timed_out`): each
+    # requeue spends one of the cell's requeues, and with none left the job is not requeued.
+    again = CellJob(str(tmp_path), time_min=5, signal_delay_s=60, timeouts_left=1).checkpoint()
+    assert again is not None and again.function.timeouts_left == 0
+    assert again.function.checkpoint() is None
+    # Under a 30 min limit a warning this early is a preemption: nothing is spent.
+    preempted = CellJob(str(tmp_path), time_min=30, signal_delay_s=60, timeouts_left=0).checkpoint()
+    assert preempted is not None and preempted.function.timeouts_left == 0
 
 
 def test_every_rank_decides_alike_whether_the_job_runs_the_cell(tmp_path: Path) -> None:
@@ -272,7 +308,7 @@ def test_every_rank_decides_alike_whether_the_job_runs_the_cell(tmp_path: Path) 
     assert not job._should_run(run_dir, "7_2", 2, record=True) and run_dir.read_state().to_json()["state"] == "done"
 
 
-def test_resubmissions_stop_at_max_attempts_but_requeues_do_not_count(
+def test_resubmissions_stop_at_max_attempts_failures_and_other_attempts_do_not_count(
     gridrun: Gridrun, results: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from gridrun.grid.sweepdir import SweepDir
@@ -282,12 +318,70 @@ def test_resubmissions_stop_at_max_attempts_but_requeues_do_not_count(
     assert gridrun("plan", "conf=smoke", "cluster=testcluster", "launcher=slurm", "kind=base").code == 0
     sweep = SweepDir(results, "smoke")
     ids = sweep.cell_ids()[:3]
-    # Two submissions; two submissions and a requeue (3 attempts); one submission.
-    for cell_id, attempt, requeues in zip(ids, (2, 3, 1), (0, 1, 0)):
-        put_state(sweep.cell(cell_id), state="failed", attempt=attempt, requeues=requeues)
+    # Failed twice; six attempts, one of them failed (the others preempted at the time limit,
+    # resubmitted --preempted, or cancelled); failed once.
+    histories = (["failed"], ["preempted", "preempted", "cancelled", "failed", "preempted"], [])
+    for cell_id, history, now in zip(ids, histories, ("failed", "preempted", "failed")):
+        put_state(sweep.cell(cell_id), state=now, attempt=len(history) + 1,
+                  attempts=[{"attempt": n + 1, "state": was} for n, was in enumerate(history)])
     admitted = SlurmLauncher({"name": "slurm", "max_attempts": 2}).admit(sweep, ids)
-    assert admitted == [ids[2]]
-    assert f"not resubmitting {ids[0]}: it has had 2 submissions (grid.launcher.max_attempts=2)" in caplog.text
+    assert admitted == ids[1:]
+    assert f"not resubmitting {ids[0]}: it has failed 2 times (grid.launcher.max_attempts=2)" in caplog.text
+
+
+def test_a_cells_requeue_budget_follows_from_its_planned_hours_and_time_limit() -> None:
+    from gridrun.grid.launchers.slurm import requeue_budget
+
+    def entry(cell_id: str, est_hours: float, total_steps: int = 500, limit_h: float = 48) -> PlanEntry:
+        return PlanEntry.from_json({"id": cell_id, "kind": "train", "coords": {}, "est_hours": est_hours,
+                                    "total_steps": total_steps, "resources": {**CELL["resources"], "time_limit_h": limit_h}})
+
+    settings = SlurmSettings(signal_delay_s=300)
+    # 140 h over 500 steps: 1008 s a step, a lead of 2 x 1008 + 120 = 2136 s; with 300 s to
+    # restart a 48 h job trains 48 - 2436 / 3600 = 47.32 h. The plan takes ceil(2.96) = 3 jobs;
+    # 1.5 x 140 h would take ceil(4.44) = 5, so 4 requeues.
+    budget = requeue_budget(entry("voting-ip-1.7b-math-s0", 140.0), PAPER, settings)
+    assert (round(budget.segment_h, 2), budget.segments, budget.requeues, budget.needs_person) == (47.32, 3, 4, False)
+    # PAPER's cell_overrides give 4B cells 72 h: ceil(140 / 71.32) = 2 jobs, ceil(2.94) - 1 = 2 requeues.
+    assert (requeue_budget(entry("voting-ip-4b-math-s0", 140.0), PAPER, settings).segments,
+            requeue_budget(entry("voting-ip-4b-math-s0", 140.0), PAPER, settings).requeues) == (2, 2)
+    # An evaluation of minutes: one job, no requeue.
+    small = requeue_budget(entry("base-voting-1.7b-math", 0.2, total_steps=0), PAPER, settings)
+    assert (small.segments, small.requeues, small.needs_person) == (1, 0, False)
+    # One budget for every cell (grid.launcher.max_num_timeout=1): 3 jobs need 2 requeues.
+    fixed = requeue_budget(entry("voting-ip-1.7b-math-s0", 140.0), PAPER, SlurmSettings(max_num_timeout=1))
+    assert (fixed.requeues, fixed.derived, fixed.needs_person) == (1, False, True)
+    # A 5 min test-cluster limit, shorter than the floor lead and a restart: half of it trains.
+    short = requeue_budget(entry("voting-ip-1.7b-math-s0", 0.5, 400, limit_h=0.083), PAPER, SlurmSettings(signal_delay_s=60))
+    assert (round(short.segment_h * 60, 1), short.segments, short.requeues) == (2.5, 12, 17)
+
+
+def test_the_dry_run_on_the_paper_profile_shows_each_cells_requeues_and_no_cell_needing_a_person(
+    gridrun: Gridrun,
+) -> None:
+    from gridrun.grid.compose import Composer
+    from gridrun.grid.launchers.slurm import requeue_budgets
+    from gridrun.grid.plan import make_plan
+    from gridrun.grid.spec import load_spec
+
+    result = gridrun("plan", "conf=full_matrix", "cluster=paper", "--dry-run")
+    assert result.code == 0, result.err
+    out = " ".join(result.out.split())
+    composer = Composer()
+    plan = make_plan(load_spec("full_matrix", ["cluster=paper"], composer), composer)
+    budgets = requeue_budgets([PlanEntry.from_json(pc.entry()) for pc in plan.cells], plan.cluster, plan.launcher)
+    assert len(budgets) == 72 and not any(budget.needs_person for budget in budgets.values())
+    longest = max(plan.cells, key=lambda pc: pc.est_hours)
+    row = next(line.split("│") for line in result.out.splitlines() if longest.id in line)
+    # 460 h against 48 h jobs: 10 or more segments, and the requeues for 1.5 times as many hours.
+    assert [c.strip() for c in row[13:15]] == [str(budgets[longest.id].segments), str(budgets[longest.id].requeues)]
+    assert budgets[longest.id].segments >= 10 and budgets[longest.id].requeues >= 14
+    assert "no cell needs a person" in out and f"up to {budgets[longest.id].requeues} ({longest.id})" in out
+    # One budget of 3 for every cell, as submitit's default: the long cells would stop preempted.
+    fixed = gridrun("plan", "conf=full_matrix", "cluster=paper", "launcher=slurm", "grid.launcher.max_num_timeout=3",
+                    "--dry-run")
+    stuck = [pc.id for pc in plan.cells if budgets[pc.id].segments > 4]
+    assert stuck and f"{len(stuck)} cell(s) need a person to finish ({stuck[0]}," in " ".join(fixed.out.split())
 
 
 # ---------------------------------------------------------------- issue 30: signals and failures

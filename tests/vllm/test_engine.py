@@ -8,6 +8,7 @@ serving the wrong adapter (distinct random B, scale 0.05) moves them by ~0.5 on 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -200,14 +201,19 @@ def test_agreement_guard_reads_every_role() -> None:
     assert [max_lora_rank(r) for r in (1, 2, 8, 9, 64, 65)] == [1, 8, 8, 16, 64, 128]
 
 
-def test_on_a_gpu_the_engine_starts_with_the_released_batch_limits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What `_start` hands vLLM on a GPU (no GPU here: the share and vllm.LLM are stood in for):
-    the memory model's share, chunked prefill, 16,384 tokens a step, at most 1,024 sequences."""
+def test_on_a_gpu_the_engine_starts_with_the_released_batch_limits(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    """What `_start` hands vLLM on a GPU (no GPU here: the share, the GPU's UUID and vllm.LLM are
+    stood in for): the memory model's share, chunked prefill, 16,384 tokens a step, at most 1,024
+    sequences, and a compile cache of the GPU's own (VLLM_CACHE_ROOT, read by the engine core)."""
     import gridrun.train.engines.vllm as engine_module
     from gridrun.memory import ENGINE_MAX_BATCHED_TOKENS, ENGINE_MAX_SEQS
 
     seen: dict = {}
-    monkeypatch.setattr(engine_module.vllm, "LLM", lambda **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(engine_module.vllm, "LLM", lambda **kwargs: seen.update(
+        kwargs, cache_root=os.environ["VLLM_CACHE_ROOT"]))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("Props", (), {"uuid": "c0ffee-01"})())
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     engine = object.__new__(engine_module.VLLMEngine)
     config = vllm_config()
     engine.config, engine.params, engine.lora, engine.on_cpu, engine.sleep_mode = (
@@ -220,3 +226,4 @@ def test_on_a_gpu_the_engine_starts_with_the_released_batch_limits(monkeypatch: 
                                  "max_num_batched_tokens", "max_num_seqs")} == {
         "gpu_memory_utilization": 0.85, "enable_sleep_mode": True, "enable_chunked_prefill": True,
         "max_num_batched_tokens": 16384, "max_num_seqs": 1024}
+    assert seen["cache_root"] == str(tmp_path / "GPU-c0ffee-01")

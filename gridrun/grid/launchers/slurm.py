@@ -21,8 +21,11 @@ A GPU cell's tasks are bound per task (`--gpus-per-task`, typed by the cluster p
 `tasks_per_cell` other than the cell's GPU count is refused at submission.
 SLURM's warning signal (USR2, sent by hand or before the time limit) makes the trainer
 checkpoint after its current step (the trainer alone: see gridrun/cellrun.py `usr2_stops`); the job then requeues itself (submitit's
-Checkpointable) and resumes from that checkpoint as the cell's next attempt. Requeues
-after the time limit are capped by `max_num_timeout`; the cell then stops as `preempted`.
+Checkpointable) and resumes from that checkpoint as the cell's next attempt. Each cell's
+requeues at the time limit are capped by its own budget (`requeue_budget`: the segments its
+planned hours take at 1.5x, each segment the limit less the warning's lead and a restart;
+the dry run shows it), so a sweep runs to the end without a person; past it the cell stops
+as `preempted`. `grid.launcher.max_num_timeout` sets one budget for every cell instead.
 The warning's lead, per job array (`warning_lead_s`): twice the slowest cell's estimated step
 (the dry run's est_hours x 3600 / total_steps) plus CHECKPOINT_S (120 s to write and fsync a
 checkpoint), at least `grid.launcher.signal_delay_s`; a lead over half the time limit is
@@ -36,8 +39,8 @@ Watching. `reconcile` asks sacct (or squeue when accounting is off) about every 
 at once. A cell's own state.json wins when it says done/failed/cancelled/preempted; the
 scheduler speaks for cells whose job died without a word: CANCELLED -> cancelled,
 TIMEOUT/PREEMPTED -> preempted, NODE_FAIL/OUT_OF_MEMORY/FAILED/BOOT_FAIL -> failed. `gridrun
-resubmit --failed` (and --preempted, --cells) queues them again, at most
-`grid.launcher.max_attempts` submissions per cell (the scheduler's own requeues do not count).
+resubmit --failed` (and --preempted, --cells) queues them again until a cell has failed
+`grid.launcher.max_attempts` times (a preempted, cancelled or requeued attempt is no failure).
 
 Dependencies. A cell that needs others (a transfer cell its sa_rl cell) is submitted after
 them with `--dependency=afterok:<their jobs>` (none for needs already done): SLURM starts it
@@ -75,7 +78,7 @@ from gridrun.grid import PACKAGE_DIR
 from gridrun.grid.errors import GridError
 from gridrun.grid.launchers.base import Accepted, Launcher, LauncherSettings, PartlySubmitted, launcher_settings
 from gridrun.grid.launchers.cluster import CellOverride, ClusterSpec, cluster_spec
-from gridrun.grid.launchers.observe import sweep_needs
+from gridrun.grid.launchers.observe import observe_cells, sweep_needs
 from gridrun.grid.launchers.process import interpreter_line
 from gridrun.modelfiles import model_dirs_env
 from gridrun.seam import cellstate
@@ -135,11 +138,12 @@ class SlurmSettings(LauncherSettings):
     # limit: the trainer finishes its current step, checkpoints, and the job requeues itself.
     # Each array's lead is derived from its cells' estimated step (`warning_lead_s`); this is its floor.
     signal_delay_s: int = 300
-    # Requeues at the time limit a cell may take (submitit's max_num_timeout); then it stops as
-    # `preempted` (`gridrun resubmit --preempted` resumes it). Preemptions do not count.
-    max_num_timeout: int = 3
-    # Submissions of one cell, the first included (`gridrun resubmit` refuses more); requeues by
-    # the scheduler (preemption, time limit) do not count.
+    # Requeues at the time limit every cell may take (submitit's max_num_timeout); then it stops
+    # as `preempted` (`gridrun resubmit --preempted` resumes it). Preemptions do not count.
+    # null: each cell's own budget, from its planned hours (`requeue_budget`).
+    max_num_timeout: int | None = None
+    # Failed attempts of one cell after which `gridrun resubmit` refuses it; preempted,
+    # cancelled and requeued attempts are no failures.
     max_attempts: int = 5
 
 
@@ -265,6 +269,11 @@ class JobSpec:
         return json.dumps(asdict(self), sort_keys=True)
 
 
+def _time_min(hours: float | None) -> int:
+    """sbatch's --time, minutes, of a time limit in hours."""
+    return max(1, math.ceil(float(hours or 0) * 60))
+
+
 def _mem(gb: float) -> str:
     return f"{int(gb)}G" if float(gb) == int(gb) else f"{math.ceil(float(gb) * 1024)}M"
 
@@ -293,6 +302,27 @@ def setup_lines(cluster: ClusterSpec, env: Mapping[str, str]) -> tuple[str, ...]
     return tuple(lines)
 
 
+def cell_settings(cell: Mapping[str, Any], profile: ClusterSpec) -> CellOverride:
+    """A cell's scheduler settings (its sweep.json entry): its resources, worked out at plan
+    time from this profile (the GPU class's partition), then the profile's cell_overrides."""
+    res = dict(cell.get("resources") or {})
+    settings = CellOverride(
+        partition=res.get("partition"),
+        time_limit_h=res.get("time_limit_h", profile.time_limit_h),
+        cpus_per_cell=res.get("cpus", profile.cpus_per_cell),
+        mem_gb_per_cell=res.get("mem_gb", profile.mem_gb_per_cell),
+        constraint=profile.constraints.get(str(res.get("gpu_class"))),
+        qos=profile.qos,
+        account=profile.account,
+        tasks_per_cell=profile.tasks_per_cell,
+        sbatch_extra=list(profile.sbatch_extra),
+    )
+    for pattern, override in profile.cell_overrides.items():
+        if fnmatch.fnmatchcase(cell["id"], pattern):
+            settings = replace(settings, **{k: v for k, v in asdict(override).items() if v is not None})
+    return settings
+
+
 def job_spec(cell: Mapping[str, Any], cluster: Mapping[str, Any], env: Mapping[str, str] | None = None) -> JobSpec:
     """The job spec of one cell (its sweep.json entry) on this cluster profile (as sweep.json
     records it: checked against the schema again, so a hand-edited sweep.json is refused
@@ -302,22 +332,7 @@ def job_spec(cell: Mapping[str, Any], cluster: Mapping[str, Any], env: Mapping[s
     where = f"conf/cluster/{profile.name}.yaml"
     res = dict(cell.get("resources") or {})
     gpu_class = res.get("gpu_class")
-    # The cell's resources were worked out at plan time from this profile (the GPU class's
-    # partition); the profile's cell_overrides then apply on top.
-    settings = CellOverride(
-        partition=res.get("partition"),
-        time_limit_h=res.get("time_limit_h", profile.time_limit_h),
-        cpus_per_cell=res.get("cpus", profile.cpus_per_cell),
-        mem_gb_per_cell=res.get("mem_gb", profile.mem_gb_per_cell),
-        constraint=profile.constraints.get(str(gpu_class)),
-        qos=profile.qos,
-        account=profile.account,
-        tasks_per_cell=profile.tasks_per_cell,
-        sbatch_extra=list(profile.sbatch_extra),
-    )
-    for pattern, override in profile.cell_overrides.items():
-        if fnmatch.fnmatchcase(cell["id"], pattern):
-            settings = replace(settings, **{k: v for k, v in asdict(override).items() if v is not None})
+    settings = cell_settings(cell, profile)
     gpus = int(res.get("gpus") or 0)
     if not settings.partition:
         raise GridError(
@@ -340,7 +355,7 @@ def job_spec(cell: Mapping[str, Any], cluster: Mapping[str, Any], env: Mapping[s
         gpus_per_task = f"{gpu_type}:1" if gpu_type else "1"
     return JobSpec(
         partition=settings.partition,
-        time_min=max(1, math.ceil(float(settings.time_limit_h) * 60)),
+        time_min=_time_min(settings.time_limit_h),
         ntasks=tasks,
         cpus_per_task=max(1, int(settings.cpus_per_cell) // tasks),
         mem=_mem(float(settings.mem_gb_per_cell)),
@@ -370,13 +385,18 @@ def rejection(spec: JobSpec, cluster: str, reason: str) -> str:
 CHECKPOINT_S = 120
 
 
+def _step_s(cell: PlanEntry) -> float:
+    """A cell's estimated step, seconds (the plan's est_hours over its steps)."""
+    return float(cell.est_hours or 0) * 3600 / max(1, cell.total_steps or 1)
+
+
 def warning_lead_s(cells: Iterable[PlanEntry], spec: JobSpec, settings: SlurmSettings) -> int:
     """Seconds before the time limit SLURM's warning (USR2) comes for an array of these cells
     (their sweep.json entries): the slowest cell's estimated step twice over (the step under
     way may be a validation step, which costs more than the mean the plan's est_hours gives),
     plus a checkpoint; `signal_delay_s` is the floor. An estimated lead past half the time
     limit leaves no time to train: refused, naming the setting to change."""
-    step_s = max((float(c.est_hours or 0) * 3600 / max(1, c.total_steps or 1) for c in cells), default=0.0)
+    step_s = max((_step_s(c) for c in cells), default=0.0)
     derived = math.ceil(2 * step_s + CHECKPOINT_S)
     lead = max(int(settings.signal_delay_s), derived)
     if derived == lead and lead * 2 > spec.time_min * 60:
@@ -385,6 +405,83 @@ def warning_lead_s(cells: Iterable[PlanEntry], spec: JobSpec, settings: SlurmSet
             f"checkpoint), more than half of the {spec.time_min} min limit: raise the cluster profile's time_limit_h"
         )
     return lead
+
+
+# Seconds a segment after a requeue loses before it trains: the model loaded, the engine
+# started, the checkpoint resumed, the adapters proven served.
+RESTART_S = 300
+# A cell may take this many times its planned hours and still finish within its requeue
+# budget: most of the dry run's rates are modelled, not measured (gridrun/grid/cost.py).
+HOURS_HEADROOM = 1.5
+
+
+@dataclass(frozen=True)
+class RequeueBudget:
+    """How a cell's planned hours meet its time limit: the hours one job segment trains, the
+    segments the plan takes, and the requeues at the time limit its job may take."""
+
+    segment_h: float
+    segments: int
+    requeues: int
+    # False: grid.launcher.max_num_timeout set it for every cell.
+    derived: bool
+
+    @property
+    def needs_person(self) -> bool:
+        """Its plan takes more segments than its requeues allow: it stops as preempted, and
+        only `gridrun resubmit --preempted` finishes it."""
+        return self.requeues < self.segments - 1
+
+
+def requeue_budget(cell: PlanEntry, cluster: Mapping[str, Any], settings: SlurmSettings) -> RequeueBudget:
+    """A cell's requeue budget (submitit's max_num_timeout), worked out here alone: the
+    segments HOURS_HEADROOM times its planned hours take, less the first. A segment is the
+    cell's time limit (cell_overrides included) less its own warning lead and RESTART_S."""
+    limit_h = _time_min(cell_settings(cell.to_json(), cluster_spec(cluster)).time_limit_h) / 60
+    lead_s = max(int(settings.signal_delay_s), math.ceil(2 * _step_s(cell) + CHECKPOINT_S))
+    # A floor lead (signal_delay_s) may exceed a test cluster's few-minute limit: at least
+    # half of a limit trains (warning_lead_s refuses a derived lead past half of it).
+    segment_h = max(limit_h - (lead_s + RESTART_S) / 3600, limit_h / 2)
+    hours = float(cell.est_hours or 0)
+    segments = max(1, math.ceil(hours / segment_h))
+    if settings.max_num_timeout is not None:
+        return RequeueBudget(segment_h, segments, settings.max_num_timeout, derived=False)
+    return RequeueBudget(segment_h, segments, max(1, math.ceil(HOURS_HEADROOM * hours / segment_h)) - 1, derived=True)
+
+
+def requeue_budgets(cells: Iterable[PlanEntry], cluster: Mapping[str, Any], launcher: Mapping[str, Any]
+                    ) -> dict[str, RequeueBudget]:
+    """Each cell's requeue budget on a SLURM cluster profile (none on another): the dry run's.
+    A dry run of launcher=local shows what launcher=slurm would give."""
+    if not cluster_spec(cluster).partitions:
+        return {}
+    settings = launcher_settings(launcher, SlurmSettings) if launcher.get("name") == "slurm" else SlurmSettings()
+    return {cell.id: requeue_budget(cell, cluster, settings) for cell in cells if cell.resources.get("partition")}
+
+
+def requeue_lines(budgets: Mapping[str, RequeueBudget], cluster: Mapping[str, Any]) -> list[str]:
+    """Under the dry run's table: how the budgets follow from the time limit, and the cells
+    that would stop preempted before their plan's end (none, unless grid.launcher.max_num_timeout
+    sets fewer requeues than they need)."""
+    if not budgets:
+        return []
+    most = max(budgets, key=lambda cell_id: budgets[cell_id].requeues)
+    segment_h = sorted(budget.segment_h for budget in budgets.values())
+    source = (f"enough for {HOURS_HEADROOM}x its planned hours" if budgets[most].derived
+              else "grid.launcher.max_num_timeout's for every cell")
+    how = (f"time limit {cluster.get('time_limit_h')} h (cluster={cluster.get('name')}): segs are the jobs a cell's "
+           f"planned hours take, each the limit less the warning's lead and {RESTART_S // 60} min to restart "
+           f"({segment_h[0]:.1f}-{segment_h[-1]:.1f} h here); requeues is its budget of requeues at the limit, "
+           f"{source}: up to {budgets[most].requeues} ({most})")
+    stuck = [cell_id for cell_id, budget in budgets.items() if budget.needs_person]
+    if not stuck:
+        verdict = f"no cell needs a person: each finishes within its requeue budget at up to {HOURS_HEADROOM}x its hours"
+    else:
+        named = ", ".join(stuck[:3]) + (f" and {len(stuck) - 3} more" if len(stuck) > 3 else "")
+        verdict = (f"[red]{len(stuck)} cell(s) need a person to finish[/] ({named}): grid.launcher.max_num_timeout "
+                   "allows fewer requeues than their segments, so each stops preempted until `gridrun resubmit "
+                   "--preempted`; leave it unset for each cell's own budget")
+    return [how, verdict]
 
 
 def executor_parameters(
@@ -455,7 +552,6 @@ class SlurmLauncher(Launcher):
         super().__init__(settings)
         self.typed: SlurmSettings = launcher_settings(settings, SlurmSettings)
         self.max_attempts = self.typed.max_attempts
-        self.max_num_timeout = self.typed.max_num_timeout
         self.signal_delay_s = self.typed.signal_delay_s
 
     def _specs(self, sweep: SweepDir, ids: list[str]) -> dict[str, JobSpec]:
@@ -475,15 +571,14 @@ class SlurmLauncher(Launcher):
         if cluster.check_shared_paths:
             check_shared(sweep.root, cluster)
         admitted = []
-        for cell_id in ids:
-            record = sweep.cell(cell_id).read_state()
-            used = record.attempt - record.requeues
-            if used >= self.max_attempts:
+        # As observed: a job lost while its cell read running is a failure.
+        for cell_id, record in observe_cells(sweep, ids).items():
+            if record.failures >= self.max_attempts:
                 log.warning(
-                    "not resubmitting %s: it has had %d submissions (grid.launcher.max_attempts=%d); find out why with "
+                    "not resubmitting %s: it has failed %d times (grid.launcher.max_attempts=%d); find out why with "
                     "`gridrun status --failed`, then raise the cap by re-planning the sweep with "
                     "grid.launcher.max_attempts=%d (cells stay as they are) or start it afresh with --replace",
-                    cell_id, used, self.max_attempts, self.max_attempts + 3,
+                    cell_id, record.failures, self.max_attempts, self.max_attempts + 3,
                 )
                 continue
             admitted.append(cell_id)
@@ -557,16 +652,21 @@ class SlurmLauncher(Launcher):
 
         from gridrun.grid.launchers.slurm_job import CellJob
 
+        data = sweep.read()
+        entries = data.entries()
+        budgets = {c: requeue_budget(entries[c], data.cluster, self.typed).requeues for c in cells}
+        # Each job counts its own cell's budget (CellJob.timeouts_left); submitit's one count per
+        # array, at the array's largest, never refuses first.
         executor = submitit.SlurmExecutor(
-            folder=sweep.jobs_dir / "%j", max_num_timeout=self.max_num_timeout, python=interpreter_line()
+            folder=sweep.jobs_dir / "%j", max_num_timeout=max(budgets.values()), python=interpreter_line()
         )
-        entries = sweep.read().entries()
         lead = warning_lead_s([entries[c] for c in cells], spec, self.typed)
         executor.update_parameters(**executor_parameters(spec, self.typed, f"gridrun-{sweep.name}", dependency, lead))
         jobs = []
         with executor.batch():
             for cell_id in cells:
-                jobs.append(executor.submit(CellJob(str(sweep.cell(cell_id).root.resolve()), spec.time_min, lead)))
+                job = CellJob(str(sweep.cell(cell_id).root.resolve()), spec.time_min, lead, budgets[cell_id])
+                jobs.append(executor.submit(job))
         return {cell_id: job.job_id for cell_id, job in zip(cells, jobs)}
 
     @classmethod

@@ -14,16 +14,23 @@ writes what the trainer cannot:
   it came from SLURM's warning signal (submitit's USR2 handler calls `checkpoint`, which lets
   the trainer finish its step and checkpoint, then requeues the job) or from `scontrol
   requeue` / a preemption (SIGTERM: the trainer records cancelled, and `scontrol show job`'s
-  Restarts tells the two apart); a job that restarts finds the same thing out at its start;
+  Restarts tells the two apart); a job that restarts finds the same thing out at its start.
+  The ended attempt's record names the checkpoint the next one resumes from (the newest
+  complete one once the trainer has exited), or says it restarts from step 0;
 - a trainer that died without a word (SIGKILL, out of memory) is recorded failed;
-- once the timeout budget (submitit's max_num_timeout) is spent the cell stops as preempted;
+- the cell's requeue budget (`timeouts_left`: requeues at the time limit, from its planned
+  hours, gridrun/grid/launchers/slurm.py `requeue_budget`) travels with the job; once it is
+  spent the cell stops as preempted;
 - a requeue SLURM refuses after its warning (JobRequeue=0, --no-requeue) leaves the cell
   preempted with a line naming `gridrun resubmit --preempted` (`requeue_refused`); the
   refusal does not raise out of `CellJob`;
 - a failed rank: every job step runs `srun --kill-on-bad-exit=1`; a rank other than 0 whose
   trainer fails writes its error tail to ranks/rank<r>.error and its task exits non-zero,
   while rank 0's task polls for that file every RANK_POLL_S (2 s), stops its own trainer and
-  records the cell failed with `rank <r> failed: <tail>`, not a collective's timeout.
+  records the cell failed with `rank <r> failed: <tail>`, not a collective's timeout;
+- a stopped rank: on SLURM's warning every rank stops after the same step (EXIT_PREEMPTED),
+  and only rank 0 checkpoints and requeues. Another rank's task, done first, exits 0: a
+  non-zero exit would have srun kill rank 0 in the middle of its save.
 
 The child starts with SIGUSR2 ignored until the trainer installs its handler (the default
 action would kill it). Imports submitit and the standard library, never torch.
@@ -114,10 +121,12 @@ def requeue_refused(err: subprocess.CalledProcessError) -> str:
 class CellJob(submitit.helpers.Checkpointable):
     """Runs one cell in a SLURM job; requeues itself on SLURM's warning signal."""
 
-    def __init__(self, run_dir: str, time_min: int, signal_delay_s: int) -> None:
+    def __init__(self, run_dir: str, time_min: int, signal_delay_s: int, timeouts_left: int | None = None) -> None:
         self.run_dir = run_dir
         self.time_min = time_min
         self.signal_delay_s = signal_delay_s
+        # Requeues at the time limit this cell may still take (None: submitit's count alone).
+        self.timeouts_left = timeouts_left
         self._child: subprocess.Popen[bytes] | None = None
         self._started = time.time()
         # Set by `checkpoint` when the trainer had finished anyway: nothing to requeue.
@@ -125,7 +134,8 @@ class CellJob(submitit.helpers.Checkpointable):
 
     def __getstate__(self) -> dict[str, Any]:
         # The child process handle and start time belong to one run, not to the pickle.
-        return {"run_dir": self.run_dir, "time_min": self.time_min, "signal_delay_s": self.signal_delay_s}
+        return {"run_dir": self.run_dir, "time_min": self.time_min, "signal_delay_s": self.signal_delay_s,
+                "timeouts_left": self.timeouts_left}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]
@@ -182,15 +192,20 @@ class CellJob(submitit.helpers.Checkpointable):
             if self._finished_state is not None:
                 # The warning came as the trainer ended: the cell is done (or failed).
                 return self._finish(run_dir, rank, restart, self._child.wait(), err_path)
-            # submitit refused to requeue: the time-limit budget is spent.
+            # No requeue (`checkpoint`): the cell's requeue budget is spent.
             if rank == 0:
                 run_dir.record(cellstate.preempted(
-                    f"stopped at its time limit after {self.time_min} min, with its timeout budget "
-                    "(grid.launcher.max_num_timeout) spent; resume it with `gridrun resubmit --preempted`"
+                    f"stopped at its time limit after {self.time_min} min, with its requeue budget spent (the "
+                    "requeues its planned hours need, or grid.launcher.max_num_timeout); resume it with "
+                    "`gridrun resubmit --preempted`"
                 ))
             raise
         if rank == 0:
             return self._finish(run_dir, rank, restart, code, err_path)
+        if code == cellstate.EXIT_PREEMPTED:
+            # Stopped with every rank after the same step: rank 0, still saving the checkpoint,
+            # requeues the job. This task's end must not end the step (srun --kill-on-bad-exit).
+            return 0
         if code != 0:
             # A failed task ends the job's step at once (srun --kill-on-bad-exit): rank 0
             # records this rank's error (ranks/rank<r>.error) instead of waiting in a collective.
@@ -218,7 +233,10 @@ class CellJob(submitit.helpers.Checkpointable):
     def checkpoint(self) -> submitit.helpers.DelayedSubmission | None:  # type: ignore[override]
         """SLURM's warning signal (rank 0, in submitit's handler): let the trainer finish its
         step and checkpoint, then hand submitit the same job to requeue (None, no requeue,
-        when the trainer ended the cell meanwhile)."""
+        when the trainer ended the cell meanwhile, or when the warning is the time limit's and
+        the cell's requeue budget is spent)."""
+        # Judged on arrival, as submitit's handler judges it, not after the trainer's stop.
+        timeout = timed_out(self._started, self.time_min)
         # This runs inside a signal handler that interrupted `Popen.wait()` (which holds its
         # lock), so the child is watched with waitid(WNOWAIT): nothing is reaped here.
         child = self._child
@@ -232,7 +250,12 @@ class CellJob(submitit.helpers.Checkpointable):
         if final in (*FINISHED_STATES, CellState.FAILED):
             self._finished_state = final
             return None
-        return submitit.helpers.DelayedSubmission(CellJob(self.run_dir, self.time_min, self.signal_delay_s))
+        left = self.timeouts_left
+        if timeout and left is not None and left < 1:
+            return None  # the requeue budget is spent: `__call__` records the cell preempted
+        return submitit.helpers.DelayedSubmission(
+            CellJob(self.run_dir, self.time_min, self.signal_delay_s, None if left is None else left - timeout)
+        )
 
     # --- state bookkeeping (rank 0) --------------------------------------------------------
     def _should_run(self, run_dir: RunDir, job_id: str, restart: int, record: bool) -> bool:
@@ -255,12 +278,17 @@ class CellJob(submitit.helpers.Checkpointable):
         return True
 
     def _record_requeue(self, run_dir: RunDir, restart: int, why: str) -> None:
-        """Open the next attempt of a job that SLURM requeued (its restart `restart` + 1)."""
+        """Open the next attempt of a job that SLURM requeued (its restart `restart` + 1). Its
+        trainer has exited (or not started): the newest complete checkpoint is the one the
+        next attempt resumes from, and the ended attempt's record names it."""
         state = run_dir.read_state()
         if state.slurm_restarts > restart or state.state in FINISHED_STATES:
             return  # recorded already, or nothing left to run
+        latest = run_dir.latest_checkpoint()
+        resumes = (f"resumes from the checkpoint of step {latest[0]}" if latest
+                   else "restarts from step 0: no complete checkpoint")
         # The attempt SLURM ended goes to the history as preempted, whatever it last recorded.
-        ended = state.with_(state=CellState.PREEMPTED, error=why, finished_at=time.time())
+        ended = state.with_(state=CellState.PREEMPTED, error=f"{why}; {resumes}", finished_at=time.time())
         run_dir.record(cellstate.queued(
             ended,
             state.launcher or "slurm",
@@ -271,8 +299,8 @@ class CellJob(submitit.helpers.Checkpointable):
 
     def _why_requeued(self) -> str:
         if timed_out(self._started, self.time_min):
-            return f"requeued near its {self.time_min} min time limit (SIGUSR2); resumes from its checkpoint"
-        return "preempted (SIGUSR2) and requeued; resumes from its checkpoint"
+            return f"requeued near its {self.time_min} min time limit (SIGUSR2)"
+        return "preempted (SIGUSR2) and requeued"
 
     def _finish(self, run_dir: RunDir, rank: int, restart: int, code: int, err_path: Path) -> int:
         """Rank 0 after its trainer exited: record what the trainer could not; fail the job
@@ -282,7 +310,7 @@ class CellJob(submitit.helpers.Checkpointable):
             restarts = slurm_restarts(os.environ.get("SLURM_JOB_ID", ""))
             if restarts is not None and restarts > restart:
                 # SIGTERM of a requeue (scontrol requeue, preemption), not of scancel.
-                self._record_requeue(run_dir, restart, "requeued by the scheduler (SIGTERM); resumes from its checkpoint")
+                self._record_requeue(run_dir, restart, "requeued by the scheduler (SIGTERM)")
             return code
         if state.state in (*FINISHED_STATES, CellState.PREEMPTED):
             return code

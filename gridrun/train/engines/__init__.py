@@ -1,7 +1,8 @@
 """Rollout engines: `hf` (transformers generate; CPU, tests) and `vllm` (GPU clusters).
 
-    hf.py    engine=hf: the trainer's own peft model, generate or the CPU's lean loop
-    vllm.py  engine=vllm: vLLM's async engine with multi-LoRA, asleep during the update
+    hf.py             engine=hf: the trainer's own peft model, generate or the CPU's lean loop
+    vllm.py           engine=vllm: vLLM's async engine with multi-LoRA, asleep during the update
+    compile_cache.py  where each vLLM engine compiles (a folder per GPU; importable without vLLM)
 
 `make_engine` calls the factory the engine's registry entry names (gridrun/engine_params.py for the
 built-ins, declared torch-free so the grid can check their settings); each engine module is

@@ -40,8 +40,14 @@ What it does:
   tests/vllm/test_vllm_bugs.py pins that. A routing without any adapter (`base` cells)
   runs vLLM with LoRA off.
 - GPU only: with `engine.enable_sleep_mode`, `sleep()` (level 1: weights to host memory,
-  KV cache dropped) frees the GPU for the update; the next `generate()` wakes it up.
-  vLLM refuses sleep mode on CPU, so it is skipped there.
+  KV cache dropped) frees the GPU for the update, and `wake()` maps the whole share again.
+  Only the trainer wakes it, once it has returned its cached memory
+  (`Trainer.hand_gpu_to_engine`); an engine asked to serve while asleep raises instead of
+  waking beside the update's reserved peak. vLLM refuses sleep mode on CPU, so it is skipped
+  there.
+- GPU only: each engine compiles into a cache folder of its own GPU
+  (gridrun/train/engines/compile_cache.py), set as VLLM_CACHE_ROOT before the
+  engine core starts (a spawned process: it reads the variable then).
 - `refresh_proven(step, roles)` (after every update, and when a run starts or resumes):
   the refresh, with a proof that each role is served its adapter's current weights, from
   step 1 on, when LoRA B is still 0 and the current adapter *is* the base model. A fixed
@@ -279,7 +285,12 @@ class VLLMEngine(RolloutEngine):
             kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(max_len, CPU_MIN_BATCHED_TOKENS))
         else:
             from gridrun.memory import ENGINE_MAX_BATCHED_TOKENS, ENGINE_MAX_SEQS
+            from gridrun.train.distributed import gpu_uuid
+            from gridrun.train.engines.compile_cache import vllm_cache_root
 
+            gpu = gpu_uuid(torch.device("cuda", 0))
+            if gpu:
+                os.environ["VLLM_CACHE_ROOT"] = vllm_cache_root(os.environ, gpu)
             # Chunked prefill (as released): a step's token budget below the longest prompt is valid.
             kwargs.update(gpu_memory_utilization=self._gpu_share(), enable_sleep_mode=self.sleep_mode,
                           enable_chunked_prefill=True, max_num_seqs=ENGINE_MAX_SEQS,
@@ -545,7 +556,7 @@ class VLLMEngine(RolloutEngine):
     def _served_logprobs(self, roles: Mapping[str, str | None]) -> dict[str, torch.Tensor]:
         """The engine's log-probs of the probe tokens after the first, one request per role
         through the request table generate() uses, all in one batch (as a stage is)."""
-        self._wake()
+        self._awake()
         self._drop_evicted()
         names = list(roles)
         params = vllm.SamplingParams(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
@@ -574,15 +585,21 @@ class VLLMEngine(RolloutEngine):
     # --- memory (GPU) -----------------------------------------------------------------------
     def sleep(self) -> None:
         """Free the GPU for the update (weights to host memory, KV cache dropped); no-op on CPU
-        or without engine.enable_sleep_mode. The next generate() wakes the engine up."""
+        or without engine.enable_sleep_mode. `wake()` takes it back."""
         if self.sleep_mode and not self._asleep:
             self.llm.sleep(level=1)
             self._asleep = True
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Map the engine's whole share again (the trainer calls it, its cache returned)."""
         if self._asleep:
             self.llm.wake_up()
             self._asleep = False
+
+    def _awake(self) -> None:
+        if self._asleep:
+            raise RuntimeError("vllm engine asked to serve while asleep: only the trainer wakes it "
+                               "(Trainer.hand_gpu_to_engine), once it has returned its cached GPU memory")
 
     # --- generation -----------------------------------------------------------------------
     def _sampling(self, sampling: SamplingParams, seed: int) -> vllm.SamplingParams:
@@ -606,7 +623,7 @@ class VLLMEngine(RolloutEngine):
             return []
         if self._keys:
             raise RuntimeError("vllm engine: generate() while a continuous rollout is being served")
-        self._wake()
+        self._awake()
         self._drop_evicted()
         loras = [self._lora_request(r.adapter) for r in requests]
         drawn = iter(torch.randint(0, 2**31 - 1, (sum(r.seed is None for r in requests),)).tolist())
@@ -622,7 +639,7 @@ class VLLMEngine(RolloutEngine):
     def add(self, key: int, request: GenRequest, sampling: SamplingParams) -> None:
         if not self._keys:
             # The first request of a rollout: as generate() does before each batch.
-            self._wake()
+            self._awake()
             self._drop_evicted()
         seed = request.seed if request.seed is not None else int(torch.randint(0, 2**31 - 1, (1,)))
         params = self._sampling(sampling, seed)
