@@ -243,7 +243,7 @@ See [the design](docs/nope.md) and [its map](docs/design.md#no-such-heading), [a
 
 
 # Docs state what is; how it came to be belongs to the commits and bench/measured/.
-CHANGE_NOTES = re.compile(r"\b(no longer|before this change|used to|previously|since the last|is now|are now)\b", re.I)
+CHANGE_NOTES = re.compile(r"\b(no longer|before this change|used to|previously|since the last|is now|are now)\b", re.IGNORECASE)
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
