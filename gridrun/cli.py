@@ -23,7 +23,7 @@ def _setup_logging() -> None:
 def _cmd_run(args: argparse.Namespace) -> int:
     from gridrun.seam.rundir import RUN_DISK_FIXES, RunDir, disk_error
 
-    RunDir(args.run_dir).require()  # fail fast, before torch is imported
+    RunDir(args.run_dir).require_runnable()  # fail fast, before torch is imported
     from gridrun.cellrun import run_cell
 
     try:

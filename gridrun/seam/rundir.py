@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from gridrun.seam.accuracy import is_accuracy
-from gridrun.seam.cellstate import RECORDED, STATE_FIELDS, CellState, StateRecord, Transition
+from gridrun.seam.cellstate import FINISHED_STATES, RECORDED, STATE_FIELDS, CellState, StateRecord, Transition
 from gridrun.seam.errors import UserError
 
 COMPLETE_MARKER = "COMPLETE"
@@ -163,6 +163,10 @@ class NotARunDir(UserError, ValueError):
 
 class DamagedFile(UserError, ValueError):
     """A file of a run dir that cannot be read as what it should be; the message names the fix."""
+
+
+class FinalState(UserError):
+    """`gridrun run` of a cell that is done or stopped."""
 
 
 class RunLocked(UserError, RuntimeError):
@@ -361,6 +365,16 @@ class RunDir:
         damage = self.config_damage()
         if damage:
             raise DamagedFile(damage)
+        return self
+
+    def require_runnable(self) -> RunDir:
+        """`require`, and refuse a cell whose state is final (done, stopped): `gridrun run`
+        trains it no further, as `resubmit` does not take it."""
+        self.require()
+        final = self.read_state().state
+        if final in FINISHED_STATES:
+            raise FinalState(f"{self.root.name} is {final}, which is final: `gridrun run` trains it no further (to run "
+                             "it again, re-plan its sweep with --replace, which keeps the old run under replaced/)")
         return self
 
     def config_damage(self) -> str | None:
