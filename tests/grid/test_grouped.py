@@ -244,11 +244,11 @@ def test_collect_and_the_calibration_read_a_grouped_cells_grouping_from_its_conf
 def test_an_isolated_role_named_as_a_reserved_folder_is_refused_at_plan_time(tmp_path: Path, composer: Composer) -> None:
     # Under isolated each role's adapter is named after the role: a plugin's role is held to
     # the adapters' folder rules as a group's name is.
+    import dataclasses
+
     from gridrun.seam import registry
     from gridrun.seam.runconfig import config_from_dict
     from tests.conftest import TOY_CELL, merge
-
-    import dataclasses
 
     voting = registry.workflow("voting")
     registry.register_workflow(dataclasses.replace(voting, name="reserved_roles", roles=(voting.roles[0], "default")))
