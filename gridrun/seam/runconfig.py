@@ -97,6 +97,10 @@ GROUP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 # system, and none of the names those folders use themselves (peft saves an adapter called
 # `default` at the folder's root; `gridrun export --merged` writes merged/), in any case.
 ADAPTER_NAME_MAX = 64
+# The estimators and policy losses gridrun registers itself (gridrun/train/advantages.py,
+# losses.py; a test keeps these equal), so the plan checks a name without importing torch.
+BUILT_IN_ESTIMATORS = ("grpo", "per_role")
+BUILT_IN_POLICY_LOSSES = ("vanilla",)
 RESERVED_ADAPTER_NAMES = ("default", "merged")
 # Keys added after the paper's cells were fingerprinted, left out of config.yaml (so of the
 # fingerprint) while they hold these defaults: (node, key, default); a whole node goes
@@ -521,6 +525,8 @@ class RunConfig:
             raise ConfigError("a transfer cell plugs an adapter into a multi-agent workflow: set workflow.name to one")
         self._check_groups()
         self._check_adapter_names()
+        registry.check_named("grpo.estimator", self.grpo.estimator, BUILT_IN_ESTIMATORS, "advantage estimator")
+        registry.check_named("grpo.policy_loss", self.grpo.policy_loss, BUILT_IN_POLICY_LOSSES, "policy loss")
         self._check_credit()
         if not all(math.isfinite(c) and c > 0 for c in (self.grpo.clip_low, self.grpo.clip_high)):
             raise ConfigError("grpo.clip_low and grpo.clip_high must be finite numbers > 0")

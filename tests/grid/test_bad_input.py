@@ -56,6 +56,10 @@ from tests.grid.conftest import Gridrun, tree
          "lower train.micro_token_budget (now 200000), or pick a larger gpu="),
         (["plan", "conf=full_matrix", "scale=1.7b", "engine.gpu_memory_utilization=0.95"],
          "lower engine.gpu_memory_utilization (now 0.95)"),
+        # A plugin's name, checked at plan time without importing torch (or the module).
+        (["plan", "conf=smoke", "grpo.estimator=gpro"], "grpo.estimator: no advantage estimator 'gpro' (built in: grpo, "),
+        (["plan", "conf=smoke", "grpo.estimator=mylab.nowhere:centred"], "module 'mylab.nowhere' cannot be found"),
+        (["plan", "conf=smoke", "grpo.policy_loss=vanila"], "grpo.policy_loss: no policy loss 'vanila' (built in: vanilla)"),
         # Syntax.
         (["plan", "conf=smoke", "train.total_steps=[1"], "cannot parse override 'train.total_steps=[1'"),
         # Commands on sweeps that do not exist, and their own options.
