@@ -57,6 +57,7 @@ from omegaconf.errors import OmegaConfBaseException
 from gridrun.grid import checkout, search
 from gridrun.grid.errors import GridError, closest
 from gridrun.grid.launchers.base import LAUNCHERS, LauncherSettings, launcher_class
+from gridrun.grid.userfiles import check_option_files
 from gridrun.seam import registry
 from gridrun.seam.registry import ConfigError, OptionParams
 from gridrun.seam.runconfig import ToySpec, run_defaults
@@ -113,6 +114,8 @@ class Composer:
         if search.find(self.conf_dirs, f"{PRIMARY}.yaml") is None:
             raise GridError(f"no {PRIMARY}.yaml in {', '.join(map(str, self.conf_dirs))}: gridrun's shipped conf/ is "
                             "missing, reinstall gridrun from its checkout (pip install -e . there)")
+        for own in self.conf_dirs[:-1] if conf_dir is None else []:  # the user's, before Hydra reads them
+            check_option_files(own, CONF_DIR)
         # The built-in options' schemas before the repository below, which copies the store;
         # a plugin's once its option is chosen (_merged).
         for group in OPTION_GROUPS:
