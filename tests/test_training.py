@@ -8,6 +8,7 @@ import random
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -525,3 +526,33 @@ def test_an_alert_that_acts_exports_the_peak_and_stop_ends_the_cell(tmp_path: Pa
         # The peak at the alert was the base model (step 1 did not beat step 0): nothing to export.
         accs = val_accuracy(RunDir(cell).read_metrics())
         assert accs[1] <= accs[0] and state.peak_export == "base model"
+
+
+@pytest.mark.parametrize(("action", "final"), [("export_peak", "done"), ("stop", "stopped")])
+def test_an_alert_whose_export_fails_warns_and_the_action_goes_on(tmp_path: Path, monkeypatch, caplog, action: str,
+                                                                  final: str) -> None:
+    # exports/ unwritable: the action's side job fails, not the run (every resume would
+    # fail the same way): one warning, the peak's checkpoint kept, training goes on or stops.
+    import errno
+    import logging
+
+    from gridrun.seam.mechanisms import MechanismWatch, Thresholds
+    from gridrun.train import trainer as trainer_module
+
+    eager = Thresholds(ppl_factor=0.0)
+    monkeypatch.setattr(trainer_module, "MechanismWatch", lambda w, p, groups=None: MechanismWatch(w, p, eager, groups))
+    monkeypatch.setattr(trainer_module, "first_peak", lambda accs: (max(accs), accs[max(accs)]) if accs else None)
+
+    def unwritable(run_dir: Any, step: Any, *args: Any, **kwargs: Any) -> Path:
+        raise OSError(errno.EACCES, "Permission denied", str(run_dir.export(step)))
+
+    monkeypatch.setattr(trainer_module, "export", unwritable)
+    cell = make_cell(tmp_path, workflow={"name": "voting"}, policy={"name": "isolated"},
+                     train={"total_steps": 3, "val_every": 1, "on_alert": action})
+    with caplog.at_level(logging.WARNING, logger="gridrun"):
+        assert run_cell(cell) == 0, RunDir(cell).read_state().to_json().get("error")
+    state = RunDir(cell).read_state()
+    assert state.state == final and state.on_alert == action and state.alert_step == 1 and state.peak_export is None
+    assert "the peak's export failed" in caplog.text and "Permission denied" in caplog.text
+    if action == "stop":  # the stop's own checkpoint is the peak's, there to export by hand
+        assert RunDir(cell).checkpoint(1).is_dir()
