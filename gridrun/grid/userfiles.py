@@ -92,3 +92,20 @@ def check_option_files(user_conf: Path, shipped_conf: Path) -> None:
             if len(expected) == 1 and (want := next(iter(expected))) and package_line(text) != want:
                 raise GridError(f"{path} lacks the line `# {want}` that every {group.name} option starts with: add it "
                                 "as its first line")
+            shipped = group / path.name
+            if shipped.is_file():
+                _check_same_name(path, text, shipped)
+
+
+def _check_same_name(path: Path, text: str, shipped: Path) -> None:
+    """A user's file in place of a shipped option keeps that option's `name:`: cells are filed
+    by the option chosen (`policy=shared` makes -sp- ids), so another name would file one
+    policy's cells under another's."""
+    def name_of(source: str) -> object:
+        data = yaml.safe_load(source)
+        return data.get("name") if isinstance(data, dict) else None
+
+    ours, theirs = name_of(text), name_of(shipped.read_text())
+    if theirs is not None and ours is not None and ours != theirs:
+        raise GridError(f"{path} says name: {ours}, but {path.parent.name}={path.stem} is gridrun's '{theirs}': rename "
+                        f"your file (e.g. {path.parent.name}/my_{path.stem}.yaml) or set name: {theirs}")
