@@ -104,7 +104,7 @@ def run_cell(path: Path) -> int:
     # Small CPU models lose an order of magnitude to thread oversubscription when cells share
     # cores; the local launcher parallelises across cells instead. GRIDRUN_THREADS overrides.
     torch.set_num_threads(int(os.environ.get("GRIDRUN_THREADS", "1")))
-    run_dir = RunDir(path).require()
+    run_dir = RunDir(path).require_runnable()
     config = load_config(run_dir.config_yaml)
     dist = Dist.from_env()
     # One process per cell: rank 0 holds the run dir's lock for the job's life (the other

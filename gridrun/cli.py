@@ -13,9 +13,15 @@ from typing import Any, Literal
 
 from gridrun.seam.errors import UserError
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
 
 def _setup_logging() -> None:
     level = os.environ.get("GRIDRUN_LOG", "INFO").upper()
+    if level not in LOG_LEVELS:
+        print(f"gridrun: note: GRIDRUN_LOG={os.environ['GRIDRUN_LOG']} is not a level ({', '.join(LOG_LEVELS)}): "
+              "logging at INFO", file=sys.stderr)
+        level = "INFO"
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     logging.getLogger("gridrun").setLevel(level)
 
@@ -23,7 +29,7 @@ def _setup_logging() -> None:
 def _cmd_run(args: argparse.Namespace) -> int:
     from gridrun.seam.rundir import RUN_DISK_FIXES, RunDir, disk_error
 
-    RunDir(args.run_dir).require()  # fail fast, before torch is imported
+    RunDir(args.run_dir).require_runnable()  # fail fast, before torch is imported
     from gridrun.cellrun import run_cell
 
     try:
@@ -251,7 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, where a reader gone early is caught, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        # A reader that stopped early (`gridrun status --json | head`): not an error of ours.
+        # stdout goes to /dev/null so that Python's flush at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # the shell's code for SIGPIPE
     except (UserError, FileNotFoundError) as err:
         print(f"gridrun: error: {err}", file=sys.stderr)
         return 2

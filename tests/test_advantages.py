@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 import pytest
 
@@ -301,3 +302,34 @@ def test_a_researchers_estimator_is_named_module_colon_name(tmp_path, monkeypatc
         advantages.estimator("no_such_module:x")
     with pytest.raises(ConfigError, match=r"no advantage estimator 'centre' \(registered: centred, grpo, per_role\)"):
         advantages.estimator("my_estimators:centre")
+
+
+def test_the_plan_knows_the_built_in_estimators_and_losses_without_torch() -> None:
+    from gridrun.seam.runconfig import BUILT_IN_ESTIMATORS, BUILT_IN_POLICY_LOSSES
+    from gridrun.train import advantages, losses
+
+    assert set(BUILT_IN_ESTIMATORS) == {n for n, f in advantages.ESTIMATORS.items()
+                                        if f.__module__ == advantages.__name__}
+    assert set(BUILT_IN_POLICY_LOSSES) == {n for n, f in losses._POLICY_LOSSES.items() if f.__module__ == losses.__name__}
+
+
+@pytest.mark.parametrize(("returned", "message"), [
+    (lambda r: r[:-1], r"returned a tensor of shape \[3\] for 4 rows"),
+    (lambda r: r.unsqueeze(1), r"returned a tensor of shape \[4, 1\] for 4 rows"),
+    (lambda r: r.tolist(), r"returned list for 4 rows"),
+    (lambda r: r * float("nan"), r"returned a non-finite advantage"),
+])
+def test_an_estimator_breaking_its_contract_is_named(monkeypatch: pytest.MonkeyPatch, returned: Any,
+                                                     message: str) -> None:
+    # A wrong-length result would train each turn on another's advantage, silently.
+    from gridrun.seam.registry import ConfigError
+    from gridrun.train import advantages
+    monkeypatch.setattr(advantages, "ESTIMATORS", dict(advantages.ESTIMATORS))
+
+    @advantages.register_estimator("broken")
+    def broken(rewards, keys, spec):
+        return returned(rewards - rewards.mean()), advantages.GroupStats(1, 0, 0)
+
+    episodes = [episode("p", k, r, [turn("generator")]) for k, r in enumerate([1.0, 0.0, 1.0, 0.0])]
+    with pytest.raises(ConfigError, match=rf"grpo.estimator 'broken' {message}"):
+        turn_advantages(episodes, get_workflow("single"), AS_WRITTEN, estimator_name="broken")

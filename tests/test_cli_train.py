@@ -76,3 +76,18 @@ def test_reward_math_scores_with_a_cells_own_grader(tmp_path: Path, capsys: pyte
     code_cell = make_cell(tmp_path, "code", task={"name": "code", "data_path": str(tmp_path)})
     assert main(["reward", "math", "--response", "x", "--answer", "1", "--cell", str(code_cell)]) == 2
     assert "gridrun reward code --cell" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("final", ["done", "stopped"])
+def test_run_leaves_a_final_cell_as_it_is(tmp_path: Path, final: str) -> None:
+    # done and stopped are final for `gridrun run` as for `resubmit`: a stopped cell (its alert's
+    # action) is never trained on by hand to done, keeping the stop's alert as if it had acted.
+    from tests.states import put_state
+
+    cell = make_cell(tmp_path, workflow={"name": "voting"})
+    put_state(RunDir(cell), state=final, step=2, total_steps=2, attempt=1)
+    before = (cell / "state.json").read_bytes()
+    done = gridrun("run", str(cell))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert f"is {final}, which is final" in done.stderr and "--replace" in done.stderr
+    assert (cell / "state.json").read_bytes() == before and not (cell / "metrics.jsonl").exists()

@@ -212,3 +212,23 @@ def test_a_model_without_gridruns_attention_never_takes_the_cpu_fast_paths(monke
     metrics = update(model, Routing({"generator": "a"}, ("a",)), optimizers, _rows({"generator": "a"}),
                      _settings(4096, 4), {"a": 1.0}, random.Random(0))
     assert metrics["adapter/a/grad_norm"] > 0
+
+
+def test_a_policy_loss_of_the_wrong_shape_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from gridrun.seam.registry import ConfigError
+    from gridrun.train import losses
+
+    monkeypatch.setattr(losses, "_POLICY_LOSSES", dict(losses._POLICY_LOSSES))
+
+    @losses.register_policy_loss("per_row")
+    def per_row(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, spec: Any) -> Any:
+        return (logp - old).sum(1), torch.zeros_like(logp, dtype=torch.bool)  # one value per row: wrong
+
+    model = _model(("a",))
+    optimizers = {"a": torch.optim.SGD(list(adapter_parameters(model, "a").values()), lr=1.0)}
+    settings = dataclasses.replace(_settings(4096, 4), policy_loss="per_row")
+    with pytest.raises(ConfigError, match=r"grpo.policy_loss 'per_row' returned shapes \[\[\d+\], \[\d+, \d+\]\]"):
+        update(model, Routing({"generator": "a"}, ("a",)), optimizers, _rows({"generator": "a"}), settings,
+               {"a": 1.0}, random.Random(0))

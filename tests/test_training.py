@@ -8,6 +8,7 @@ import random
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -560,3 +561,33 @@ def test_the_trainer_returns_its_cached_memory_between_the_update_and_the_wake(t
     assert {k: last[k] for k in last if "gpu_gb" in k or k.startswith("trainer_")} == dict.fromkeys(
         ["free_gpu_gb_awake", "free_gpu_gb_asleep", "free_gpu_gb_updated", "trainer_peak_gb", "free_gpu_gb_released",
          "trainer_kept_gb", "free_gpu_gb_woken"])
+
+
+@pytest.mark.parametrize(("action", "final"), [("export_peak", "done"), ("stop", "stopped")])
+def test_an_alert_whose_export_fails_warns_and_the_action_goes_on(tmp_path: Path, monkeypatch, caplog, action: str,
+                                                                  final: str) -> None:
+    # exports/ unwritable: the action's side job fails, not the run (every resume would
+    # fail the same way): one warning, the peak's checkpoint kept, training goes on or stops.
+    import errno
+    import logging
+
+    from gridrun.seam.mechanisms import MechanismWatch, Thresholds
+    from gridrun.train import trainer as trainer_module
+
+    eager = Thresholds(ppl_factor=0.0)
+    monkeypatch.setattr(trainer_module, "MechanismWatch", lambda w, p, groups=None: MechanismWatch(w, p, eager, groups))
+    monkeypatch.setattr(trainer_module, "first_peak", lambda accs: (max(accs), accs[max(accs)]) if accs else None)
+
+    def unwritable(run_dir: Any, step: Any, *args: Any, **kwargs: Any) -> Path:
+        raise OSError(errno.EACCES, "Permission denied", str(run_dir.export(step)))
+
+    monkeypatch.setattr(trainer_module, "export", unwritable)
+    cell = make_cell(tmp_path, workflow={"name": "voting"}, policy={"name": "isolated"},
+                     train={"total_steps": 3, "val_every": 1, "on_alert": action})
+    with caplog.at_level(logging.WARNING, logger="gridrun"):
+        assert run_cell(cell) == 0, RunDir(cell).read_state().to_json().get("error")
+    state = RunDir(cell).read_state()
+    assert state.state == final and state.on_alert == action and state.alert_step == 1 and state.peak_export is None
+    assert "the peak's export failed" in caplog.text and "Permission denied" in caplog.text
+    if action == "stop":  # the stop's own checkpoint is the peak's, there to export by hand
+        assert RunDir(cell).checkpoint(1).is_dir()

@@ -59,6 +59,7 @@ import yaml
 from gridrun.adapters import peak_checkpoint
 from gridrun.analysis.calibration import calibration_tables
 from gridrun.analysis.findings import alerts_table, findings_table
+from gridrun.analysis.report import code
 from gridrun.analysis.summary import MetricColumns, alert_summary, cell_grouping, cell_hours, cell_summary
 from gridrun.analysis.tables import Table, base_mismatch_notes, flags, signature_tables, table1, table2, table3
 from gridrun.analysis.warning import (
@@ -325,7 +326,7 @@ def for_variant(table: Table, variant: str | None) -> Table:
     """A table of one variant's cells: named <table>-<variant>, the variant in its title."""
     if variant is None:
         return table
-    return dataclasses.replace(table, name=f"{table.name}-{variant}", title=f"{table.title} — variant `{variant}`")
+    return dataclasses.replace(table, name=f"{table.name}-{variant}", title=f"{table.title} — variant {code(variant)}")
 
 
 def export_peaks(sweep: SweepDir, data: SweepData, out: Path, console: Any) -> list[Path]:

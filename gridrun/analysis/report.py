@@ -6,7 +6,9 @@ findings (the paper's claims measured, and the mechanism alerts), the early warn
 alert's recall and false alarms, and the validation curves with its firings), then Tables 1-3, Figures 2-6 each with a one-line caption saying what to look for, and an
 appendix with Tables 4-6 and the learning curves. report.md links the PNGs under figures/;
 report.html is the same text rendered (markdown-it, already installed with rich) with every
-figure embedded as base64, so it can be mailed or opened anywhere on its own. What this
+figure embedded as base64, so it can be mailed or opened anywhere on its own. The renderer
+takes no raw HTML: whatever a setting, an id or an error message holds reaches the page as
+text, and a value shown as code goes through `code`, whose fence outlasts any backticks in it. What this
 leaves out: interactivity and any number not already in a table or cells.parquet.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 import time
 from pathlib import Path
 
@@ -56,6 +59,15 @@ h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2em; margin-top: 1.6em; }
 """
 
 
+def code(text: str) -> str:
+    """`text` as one markdown code span whatever it holds: the fence is one backtick longer
+    than its longest run of backticks, padded with a space where the text starts or ends with
+    one (CommonMark's rule)."""
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text[:1] == "`" or text[-1:] == "`" else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _stem(path: Path) -> str:
     for stem in sorted(CAPTIONS, key=len, reverse=True):
         if path.stem == stem or path.stem.startswith(stem + "-"):
@@ -74,7 +86,7 @@ def _coordinates(plan: SweepPlan, cells: pd.DataFrame) -> list[str]:
     commit = (git.get("commit") or "unknown")[:10] + (" (dirty)" if git.get("dirty") else "")
     planned = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(last["at"])) if last.get("at") else "unknown"
     settings = " ".join(last.get("argv") or []) or "none"
-    return [*lines, "", f"Last planned {planned} at commit `{commit}`; command-line settings: `{settings}`."]
+    return [*lines, "", f"Last planned {planned} at commit {code(commit)}; command-line settings: {code(settings)}."]
 
 
 def _states(cells: pd.DataFrame) -> list[str]:
@@ -113,7 +125,7 @@ def report_markdown(sweep: SweepDir, plan: SweepPlan, cells: pd.DataFrame, table
     by_name: dict[str, list[Table]] = {}
     for t in tables:  # a sweep with variants has one table per variant: <name>-<variant>
         by_name.setdefault(t.name.split("-", 1)[0], []).append(t)
-    lines = [f"# gridrun report — sweep `{sweep.name}`", "",
+    lines = [f"# gridrun report — sweep {code(sweep.name)}", "",
              (f"Written by `gridrun collect` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
              "Numbers come from finished (`done`) cells only; other cells show as their state."), "",
              "## Sweep", "", *_coordinates(plan, cells), "", "## Cell states", "", *_states(cells), "",
@@ -148,7 +160,8 @@ def report_html(markdown: str, root: Path, title: str) -> str:
     """The markdown rendered, each figure inlined as a data URI."""
     from markdown_it import MarkdownIt
 
-    body = MarkdownIt("commonmark").enable("table").render(markdown)
+    # html off: raw HTML in the text (a setting's value, an error message) is escaped, never run.
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(markdown)
     body = body.replace("<table>", '<div class="table-wrap"><table>').replace("</table>", "</table></div>")
     for path in sorted((root / "figures").glob("*.png")) if (root / "figures").is_dir() else []:
         source = f'src="{path.relative_to(root).as_posix()}"'

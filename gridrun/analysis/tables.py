@@ -89,7 +89,13 @@ class Table:
 
 def markdown_grid(headers: Sequence[str], rows: Iterable[Sequence[str]], left: int) -> list[str]:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] * left + ["---:"] * (len(headers) - left)) + "|"]
-    return lines + ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
+    return lines + ["| " + " | ".join(_cell(str(v)) for v in row) + " |" for row in rows]
+
+
+def _cell(text: str) -> str:
+    """A value kept inside its table cell: a pipe escaped, line breaks as spaces (an error
+    message or a path may hold either)."""
+    return text.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 
 # --- formatting ---------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ the analysis of a finished sweep is gridrun/analysis/.
 
     search.py      where sweeps and config groups are found: the user's folder, then the shipped ones
     spec.py        a sweep file + command-line overrides -> axes and settings
+    userfiles.py   YAML from the user's folder (sweeps, option files) read within bounds
     compose.py     Hydra composition of one cell's config (conf/)
     gridconfig.py  the grid root's schema (gpu, cluster, launcher, ...), checked at plan time
     presets.py     the whole-run presets seen from the grid

@@ -60,7 +60,7 @@ from gridrun.grid.compose import Composer
 from gridrun.grid.cost import MeasuredStep, node_days, read_measured_step, write_measured_step
 from gridrun.grid.errors import GridError
 from gridrun.grid.plan import PlannedCell, freeze, make_plan
-from gridrun.grid.spec import load_spec
+from gridrun.grid.spec import load_spec, sweep_file
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.seam.cellstate import ACTIVE_STATES, CellState
 from gridrun.seam.rundir import RunDir
@@ -119,6 +119,7 @@ def run_canary(results: Path, cluster: str, project: str, overrides: list[str], 
     """Plan, run and report the canary; 0 on GO, 1 on NO-GO. `preflight(plan, cells,
     results, timeout_min, cpu_ok=)` runs before anything is submitted (and raises to stop it)."""
     composer = Composer()
+    sweep_file(project)  # the sweep to project: a typo is refused before anything runs
     profile = load_spec(CANARY_SWEEP, [f"cluster={cluster}"], composer)
     slurm = bool(make_plan(profile, composer).cluster.get("partitions"))
     if cpu is None:

@@ -57,6 +57,7 @@ from omegaconf.errors import OmegaConfBaseException
 from gridrun.grid import checkout, search
 from gridrun.grid.errors import GridError, closest
 from gridrun.grid.launchers.base import LAUNCHERS, LauncherSettings, launcher_class
+from gridrun.grid.userfiles import check_option_files
 from gridrun.seam import registry
 from gridrun.seam.registry import ConfigError, OptionParams
 from gridrun.seam.runconfig import ToySpec, run_defaults
@@ -113,6 +114,8 @@ class Composer:
         if search.find(self.conf_dirs, f"{PRIMARY}.yaml") is None:
             raise GridError(f"no {PRIMARY}.yaml in {', '.join(map(str, self.conf_dirs))}: gridrun's shipped conf/ is "
                             "missing, reinstall gridrun from its checkout (pip install -e . there)")
+        for own in self.conf_dirs[:-1] if conf_dir is None else []:  # the user's, before Hydra reads them
+            check_option_files(own, CONF_DIR)
         # The built-in options' schemas before the repository below, which copies the store;
         # a plugin's once its option is chosen (_merged).
         for group in OPTION_GROUPS:
@@ -161,6 +164,14 @@ class Composer:
             self._parsed[line] = override
         return override
 
+    def _is_group(self, key: str) -> bool:
+        """Whether `key` names a config group (Hydra looks for its folder on disk: a key too
+        long for a file name names none, and the settings' own checks then name it)."""
+        try:
+            return bool(self._repo.group_exists(key))
+        except OSError:
+            return False
+
     def compose(self, overrides: Sequence[str]) -> dict[str, Any]:
         """The resolved config tree for these overrides (group choices and settings)."""
         parsed = [self.parse(line) for line in overrides]
@@ -168,7 +179,7 @@ class Composer:
             if override.key_or_group in self._groups and not override.is_delete():
                 self.check_choice(override.key_or_group, str(override.value()))
         # Hydra's own split (Overrides): a key naming a config group chooses an option.
-        is_choice = [self._repo.group_exists(o.key_or_group) for o in parsed]
+        is_choice = [self._is_group(o.key_or_group) for o in parsed]
         choices = [o for o, choice in zip(parsed, is_choice) if choice]
         cfg = self._merged(self._defaults_list(choices))
         OmegaConf.set_struct(cfg, True)
@@ -190,7 +201,7 @@ class Composer:
     def option_files(self, overrides: Sequence[str]) -> dict[str, str]:
         """Group -> the option file these overrides compose from (`cluster: conf/cluster/mine.yaml`),
         for errors about a composed node to name the file a user wrote."""
-        choices = [o for o in map(self.parse, overrides) if self._repo.group_exists(o.key_or_group)]
+        choices = [o for o in map(self.parse, overrides) if self._is_group(o.key_or_group)]
         files = {}
         for entry in self._defaults_list(choices):
             group, _, option = (entry.config_path or "").rpartition("/")

@@ -39,6 +39,7 @@ node as lines. Grid side: torch and vLLM are imported only by a child python of 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -358,15 +359,27 @@ def _wait(job_id: str, out: Path, timeout_min: float) -> None:
     """Until the job leaves the queue; cancelled at the timeout (fail closed)."""
     deadline = time.time() + timeout_min * 60
     while True:
-        queued = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"], capture_output=True, text=True,
-                                check=False)
+        queued = _client(["squeue", "-h", "-j", job_id, "-o", "%T %r"], deadline, job_id, timeout_min)
         if queued.returncode != 0 or not queued.stdout.strip():
             return
         if time.time() > deadline:
-            subprocess.run(["scancel", job_id], capture_output=True, check=False)
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run(["scancel", job_id], capture_output=True, check=False, timeout=30)
             raise GridError(f"the preflight job {job_id} did not finish in {timeout_min:g} min (last seen "
                             f"{queued.stdout.strip()}): raise --preflight-timeout-min, or skip it with --no-preflight")
         time.sleep(2.0)
+
+
+def _client(args: list[str], deadline: float, job_id: str, timeout_min: float) -> subprocess.CompletedProcess[str]:
+    """A SLURM client call that ends by the preflight's own deadline (at least 5 s each)."""
+    try:
+        return subprocess.run(args, capture_output=True, text=True, check=False,
+                              timeout=max(5.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(["scancel", job_id], capture_output=True, check=False, timeout=30)
+        raise GridError(f"`{args[0]}` did not answer within the preflight's {timeout_min:g} min: is slurmctld up "
+                        "(`scontrol ping`)? Raise --preflight-timeout-min, or skip it with --no-preflight") from None
 
 
 def run_slurm(spec: Any, cluster: str, needs: Needs, folder: Path, timeout_min: float,
@@ -379,9 +392,13 @@ def run_slurm(spec: Any, cluster: str, needs: Needs, folder: Path, timeout_min: 
     script = folder / f"preflight-{stamp}.sh"
     script.write_text(_script(spec, needs_file, out, python))
     try:
-        submitted = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=False)
+        submitted = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=False,
+                                   timeout=max(5.0, timeout_min * 60))
     except OSError as err:
         return [f"sbatch could not run ({err}): run the preflight on a login node of the cluster"]
+    except subprocess.TimeoutExpired:
+        return [(f"sbatch did not answer within the preflight's {timeout_min:g} min: is slurmctld up (`scontrol ping`)? "
+                 "Raise --preflight-timeout-min, or skip it with --no-preflight")]
     if submitted.returncode != 0:
         from gridrun.grid.launchers.slurm import rejection
 

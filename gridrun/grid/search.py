@@ -92,5 +92,5 @@ def display(path: Path) -> str:
     """A path as the user would type it: relative to the working directory when below it."""
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
+    except (ValueError, RuntimeError, OSError):  # elsewhere, or a symlink loop that resolves to nothing
         return str(path)

@@ -52,6 +52,7 @@ from gridrun.grid.cells import AXES, KINDS, SINGLE_KINDS
 from gridrun.grid.compose import Composer
 from gridrun.grid.errors import GridError, closest
 from gridrun.grid.sweepdir import SWEEP_FILE_SUFFIXES, check_sweep_name
+from gridrun.grid.userfiles import read_checked
 from gridrun.seam import registry
 from gridrun.seam.runconfig import SEED_MAX, ConfigError, from_dict
 
@@ -233,9 +234,14 @@ def split_conf(args: Sequence[str]) -> tuple[str | None, list[str]]:
 def sweep_file(conf: str) -> Path:
     path = Path(conf)
     if path.suffix in SWEEP_FILE_SUFFIXES:
-        if not path.is_file():
+        if not path.is_file() and not path.is_symlink():
             raise GridError(f"sweep file {path} does not exist")
         return path
+    broken = [d / f"{conf}.yaml" for d in search.sweep_dirs() if (d / f"{conf}.yaml").is_symlink()
+              and not (d / f"{conf}.yaml").is_file()]
+    if broken:
+        raise GridError(f"{search.display(broken[0])} is not a readable file (a broken link or a symlink loop?): "
+                        "fix or remove it")
     dirs = search.sweep_dirs()
     found = search.find(dirs, f"{conf}.yaml")
     if found is None:
@@ -252,8 +258,9 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
         raise GridError(f"say which sweep: conf=<name> (available: {', '.join(available_sweeps())})")
     path = sweep_file(conf)
     check_sweep_name(path.stem)
+    text = read_checked(path)  # within bounds, before anything is constructed from it
     try:
-        data = yaml.load(path.read_text(), Loader=_SweepLoader) or {}  # a SafeLoader
+        data = yaml.load(text, Loader=_SweepLoader) or {}  # a SafeLoader
     except _KeyTwice as twice:
         raise GridError(f"{path}: {twice}") from None
     except yaml.YAMLError as err:

@@ -36,6 +36,8 @@ from gridrun.seam.rundir import RunDir, atomic_write_json
 RESULTS_ENV = "GRIDRUN_RESULTS"
 SWEEP_JSON = "sweep.json"
 SWEEP_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+# Its folder and the lock and temporary files beside it fit any file system's 255-byte names.
+SWEEP_NAME_MAX = 100
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,9 @@ def sweep_name(conf: str) -> str:
 
 def check_sweep_name(name: str) -> str:
     """A sweep's name is a folder name under the results root: no separators, not `.`/`..`."""
+    if len(name) > SWEEP_NAME_MAX:
+        raise GridError(f"sweep name '{name[:40]}...' has {len(name)} characters: it names a folder, so use at most "
+                        f"{SWEEP_NAME_MAX} (rename the sweep file)")
     if not SWEEP_NAME.fullmatch(name) or name in (".", ".."):
         raise GridError(
             f"sweep name {name!r} is not a folder name: use letters, digits, '_', '.' and '-' "

@@ -271,11 +271,13 @@ def handed_over(job_id: str | None = None, pid: int | None = None) -> Transition
 
 
 def started(pid: int, node: str, total_steps: int) -> Transition:
-    """`gridrun run` took the run's lock and starts (or resumes) the cell. Any recorded
-    state will do (a cell rerun by hand, a run whose process was killed): the lock, not the
-    state, keeps a cell to one process."""
+    """`gridrun run` took the run's lock and starts (or resumes) the cell. Any recorded state
+    but a final one will do (a cell rerun by hand, a run whose process was killed): the lock,
+    not the state, keeps a cell to one process; done and stopped are final for `run` as for
+    `resubmit` (re-plan with --replace to train again)."""
     return Transition(
-        "started", RECORDED, "the run's lock decides who runs a cell", CellState.RUNNING,
+        "started", RECORDED - {CellState(s) for s in FINISHED_STATES},
+        "a done or stopped cell is final (re-plan it with --replace to run it again)", CellState.RUNNING,
         {"pid": pid, "node": node, "started_at": time.time(), "total_steps": total_steps, "error": None},
     )
 

@@ -25,7 +25,7 @@ import importlib
 import importlib.util
 import pkgutil
 import sys
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -248,6 +248,25 @@ def load_plugin(plugin: str) -> None:
         except (Exception, SystemExit) as err:  # noqa: BLE001 - any error of a user's module (a sys.exit too) is its own
             raise ConfigError(_failed(plugin, err)) from None
     _loaded_plugins.add(plugin)
+
+
+def check_named(knob: str, name: str, built_in: Sequence[str], kind: str) -> None:
+    """Plan time, without importing the module (it may need torch): `name` is a built-in, or
+    "<module>:<name>" whose module exists. Whether the module registers `name` is checked
+    where it is loaded (`named`), before the model."""
+    module, _, short = name.rpartition(":")
+    if not module:
+        if name not in built_in:
+            raise ConfigError(f"{knob}: no {kind} '{name}' (built in: {', '.join(built_in)}); a module's own is "
+                              "named <module>:<name>")
+        return
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found or not short:
+        raise ConfigError(f"{knob}='{name}': module '{module}' cannot be found" if not found else
+                          f"{knob}='{name}': name the {kind} after the colon, <module>:<name>")
 
 
 def named(knob: str, name: str, registered: Mapping[str, NamedT], kind: str, decorator: str) -> NamedT:

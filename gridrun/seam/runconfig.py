@@ -93,6 +93,15 @@ ALL_ROLES = "all_roles"
 SHARED_ADAPTER = "shared"
 # A group's name is its adapter's (peft's adapter name, metric keys adapter/<name>/...).
 GROUP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+# An adapter's name is a folder's, in every checkpoint and export: short enough for any file
+# system, and none of the names those folders use themselves (peft saves an adapter called
+# `default` at the folder's root; `gridrun export --merged` writes merged/), in any case.
+ADAPTER_NAME_MAX = 64
+# The estimators and policy losses gridrun registers itself (gridrun/train/advantages.py,
+# losses.py; a test keeps these equal), so the plan checks a name without importing torch.
+BUILT_IN_ESTIMATORS = ("grpo", "per_role")
+BUILT_IN_POLICY_LOSSES = ("vanilla",)
+RESERVED_ADAPTER_NAMES = ("default", "merged")
 # Keys added after the paper's cells were fingerprinted, left out of config.yaml (so of the
 # fingerprint) while they hold these defaults: (node, key, default); a whole node goes
 # when every key of it is listed and at its default.
@@ -515,6 +524,9 @@ class RunConfig:
         if self.cell.kind is CellKind.TRANSFER and single_agent:
             raise ConfigError("a transfer cell plugs an adapter into a multi-agent workflow: set workflow.name to one")
         self._check_groups()
+        self._check_adapter_names()
+        registry.check_named("grpo.estimator", self.grpo.estimator, BUILT_IN_ESTIMATORS, "advantage estimator")
+        registry.check_named("grpo.policy_loss", self.grpo.policy_loss, BUILT_IN_POLICY_LOSSES, "policy loss")
         self._check_credit()
         if not all(math.isfinite(c) and c > 0 for c in (self.grpo.clip_low, self.grpo.clip_high)):
             raise ConfigError("grpo.clip_low and grpo.clip_high must be finite numbers > 0")
@@ -630,6 +642,23 @@ class RunConfig:
         if missing:
             raise ConfigError(f"policy.groups: role '{missing[0]}' of {self.workflow.name} is in no group: add it to "
                               f"one (roles of {self.workflow.name}: {', '.join(roles)})")
+
+    def _check_adapter_names(self) -> None:
+        """Every trained adapter's name (a group's under grouped, a role's under isolated) is a
+        safe folder name: letters, digits and '_', at most ADAPTER_NAME_MAX, not reserved."""
+        if self.policy.name == "grouped":
+            named = [(f"policy.groups.{group}", group) for group in self.policy.groups]
+        elif self.policy.name == "isolated":
+            named = [(f"{self.workflow.name}'s role {role}", role) for role in self.workflow_entry().roles]
+        else:
+            return
+        for where, name in named:
+            if not GROUP_NAME.fullmatch(name) or len(name) > ADAPTER_NAME_MAX:
+                raise ConfigError(f"{where}: '{name[:80]}' names an adapter's folder: use a letter then letters, "
+                                  f"digits or '_', at most {ADAPTER_NAME_MAX} characters")
+            if name.lower() in RESERVED_ADAPTER_NAMES:
+                raise ConfigError(f"{where}: '{name}' is a name the adapters' folders use themselves "
+                                  f"({', '.join(RESERVED_ADAPTER_NAMES)}): name the adapter otherwise")
 
     def _check_credit(self) -> None:
         if self.reward.credit != "per_role":

@@ -19,8 +19,11 @@ A folder without config.yaml (deleted, even under its run) reads `missing`, and 
 refuses to write into it, as do all of a run's writers (`check_present`): while a RunDir
 holds the run, the folder must be the very one it held, not one planned again at its path.
 A config.yaml whose bytes do not match the hash cell.json recorded
-at plan time (`config_sha256`; cells planned before it have none and are not checked) reads
-`damaged`, and `require` refuses it: a cut that still parses would train with defaults. `hold` is the run's exclusive lock (one `gridrun run` per cell);
+at plan time (`config_sha256`) reads `damaged`, and `require` refuses it: a cut that still
+parses would train with defaults. The check fails closed: a cell.json that is damaged, holds
+a null where a planned value belongs, or records no hash vouches for nothing, so its cell
+reads `damaged` too until `gridrun plan` writes the record again (only a run dir without any
+cell.json, made by hand, is run unchecked). `hold` is the run's exclusive lock (one `gridrun run` per cell);
 `held` probes it, the truth about whether a cell that reads running still runs.
 Left out: repairing a damaged file (the messages say how), locking between ranks of one job
 (rank 0 holds the lock for all of them), and what a metric means (an accuracy, a run's peak:
@@ -34,6 +37,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -42,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from gridrun.seam.accuracy import is_accuracy
-from gridrun.seam.cellstate import RECORDED, STATE_FIELDS, CellState, StateRecord, Transition
+from gridrun.seam.cellstate import FINISHED_STATES, RECORDED, STATE_FIELDS, CellState, StateRecord, Transition
 from gridrun.seam.errors import UserError
 
 COMPLETE_MARKER = "COMPLETE"
@@ -57,9 +61,12 @@ RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "fingerprint": (str,),
     "coords": (dict,),
     "resources": (dict,),
-    "config_sha256": (str,),  # config.yaml's bytes as planned (absent in cells planned before it)
+    "config_sha256": (str,),  # config.yaml's bytes as planned
     "schema": (int,),  # the run schema's version it was planned under (gridrun/seam/runconfig.py; absent: 1)
 }
+# cell.json's fields that vouch for config.yaml: present only with a value (null is damage).
+RECORD_NOT_NULL = ("id", "fingerprint", "config_sha256", "schema")
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 # ranks/rank<r>.json, written by each rank of a run (gridrun/train/trainer.py) and read by
@@ -160,6 +167,10 @@ class NotARunDir(UserError, ValueError):
 
 class DamagedFile(UserError, ValueError):
     """A file of a run dir that cannot be read as what it should be; the message names the fix."""
+
+
+class FinalState(UserError):
+    """`gridrun run` of a cell that is done or stopped."""
 
 
 class RunLocked(UserError, RuntimeError):
@@ -360,17 +371,36 @@ class RunDir:
             raise DamagedFile(damage)
         return self
 
+    def require_runnable(self) -> RunDir:
+        """`require`, and refuse a cell whose state is final (done, stopped): `gridrun run`
+        trains it no further, as `resubmit` does not take it."""
+        self.require()
+        final = self.read_state().state
+        if final in FINISHED_STATES:
+            raise FinalState(f"{self.root.name} is {final}, which is final: `gridrun run` trains it no further (to run "
+                             "it again, re-plan its sweep with --replace, which keeps the old run under replaced/)")
+        return self
+
     def config_damage(self) -> str | None:
-        """Why config.yaml is not the file planned (its bytes do not match cell.json's
-        `config_sha256`), with the fix; None when it matches, or when there is nothing to check
-        it against (a cell planned before the hash; an absent or damaged cell.json, which
-        `inspect` and `plan` report themselves)."""
+        """Why config.yaml cannot be trusted as the file planned, with the fix: its bytes do
+        not match cell.json's `config_sha256`, or cell.json cannot vouch for them (damaged, or
+        without a hash); None when it matches, or for a run dir with no cell.json at all (made
+        by hand: there is no plan to hold it to)."""
         try:
-            expected = (self.read_record() or {}).get("config_sha256")
-            if not expected or config_digest(self.config_yaml.read_bytes()) == expected:
-                return None
-        except (DamagedFile, OSError):
+            record = self.read_record()
+        except DamagedFile as err:
+            return str(err)
+        if record is None:
             return None
+        expected = record.get("config_sha256")
+        if not isinstance(expected, str) or not SHA256_HEX.fullmatch(expected):
+            return (f"{self.cell_json} records no hash of config.yaml (config_sha256), so nothing vouches for it: "
+                    "re-plan its sweep (`gridrun plan conf=<sweep>`) to record it")
+        try:
+            if config_digest(self.config_yaml.read_bytes()) == expected:
+                return None
+        except OSError:
+            return None  # config.yaml gone or unreadable: `missing` and `require` say so
         return (
             f"{self.config_yaml} is damaged (it is not the file planned: its hash differs from the one in "
             f"{self.cell_json.name}; truncated or edited?): re-plan its sweep (`gridrun plan conf=<sweep>`) "
@@ -445,7 +475,13 @@ class RunDir:
     def read_record(self) -> dict[str, Any] | None:
         """cell.json (the plan's record of the cell), None when absent; DamagedFile if damaged."""
         fix = "re-plan the sweep (`gridrun plan conf=<sweep>`) to write it again from config.yaml"
-        return read_json_file(self.cell_json, RECORD_FIELDS, fix)
+        record = read_json_file(self.cell_json, RECORD_FIELDS, fix)
+        for key in RECORD_NOT_NULL:
+            if record is not None and key in record and record[key] is None:
+                raise DamagedFile(f"{self.cell_json} is damaged ({key} is null): {fix}")
+        if record is not None and isinstance(record.get("schema"), int) and record["schema"] < 1:
+            raise DamagedFile(f"{self.cell_json} is damaged (schema {record['schema']} is not a version): {fix}")
+        return record
 
     def _planned_resources(self) -> dict[str, Any]:
         """cell.json's resources ({} when cell.json is absent or damaged: a run dir made by hand)."""

@@ -208,7 +208,9 @@ def _data_files(path: Path, config: str) -> list[Path]:
             raise DataError(f"{path}: expected a .parquet or .jsonl file (or a directory of them)")
         return [path]
     if not path.is_dir():
-        raise DataError(f"--from {path}: no such file or directory")
+        what = "it exists but is neither a file nor a folder (a pipe, a socket or a device?)" if path.exists() else \
+            "no such file or directory"
+        raise DataError(f"--from {path}: {what}: pass a .parquet or .jsonl file or a folder of them")
     if (path / config).is_dir():  # a hub snapshot: <repo>/<config>/train-*.parquet
         path = path / config
     files = sorted(p for p in path.rglob("*") if p.suffix in (".parquet", ".jsonl") and p.is_file())

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gridrun.seam.registry import Workflow, named
+from gridrun.seam.registry import ConfigError, Workflow, named
 from gridrun.seam.runconfig import GRPOSpec
 from gridrun.train.distributed import Dist
 from gridrun.train.episode import Episode
@@ -182,6 +182,7 @@ def turn_advantages(
     values, stats = ESTIMATORS[name](
         torch.tensor([r for _, r in everyone], dtype=torch.float32), [k for k, _ in everyone], spec
     )
+    _check_result(estimator_name or spec.estimator, values, len(everyone))
     own = values[mine].tolist()
     if per_episode:
         return [[adv] * len(e.turns) for e, adv in zip(episodes, own)], stats
@@ -190,6 +191,19 @@ def turn_advantages(
         out.append(own[at : at + len(e.turns)])
         at += len(e.turns)
     return out, stats
+
+
+def _check_result(name: str, values: object, rows: int) -> None:
+    """An estimator's contract: one finite advantage per row, a 1-D tensor in the rows' order
+    (a misaligned one would train each turn on another's advantage without a word)."""
+    shape = tuple(values.shape) if isinstance(values, torch.Tensor) else None
+    if shape != (rows,):
+        got = f"a tensor of shape {list(shape)}" if shape is not None else type(values).__name__
+        raise ConfigError(f"grpo.estimator '{name}' returned {got} for {rows} rows: an estimator returns (advantages, "
+                          "stats) with one advantage per row, a 1-D tensor")
+    assert isinstance(values, torch.Tensor)
+    if not bool(torch.isfinite(values).all()):
+        raise ConfigError(f"grpo.estimator '{name}' returned a non-finite advantage: fix the estimator")
 
 
 def shuffle_rewards(episodes: list[Episode], seed: int, step: int, dist: Dist | None = None) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from gridrun.export import export
+from gridrun.export import ExportError, export
 from gridrun.seam import cellstate
 from gridrun.seam.accuracy import first_peak, val_accuracy
 from gridrun.seam.mechanisms import MECHANISMS, RESPONSE_CAP, MechanismWatch, alert_flags
@@ -341,8 +341,14 @@ class Trainer:
         self.alert_acted = True
         if not self.dist.is_main:
             return cellstate.stopped("", step, None) if action == "stop" and step < self.total_steps else None
-        exported = self.export_peak()
-        log.warning("step %d: %s; train.on_alert=%s: peak exported to %s", step, fired[0], action, exported)
+        try:
+            exported: str | None = self.export_peak()
+            log.warning("step %d: %s; train.on_alert=%s: peak exported to %s", step, fired[0], action, exported)
+        except (ExportError, OSError) as err:
+            # The action's side job failed, not the run: the peak's checkpoint stays (kept by merit).
+            exported = None
+            log.warning("step %d: %s; train.on_alert=%s: the peak's export failed (%s); %s", step, fired[0], action,
+                        err, "the cell stops" if action == "stop" else "training goes on")
         if action == "stop" and step < self.total_steps:
             return cellstate.stopped(fired[0], step, exported)
         # export_peak, or a stop at the last step: nothing is left to save, the cell ends done.
@@ -357,7 +363,8 @@ class Trainer:
             return "base model"
         out = self.run_dir.export(peak)
         # A resumed run may have exported it before it stopped: that folder is the same checkpoint's.
-        return str(out if out.exists() else export(self.run_dir, peak))
+        # Absolute: state.json is read from anywhere, whatever folder `gridrun run` was typed in.
+        return str((out if out.exists() else export(self.run_dir, peak)).absolute())
 
     def alerts(self) -> list[str]:
         """state.json's alerts: what the metric rows so far say (gridrun/seam/mechanisms.py)."""

@@ -62,6 +62,7 @@ import torch
 
 from gridrun.seam import routing
 from gridrun.seam.metric_keys import adapter_prefix, role_key, role_prefix
+from gridrun.seam.registry import ConfigError
 from gridrun.seam.routing import Routing
 from gridrun.seam.runconfig import GRPOSpec, RunConfig
 from gridrun.train import cpu, logprobs, minibatches, ppo
@@ -578,6 +579,10 @@ def _accumulate(
     rollout = _aligned([s.rollout_logp for s in chunk], t_max).to(device)
     adv = torch.tensor([s.advantage for s in chunk], device=device).unsqueeze(1).expand_as(logp)
     token_loss, clipped = policy_loss(settings.policy_loss)(logp, old, adv, mask, gcfg)
+    if getattr(token_loss, "shape", None) != logp.shape or getattr(clipped, "shape", None) != logp.shape:
+        raise ConfigError(f"grpo.policy_loss '{settings.policy_loss}' returned shapes "
+                          f"{[list(getattr(t, 'shape', [])) for t in (token_loss, clipped)]} for log-probs of "
+                          f"{list(logp.shape)}: a policy loss returns (per-token loss, clipped), each (batch, tokens)")
     beta = gcfg.kl_beta.get(role, 0.0)
     kl = None
     if beta > 0:

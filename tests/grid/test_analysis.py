@@ -390,3 +390,28 @@ def test_collect_reads_sweep_json_and_each_state_json_once(analysed: SweepDir, m
     assert reads.count("sweep.json") == 1
     cells = analysed.cell_ids()  # read after collect, outside the count
     assert sorted(r for r in reads if r != "sweep.json") == sorted(cells)
+
+
+MARKUP = "`</code><img src=x onerror=alert(1)><script>alert(2)</script>|x"
+
+
+def test_markup_in_any_field_collect_renders_reaches_the_report_as_text(results: Path) -> None:
+    # A setting's value (logging.wandb_project), an alert, a cell's error and a coordinate, each
+    # holding a backtick that would close a code span, a pipe and raw HTML.
+    from gridrun.analysis.collect import collect
+    from gridrun.grid.console import console
+
+    sweep = SweepDir(results, "planted")
+    data: dict = {"name": "planted", "cells": [],
+                  "plans": [{"at": 0, "argv": [f"logging.wandb_project={MARKUP}"], "git": {"commit": MARKUP}}]}
+    add_cell(sweep, data, "voting-ip-1.7b-math-s0", "train", {**coords("voting", "isolated", 0), "variant": MARKUP},
+             "done", rows_of(lengthened(TRAIN, 40), VAL_ACC, SIGNATURES), alerts=[f"generator {MARKUP}"])
+    add_cell(sweep, data, "voting-sp-1.7b-math-s0", "train", coords("voting", "shared", 0), "failed", [])
+    put_state(sweep.cell("voting-sp-1.7b-math-s0"), state="failed", attempt=1, error=f"boom {MARKUP}")
+    sweep.write(data)
+    collect(sweep, console())
+    page = sweep.report("html").read_text()
+    assert "<img src=x" not in page and "<script" not in page and "onerror=alert(1)>" not in page
+    assert page.count("&lt;img src=x onerror=alert(1)&gt;") >= 3  # the setting, the alert, the error at least
+    markdown = sweep.report("md").read_text()
+    assert f"``{MARKUP}``" in markdown or f"`` {MARKUP} ``" in markdown  # the setting: one code span

@@ -58,6 +58,10 @@ from tests.grid.conftest import Gridrun, tree
           "2.0): lower train.micro_token_budget (now 200000), or pick a larger gpu=")),
         (["plan", "conf=full_matrix", "scale=1.7b", "engine.gpu_memory_utilization=0.95"],
          "lower engine.gpu_memory_utilization (now 0.95; at most 0.90 fits), or pick a larger gpu="),
+        # A plugin's name, checked at plan time without importing torch (or the module).
+        (["plan", "conf=smoke", "grpo.estimator=gpro"], "grpo.estimator: no advantage estimator 'gpro' (built in: grpo, "),
+        (["plan", "conf=smoke", "grpo.estimator=mylab.nowhere:centred"], "module 'mylab.nowhere' cannot be found"),
+        (["plan", "conf=smoke", "grpo.policy_loss=vanila"], "grpo.policy_loss: no policy loss 'vanila' (built in: vanilla)"),
         # Syntax.
         (["plan", "conf=smoke", "train.total_steps=[1"], "cannot parse override 'train.total_steps=[1'"),
         # Commands on sweeps that do not exist, and their own options.
@@ -147,3 +151,59 @@ def test_resubmit_needs_a_selection(gridrun: Gridrun, results: Path) -> None:
     assert result.code == 2 and "--failed, --preempted and/or --cells" in result.err
     result = gridrun("resubmit", "conf=smoke", "--cells", "voting-ip-toy-arith-s9")
     assert result.code == 2 and "(did you mean 'voting-ip-toy-arith-s0'?)" in result.err
+
+
+def test_a_reader_that_stops_early_is_not_an_error(results: Path, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, GRIDRUN_RESULTS=str(results))
+    assert subprocess.run([sys.executable, "-m", "gridrun.cli", "plan", "conf=full_matrix"], env=env,
+                          capture_output=True, check=False).returncode in (0, 2)  # planned, or refused unfetched
+    subprocess.run([sys.executable, "-m", "gridrun.cli", "plan", "conf=smoke"], env=env, capture_output=True, check=True)
+    piped = subprocess.run(f"{sys.executable} -m gridrun.cli status conf=smoke --json | head -c 10", shell=True,
+                           env=env, capture_output=True, text=True, check=False)
+    assert piped.stderr == "" and len(piped.stdout) == 10
+
+
+def test_an_unknown_log_level_is_one_note_and_the_command_runs(results: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, GRIDRUN_RESULTS=str(results), GRIDRUN_LOG="verbose")
+    done = subprocess.run([sys.executable, "-m", "gridrun.cli", "plan", "conf=smoke", "--dry-run"], env=env,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stderr.count("\n") == 1 and "GRIDRUN_LOG=verbose is not a level" in done.stderr
+
+
+def test_the_canary_refuses_a_sweep_it_cannot_project_before_it_runs(gridrun: Gridrun, results: Path) -> None:
+    result = gridrun("canary", "cluster=local", "conf=nonexistent")
+    assert result.code == 2 and "no sweep 'nonexistent'" in result.err and result.err.count("\n") == 1, result.err
+    assert not results.exists()
+
+
+def test_fetch_from_a_pipe_says_what_it_is(gridrun: Gridrun, results: Path, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.chdir(tmp_path)  # no prepared data/math here
+    fifo = tmp_path / "math.fifo"
+    os.mkfifo(fifo)
+    result = gridrun("fetch", "conf=full_matrix", "task=math", "scale=0.6b", "workflow=voting", "policy=shared",
+                     "kind=train", "seed=0", f"grid.data_root={tmp_path / 'data'}", f"--data-from=math={fifo}")
+    assert result.code == 2 and "neither a file nor a folder" in result.err and result.err.count("\n") == 1, result.err
+
+
+def test_a_users_option_file_cannot_rename_the_shipped_option_it_replaces(
+    gridrun: Gridrun, results: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # conf/policy/shared.yaml saying isolated would file isolated cells under -sp- ids.
+    (tmp_path / "conf" / "policy").mkdir(parents=True)
+    (tmp_path / "conf" / "policy" / "shared.yaml").write_text("name: isolated\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GRIDRUN_CONFIG_DIR", raising=False)
+    result = gridrun("plan", "conf=smoke", "--dry-run")
+    assert result.code == 2 and "says name: isolated, but policy=shared is gridrun's 'shared'" in result.err, result.err
+    assert result.err.count("\n") == 1

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from gridrun.grid.sweepdir import SweepDir
-from gridrun.seam.rundir import RunDir
+from gridrun.seam.rundir import DamagedFile, RunDir
 from tests.grid.conftest import Gridrun
 
 pytestmark = pytest.mark.usefixtures("recording_launcher")
@@ -45,10 +45,41 @@ def test_a_truncated_config_yaml_makes_its_cell_damaged_everywhere(gridrun: Grid
     assert bad.read_state().to_json()["state"] == "planned"
 
 
-def test_a_cell_planned_before_the_hash_keeps_working(gridrun: Gridrun, smoke: SweepDir) -> None:
+@pytest.mark.parametrize("edit", ["drop the hash", "schema abc", "schema null", "hash null", "truncated"])
+def test_no_value_of_cell_json_switches_the_hash_check_off(gridrun: Gridrun, smoke: SweepDir, edit: str) -> None:
+    # Fails closed: a record that cannot vouch for config.yaml makes the cell damaged, so an
+    # edited config.yaml never trains, until `gridrun plan` writes the record again.
+    cell = smoke.cell(smoke.cell_ids()[0])
+    text = cell.cell_json.read_text()
+    record = json.loads(text)
+    if edit == "drop the hash":
+        del record["config_sha256"]
+    elif edit != "truncated":
+        key, value = {"schema abc": ("schema", "abc"), "schema null": ("schema", None),
+                      "hash null": ("config_sha256", None)}[edit]
+        record[key] = value
+    cell.cell_json.write_text(text[: len(text) // 2] if edit == "truncated" else json.dumps(record))
+    planned = cell.config_yaml.read_text()
+    cell.config_yaml.write_text(planned.replace("total_steps: 2", "total_steps: 3"))
+    with pytest.raises(DamagedFile, match="gridrun plan conf=<sweep>"):
+        cell.require()
+    assert cell.inspect().to_json()["state"] == "damaged"
+    run = gridrun("run", str(cell.root))
+    assert run.code == 2 and run.err.startswith("gridrun: error: ") and run.err.count("\n") == 1, run.err
+    # The plan either refuses the edited config as a change (until --replace) or, where the
+    # record still names the planned fingerprint, writes the planned config.yaml back.
+    again = gridrun("plan", "conf=smoke", "grid.launcher.name=record")
+    assert again.code == 2 or (again.code == 0 and cell.config_yaml.read_text() == planned and cell.require())
+
+
+def test_a_cell_planned_before_the_hash_is_repaired_by_the_plan(gridrun: Gridrun, smoke: SweepDir) -> None:
     cell = smoke.cell(smoke.cell_ids()[0])
     record = json.loads(cell.cell_json.read_text())
     del record["config_sha256"]
     cell.cell_json.write_text(json.dumps(record))
-    assert cell.require() is not None and cell.read_state().to_json()["state"] == "planned"
-    assert cell.inspect().to_json()["state"] == "planned"
+    assert cell.inspect().to_json()["state"] == "damaged"
+    planned = gridrun("plan", "conf=smoke", "grid.launcher.name=record")
+    assert planned.code == 0 and "1 repaired" in planned.out, planned.out
+    assert cell.require() is not None and cell.inspect().to_json()["state"] == "planned"
+
+

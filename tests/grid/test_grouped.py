@@ -93,6 +93,11 @@ def test_a_grouped_cell_plans_with_its_option_name_as_the_policy(composer: Compo
     (["+policy.groups.a=[orchestrator,worker]", "+policy.groups.b=[worker,synthesizer]"], r"role 'worker' is in both a and b"),
     (["+policy.groups.a=[orchestrator,worker,synthesizer]", "+policy.groups.b=[]"], r"policy.groups.b is empty"),
     (["+policy.groups.my-group=[orchestrator,worker,synthesizer]"], r"group name 'my-group' must be a letter"),
+    # Names that become folders: too long for a file system, or one the adapters' folders use.
+    ([f"+policy.groups.{'g' * 300}=[orchestrator,worker,synthesizer]"], r"at most 64 characters"),
+    (["+policy.groups.default=[orchestrator,worker,synthesizer]"], r"'default' is a name the adapters' folders use"),
+    (["+policy.groups.Merged=[orchestrator,synthesizer]", "+policy.groups.w=[worker]"],
+     r"'Merged' is a name the adapters' folders use"),
 ])
 def test_a_bad_grouping_is_one_line_naming_the_fix(composer: Composer, groups: list[str], message: str) -> None:
     spec = load_spec("smoke", ["workflow=orch_workers", "policy=grouped", "kind=train", *groups], composer)
@@ -234,3 +239,22 @@ def test_collect_and_the_calibration_read_a_grouped_cells_grouping_from_its_conf
     curve = CellCurve(cell.id, 0, "orch_workers", "planners", None, [], {}, groups)
     assert curve.applies(GRADIENT_AMPLIFICATION) and curve.applies(SP_ROLE_CAPTURE)
     assert not CellCurve(cell.id, 0, "orch_workers", "planners", None, [], {}).applies(SP_ROLE_CAPTURE)
+
+
+def test_an_isolated_role_named_as_a_reserved_folder_is_refused_at_plan_time(tmp_path: Path, composer: Composer) -> None:
+    # Under isolated each role's adapter is named after the role: a plugin's role is held to
+    # the adapters' folder rules as a group's name is.
+    import dataclasses
+
+    from gridrun.seam import registry
+    from gridrun.seam.runconfig import config_from_dict
+    from tests.conftest import TOY_CELL, merge
+
+    voting = registry.workflow("voting")
+    registry.register_workflow(dataclasses.replace(voting, name="reserved_roles", roles=(voting.roles[0], "default")))
+    try:
+        with pytest.raises(ConfigError, match=r"reserved_roles's role default: 'default' is a name") as err:
+            config_from_dict(merge(TOY_CELL, {"workflow": {"name": "reserved_roles"}, "policy": {"name": "isolated"}}))
+        assert "\n" not in str(err.value)
+    finally:
+        registry._WORKFLOWS.entries.pop("reserved_roles", None)

@@ -136,20 +136,25 @@ def test_a_cell_whose_launcher_and_process_died_is_lost_and_resubmittable(result
     assert train_steps(cell) == list(range(1, 13))
 
 
-def test_ctrl_c_cancels_running_and_waiting_cells(results: Path) -> None:
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGHUP, 129)])
+def test_ctrl_c_cancels_running_and_waiting_cells(results: Path, signum: int, code: int) -> None:
     # One slot: the train cell runs (train cells come first in the plan) and the SA-RL cell
     # waits. No base cells: they are dispatched first and would be done before the signal.
+    # A closed terminal (SIGHUP) stops the sweep as Ctrl-C does: no cell is orphaned.
     args = ["conf=smoke", "kind=train,sa_rl", "workflow=voting", "policy=shared", "train.total_steps=50", *TINY,
             "--max-parallel", "1"]
     launcher = start(results, "sweep", *args)
     cell = RunDir(results / "smoke" / "cells" / "voting-sp-toy-arith-s0")
     wait_until(lambda: cell.read_state().to_json().get("step", 0) >= 1, "step 1", 900)
-    launcher.send_signal(signal.SIGINT)
-    assert launcher.wait(120) == 130
+    pid = cell.read_state().to_json()["pid"]
+    launcher.send_signal(signum)
+    assert launcher.wait(120) == code
     rows = status(results)
     assert len(rows) == 2 and {row["state"] for row in rows.values()} == {"cancelled"}, rows
     assert cell.read_state().to_json()["error"] == "stopped by SIGTERM"
     assert rows["sa_rl-toy-arith-s0"]["step"] in (None, 0)  # it never started
+    with pytest.raises(ProcessLookupError):  # the cell's process ended with the sweep
+        os.kill(pid, 0)
 
 
 def test_transfer_cells_wait_for_their_sa_rl_a_failed_one_blocks_them_and_resubmitting_it_releases_them(

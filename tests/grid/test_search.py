@@ -145,3 +145,37 @@ def test_a_command_that_needs_the_trainer_names_the_extra() -> None:
         "pip install -e '.[train]' (or make install; make install-cluster on a GPU cluster)")
     assert missing_train_stack(ModuleNotFoundError("x", name="peft.tuners"), "export") is not None
     assert missing_train_stack(ModuleNotFoundError("x", name="nonexistent"), "run") is None
+
+
+LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(9))
+
+
+@pytest.mark.parametrize(("where", "text", "expected"), [
+    ("conf/policy/laughs.yaml", LAUGHS, "more than 64 aliases"),
+    ("conf/policy/deep.yaml", "name: deep\nx: " + "[" * 50_000 + "]" * 50_000 + "\n", "nested more than 64 deep"),
+    ("conf/policy/obj.yaml", "name: obj\nx: !!python/object/apply:os.system ['true']\n", "makes an object"),
+    ("conf/cluster/local.yaml", "# @package grid.cluster\nname: local\npartitions: {h100: [\n", "is not valid YAML"),
+    ("conf/cluster/mine.yaml", "name: mine\npartitions: {}\n", "lacks the line `# @package grid.cluster`"),
+    ("sweeps/laughs.yaml", LAUGHS, "more than 64 aliases"),
+    ("sweeps/deep.yaml", "axes: " + "[" * 50_000 + "]" * 50_000 + "\n", "nested more than 64 deep"),
+    ("sweeps/huge.yaml", "# " + "x" * (1 << 21) + "\n", "more than a config holds"),
+])
+def test_hostile_yaml_in_the_users_folder_is_one_line_naming_the_file(
+    gridrun: Gridrun, results: Path, cwd: Path, where: str, text: str, expected: str
+) -> None:
+    path = cwd / where
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    conf = f"conf={path.stem}" if where.startswith("sweeps/") else "conf=smoke"
+    result = gridrun("plan", conf, "--dry-run")
+    assert result.code == 2 and result.err.count("\n") == 1, result.err[-2000:]
+    assert expected in result.err and path.name in result.err, result.err
+    assert not results.exists()
+
+
+def test_a_sweep_that_is_a_symlink_loop_says_so(gridrun: Gridrun, results: Path, cwd: Path) -> None:
+    (cwd / "sweeps").mkdir()
+    (cwd / "sweeps" / "loop.yaml").symlink_to("loop.yaml")
+    result = gridrun("plan", "conf=loop", "--dry-run")
+    assert result.code == 2 and "symlink loop" in result.err and "did you mean" not in result.err, result.err

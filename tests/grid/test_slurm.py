@@ -484,3 +484,44 @@ echo "Submitted batch job $((100 * n))"
     after = {cell_id: sweep.cell(cell_id).read_state().to_json() for cell_id in sweep.cell_ids()}
     assert {c: s["job_id"] for c, s in after.items() if c in accepted} == accepted
     assert after[rejected[0]]["state"] == "queued" and after[rejected[0]]["job_id"] == "300"  # the third sbatch
+
+
+def test_an_sbatch_that_hangs_fails_the_submission_by_its_deadline(
+    gridrun: Gridrun, results: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # submitit's own sbatch call has no timeout: gridrun's runs under one (GRIDRUN_SLURM_TIMEOUT).
+    import time
+
+    from gridrun.grid.launchers import slurm
+    from gridrun.grid.sweepdir import SweepDir
+
+    fake(tmp_path / "bin", "sbatch", 'case "$*" in *--test-only*) exit 0;; esac\nsleep 300\n')
+    fake(tmp_path / "bin", "srun", "exit 0\n")  # submitit looks for it
+    fake(tmp_path / "bin", "scontrol", "echo 'MaxArraySize            = 4'\n")
+    for client in ("scancel", "sacct", "squeue"):
+        fake(tmp_path / "bin", client, "exit 0\n")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("GRIDRUN_SLURM_TIMEOUT", "2")
+    slurm.max_array_size.cache_clear()
+    started = time.monotonic()
+    result = gridrun("sweep", "conf=smoke", "cluster=testcluster", "launcher=slurm", "kind=base", "--no-preflight")
+    assert time.monotonic() - started < 60
+    assert result.code == 2 and result.err.strip().count("\n") == 0, result.err
+    assert "sbatch did not answer in 2 s" in result.err and "GRIDRUN_SLURM_TIMEOUT" in result.err
+    sweep = SweepDir(results, "smoke")
+    assert {sweep.cell(c).read_state().state for c in sweep.cell_ids()} == {"failed"}
+
+
+def test_a_preflight_whose_sbatch_hangs_ends_by_its_timeout(
+    gridrun: Gridrun, results: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    fake(tmp_path / "bin", "sbatch", 'case "$*" in *--test-only*) exit 0;; esac\nsleep 300\n')
+    for client in ("srun", "scancel", "sacct", "squeue", "scontrol"):
+        fake(tmp_path / "bin", client, "exit 0\n")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    started = time.monotonic()
+    result = gridrun("preflight", "conf=smoke", "cluster=testcluster", "launcher=slurm", "kind=base", "--timeout-min", "0.1")
+    assert time.monotonic() - started < 60
+    assert result.code != 0 and "sbatch did not answer within the preflight's 0.1 min" in result.out, result.out

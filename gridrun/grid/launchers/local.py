@@ -5,7 +5,8 @@ A local cell's job id is `<pid>@<host>` of the gridrun process that queued it; t
 starts the cell (`python -P -m gridrun.cli run <run_dir>`, its own session, logs appended to
 logs/stdout.log and logs/stderr.log) when a slot frees. By default as many cells run at
 once as the machine's cores hold cells of `grid.cluster.cpus_per_cell` threads each
-(`grid.launcher.max_parallel` or --max-parallel set it by hand). Ctrl-C (or SIGTERM) sends SIGTERM to
+(`grid.launcher.max_parallel` or --max-parallel set it by hand). Ctrl-C (or SIGTERM, or SIGHUP
+when its terminal closes) sends SIGTERM to
 every running cell, waits `term_timeout_s`, then SIGKILLs what is left; the cells record
 `cancelled` themselves, and cells not yet started are marked cancelled here.
 
@@ -24,6 +25,7 @@ GPU placement (one cell per machine on GPUs; use a scheduler for more).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -229,9 +231,10 @@ class _Pool:
     def run(self) -> int:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        # Ctrl-C and SIGTERM only set a flag, read between polls: an exception could land
-        # between starting a child and recording it, and the child would outlive us.
-        previous = {sig: signal.signal(sig, self._on_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        # Ctrl-C, SIGTERM and a closed terminal (SIGHUP) only set a flag, read between polls:
+        # an exception could land between starting a child and recording it, and the child
+        # would outlive us (cells run in sessions of their own, so the hangup reaches only us).
+        previous = {sig: signal.signal(sig, self._on_stop) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         self.progress = Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
@@ -251,13 +254,14 @@ class _Pool:
                     self._draw()
                     time.sleep(self.launcher.poll_s)
                 if self.stopping:
-                    self.progress.console.print("[yellow]stopping: SIGTERM to running cells (Ctrl-C again: SIGKILL)[/]")
+                    with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+                        self.progress.console.print("[yellow]stopping: SIGTERM to running cells (Ctrl-C again: SIGKILL)[/]")
                     self._stop_all()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         if self.stopping:
-            return 128 + self.stop_signal  # the shell's code for it: 130 Ctrl-C, 143 SIGTERM
+            return 128 + self.stop_signal  # the shell's code for it: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP
         return 0 if all(state in FINISHED_STATES for state in self.outcomes.values()) else 1
 
     def _on_stop(self, signum: int, frame: Any) -> None:

@@ -69,7 +69,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -169,6 +169,35 @@ def _run(args: list[str], what: str, check: bool = True) -> subprocess.Completed
         detail = (result.stderr or result.stdout).strip().splitlines()
         raise GridError(f"{args[0]} failed ({what}): {detail[-1] if detail else f'exit {result.returncode}'}")
     return result
+
+
+# sbatch under a deadline: coreutils' timeout ends a hung client; its exit 124 becomes the line.
+_SBATCH_WITH_DEADLINE = (
+    'timeout --kill-after=5 "$0" sbatch "$@"; status=$?; [ "$status" -eq 124 ] && echo "sbatch did not answer in $0 s '
+    '(submitting): is slurmctld up (scontrol ping)? Raise the wait with GRIDRUN_SLURM_TIMEOUT=<seconds>" >&2; '
+    'exit "$status"'
+)
+
+
+@contextlib.contextmanager
+def _sbatch_deadline() -> Iterator[None]:
+    """submitit's sbatch call under a deadline while gridrun submits (submitit sets none): a
+    hung sbatch fails the submission after the SLURM client timeout, in one line. submitit
+    submits an array through a SlurmExecutor of its own making, so the class's command is
+    wrapped for the submission's duration, not one executor's."""
+    from submitit.slurm import slurm as submitit_slurm
+
+    plain = submitit_slurm.SlurmExecutor._make_submission_command
+
+    def with_deadline(executor: Any, submission_file_path: Path) -> list[str]:
+        command: list[str] = plain(executor, submission_file_path)
+        return ["sh", "-c", _SBATCH_WITH_DEADLINE, f"{_command_timeout():g}", *command[1:]]
+
+    submitit_slurm.SlurmExecutor._make_submission_command = with_deadline  # type: ignore[method-assign, assignment]
+    try:
+        yield
+    finally:
+        submitit_slurm.SlurmExecutor._make_submission_command = plain  # type: ignore[method-assign, assignment]
 
 
 # --- shared storage -------------------------------------------------------------------------
@@ -599,7 +628,7 @@ class SlurmLauncher(Launcher):
     def submit(self, sweep: SweepDir, ids: list[str], accepted: Accepted | None = None) -> dict[str, str]:
         """Each array's ids go to `accepted` as sbatch takes it; an array sbatch refuses
         (a per-user job limit) stops the submission: PartlySubmitted names what was left."""
-        from submitit.core.utils import FailedJobError
+        from submitit.core.utils import FailedJobError, FailedSubmissionError
 
         specs = self._specs(sweep, ids)
         needs = sweep_needs(sweep)
@@ -617,7 +646,7 @@ class SlurmLauncher(Launcher):
                         # submitit prints a refusal's stderr too; the one line below carries it.
                         with contextlib.redirect_stderr(io.StringIO()):
                             batch = self._submit_array(sweep, chunk, specs[chunk[0]], dependency)
-                    except (FailedJobError, OSError) as err:  # sbatch refused the array, or could not run
+                    except (FailedJobError, FailedSubmissionError, OSError) as err:  # refused, unreadable, or not run
                         lines = [line for line in str(err).strip().splitlines() if line.strip()]
                         raise PartlySubmitted(
                             [c for c in ids if c not in submitted], lines[-1] if lines else type(err).__name__
@@ -663,7 +692,7 @@ class SlurmLauncher(Launcher):
         lead = warning_lead_s([entries[c] for c in cells], spec, self.typed)
         executor.update_parameters(**executor_parameters(spec, self.typed, f"gridrun-{sweep.name}", dependency, lead))
         jobs = []
-        with executor.batch():
+        with _sbatch_deadline(), executor.batch():
             for cell_id in cells:
                 job = CellJob(str(sweep.cell(cell_id).root.resolve()), spec.time_min, lead, budgets[cell_id])
                 jobs.append(executor.submit(job))
