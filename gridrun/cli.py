@@ -129,7 +129,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     from gridrun.grid.sweepdir import results_root
 
     conf = _conf_arg(args.conf, "plot")
-    print(plot_cell(find_cell(args.cell, results_root(args.results_dir), conf)))
+    print(plot_cell(find_cell(args.cell, results_root(args.results_dir), conf).require()))
     return 0
 
 
@@ -142,7 +142,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     merge: MergeWriter | None = None
     if args.merged:
         from gridrun.cellrun import write_merged as merge
-    run_dir = find_cell(args.cell, results_root(args.results_dir), conf)
+    run_dir = find_cell(args.cell, results_root(args.results_dir), conf).require()  # its config as planned
     print(export(run_dir, args.step, Path(args.out) if args.out else None, merge=merge))
     return 0
 

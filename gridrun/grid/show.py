@@ -21,7 +21,7 @@ def find_cell(cell: str, results: Path, conf: str | None) -> RunDir:
     path = Path(cell)
     if path.is_dir() or "/" in cell:
         try:
-            return RunDir(path).require()
+            return RunDir(path).require_folder()
         except NotARunDir as err:
             raise GridError(str(err)) from None
     names = [conf] if conf else planned_sweeps(results)
@@ -44,7 +44,7 @@ def find_cell(cell: str, results: Path, conf: str | None) -> RunDir:
     if len(found) > 1:
         options = " or ".join(f"conf={sweep.name}" for sweep in found)
         raise GridError(f"cell '{cell}' is in {len(found)} sweeps: add {options}")
-    return found[0].cell(cell).require()
+    return found[0].cell(cell).require_folder()
 
 
 def show(run_dir: RunDir, console: Any) -> None:

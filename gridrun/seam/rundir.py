@@ -347,7 +347,17 @@ class RunDir:
 
     # --- validation --------------------------------------------------------------------
     def require(self) -> RunDir:
-        """Fail with the fix when this is not a planned cell's directory."""
+        """Fail with the fix when this is not a planned cell's directory, or its config.yaml
+        is not the file planned (`config_damage`)."""
+        self.require_folder()
+        damage = self.config_damage()
+        if damage:
+            raise DamagedFile(damage)
+        return self
+
+    def require_folder(self) -> RunDir:
+        """Fail with the fix when this is not a cell's folder with a config.yaml of text (what
+        `gridrun show` needs to show a cell, damaged or not)."""
         if self.root.exists() and not self.root.is_dir():
             raise NotARunDir(
                 f"{self.root} is a file, not a cell directory: pass one such as results/<sweep>/cells/<cell_id>"
@@ -366,9 +376,6 @@ class RunDir:
                 f"{self.config_yaml} is damaged (not UTF-8 text): re-plan its sweep "
                 "(`gridrun plan conf=<sweep>`, with --replace if it says so) to write it again"
             ) from None
-        damage = self.config_damage()
-        if damage:
-            raise DamagedFile(damage)
         return self
 
     def require_runnable(self) -> RunDir:

@@ -128,9 +128,10 @@ def test_a_damaged_cell_json_is_shown_and_repaired_by_planning(gridrun: Gridrun,
     assert "gridrun plan conf=<sweep>" in state["error"]
     shown = gridrun("show", ids[2])
     assert shown.code == 0 and "damaged" in shown.out
-    # status reads state.json alone (its fast path) and lists every cell.
+    # status lists every cell; a record that cannot vouch for its config.yaml makes its cell damaged.
     rows = json.loads(gridrun("status", "conf=smoke", "--json").out)
-    assert [row["cell"] for row in rows] == ids and {row["state"] for row in rows} == {"planned"}
+    assert [row["cell"] for row in rows] == ids
+    assert {row["cell"]: row["state"] for row in rows} == {c: "damaged" if c == ids[2] else "planned" for c in ids}
     # The fix, which `gridrun sweep` applies first: planning writes it again from config.yaml
     # (whose fingerprint still matches), then every cell is dispatched.
     swept = gridrun("sweep", "conf=smoke", "grid.launcher.name=record")
