@@ -8,6 +8,7 @@ writes that record directly, as a run, a crash or an older gridrun could have le
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from gridrun.seam.rundir import RunDir, atomic_write_json
@@ -19,3 +20,10 @@ def put_state(run_dir: RunDir, **fields: Any) -> dict[str, Any]:
     state.update(fields, updated_at=time.time())
     atomic_write_json(run_dir.state_json, state)
     return state
+
+
+def reopen(cell: Path) -> None:
+    """A finished cell read as an interrupted one (preempted), so that `gridrun run` resumes
+    it: done is final for `run`, and these tests resume a finished cell on purpose (more
+    steps in its config, a checkpoint moved or damaged)."""
+    put_state(RunDir(cell), state="preempted")

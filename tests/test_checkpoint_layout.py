@@ -16,6 +16,7 @@ from gridrun.seam.rundir import RunDir
 from gridrun.train.engines.hf import stop_token_ids
 from gridrun.train.random_init import tokenizer_dir
 from tests.conftest import make_cell
+from tests.states import reopen
 
 
 @contextlib.contextmanager
@@ -33,6 +34,7 @@ def _tagged_cuda() -> Iterator[None]:
 def _more_steps(cell: Path, before: int, after: int) -> None:
     config = cell / "config.yaml"
     config.write_text(config.read_text().replace(f"total_steps: {before}", f"total_steps: {after}"))
+    reopen(cell)
 
 
 def test_a_gpu_checkpoint_with_per_gpu_rng_states_resumes_on_the_cpu(tmp_path: Path) -> None:

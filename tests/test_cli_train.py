@@ -12,6 +12,7 @@ import pytest
 from gridrun.cellrun import run_cell
 from gridrun.seam.rundir import RunDir
 from tests.conftest import make_cell
+from tests.states import reopen
 
 
 def gridrun(*args: str) -> subprocess.CompletedProcess:
@@ -44,6 +45,7 @@ def test_wandb_offline_keeps_one_run_across_resumes(tmp_path: Path) -> None:
     cell = make_cell(tmp_path, logging={"wandb_mode": "offline"}, train={"total_steps": 1, "val_every": 1})
     assert run_cell(cell) == 0
     (cell / "config.yaml").write_text((cell / "config.yaml").read_text().replace("total_steps: 1", "total_steps: 2"))
+    reopen(cell)
     assert run_cell(cell) == 0
     runs = sorted(p.name for p in (RunDir(cell).wandb_dir / "wandb").glob("offline-run-*"))
     ids = {name.rsplit("-", 1)[1] for name in runs}

@@ -22,6 +22,7 @@ from gridrun.train.policy import adapter_parameters
 from gridrun.train.trainer import Trainer
 from gridrun.train.update import TrainSeq, UpdateSettings, update
 from tests.conftest import make_cell, metric_rows, start_run, twin_cell
+from tests.states import reopen
 
 pytestmark = pytest.mark.usefixtures("toy_world")
 
@@ -406,6 +407,7 @@ def test_a_corrupt_checkpoint_fails_with_the_fix(tmp_path: Path) -> None:
     assert run_cell(cell) == 0
     (RunDir(cell).checkpoint(1) / "optimizers.pt").write_bytes(b"garbage")
     (cell / "config.yaml").write_text((cell / "config.yaml").read_text().replace("total_steps: 1", "total_steps: 2"))
+    reopen(cell)
     assert run_cell(cell) == 1
     state = RunDir(cell).read_state().to_json()
     assert state["state"] == "failed" and "move it aside" in state["error"]
