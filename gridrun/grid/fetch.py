@@ -28,9 +28,8 @@ pruning old snapshots (`hf cache` does that).
 from __future__ import annotations
 
 import os
-import shlex
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -91,11 +90,6 @@ def model_dirs_of(plan: Plan) -> dict[str, str]:
 def sweep_files(plan: Plan) -> list[FileNeed]:
     """Every distinct model and data set the plan's cells load, in plan order."""
     return list(dict.fromkeys(item for pc in plan.cells for item in cell_files(pc.config)))
-
-
-def fetch_command(conf: str | None, overrides: Sequence[str]) -> str:
-    """The `gridrun fetch` line for the same sweep and overrides as the plan's (shell-quoted)."""
-    return " ".join(["gridrun fetch", shlex.quote(f"conf={conf}"), *map(shlex.quote, overrides)])
 
 
 def check_fetched(plan: Plan, command: str) -> None:
