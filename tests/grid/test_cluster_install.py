@@ -51,6 +51,29 @@ def test_a_gpu_cell_that_sees_no_gpu_fails_at_once_naming_why(gridrun: Gridrun, 
     assert not cell.metrics_jsonl.exists()
 
 
+def test_the_refusals_advice_gpu_cpu_plans_and_runs_a_real_architecture_cell_here(gridrun: Gridrun,
+                                                                                  tmp_path: Path) -> None:
+    # The cell above planned as its refusal says (gpu=cpu): no GPU asked for, and it runs
+    # here. Qwen3-0.6B's class cut to 2 layers and 8-token responses keeps the fast suite fast
+    # (the whole 0.6B: docs/real-scale.md). A base cell has no adapters: the trainer enabled
+    # gradient checkpointing through peft's wrapper and died on it.
+    results = tmp_path / "results"
+    planned = gridrun("plan", "conf=full_matrix", "scale=0.6b", "task=math", "kind=base", "model.init=random",
+                      "engine=hf", "gpu=cpu", "+model.arch_overrides.num_hidden_layers=2",
+                      "lengths.max_response_tokens=8", "train.val_problems=2", "--results-dir", str(results))
+    assert planned.code == 0, planned.err
+    cell = RunDir(results / "full_matrix" / "cells" / "base-single-0.6b-math")
+    assert cell.planned_count("gpus") is None and cell.gpus_to_train_on() == 0
+    run = subprocess.run([sys.executable, "-m", "gridrun.cli", "run", str(cell.root)], capture_output=True, text=True,
+                         timeout=300, check=False, cwd=REPO_ROOT)
+    assert run.returncode == 0, cell.read_state().to_json().get("error") or run.stderr[-2000:]
+    (val,) = cell.read_metrics()
+    # One validation, every response at its 8-token limit (a random model never stops).
+    assert val["split"] == "val" and val["val/role/generator/len_mean"] == 8 and cell.read_state().state == "done"
+    assert "hidden_size: 1024" not in cell.config_yaml.read_text()  # published sizes stay out, overrides in
+    assert "num_hidden_layers: 2" in cell.config_yaml.read_text()
+
+
 def test_gpus_asked_for_their_binding_only_are_not_required_by_the_trainer(gridrun: Gridrun, tmp_path: Path) -> None:
     # `gridrun canary --cpu` on a SLURM profile: the job asks for its GPUs (the binding is what
     # it checks) and cell.json says the trainer runs on the CPU.

@@ -180,7 +180,7 @@ def test_lengths_and_rounds_per_workflow_and_task(
 @pytest.mark.parametrize(
     ("scale", "gpu", "budget"),
     [("0.6b", None, 28672), ("0.6b", "h100", 51712), ("1.7b", "l40s", 23554), ("1.7b", None, 40960),
-     ("4b", "l40s", 10240), ("4b", None, 40960)],
+     ("4b", "l40s", 10240), ("4b", None, 40960), ("0.6b", "cpu", 40960), ("1.7b", "cpu", 40960), ("4b", "cpu", 40960)],
 )
 def test_micro_batch_budget_per_scale_and_gpu_class(composer: Composer, scale: str, gpu: str | None, budget: int) -> None:
     # Defaults: 0.6B on L40s, 1.7B and 4B on H100 (no gpu= given).
