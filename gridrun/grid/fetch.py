@@ -28,6 +28,7 @@ pruning old snapshots (`hf cache` does that).
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -204,7 +205,10 @@ def _prepare(item: FileNeed, from_path: str | None) -> str:
     try:
         done = prepare(item.name, from_path, item.path)
     except DataError as err:
-        raise GridError(f"{item.name} data: {err} (to gridrun fetch: --data-from {item.name}=PATH)") from None
+        # fetch prepares with the defaults; the data command takes the split's settings too.
+        raise GridError(f"{item.name} data: {err} (`gridrun data prepare {item.name} --out {shlex.quote(item.path)}` "
+                        "takes --from PATH, --val-size and --seed; gridrun fetch --data-from "
+                        f"{item.name}=PATH prepares with the defaults)") from None
     except ModuleNotFoundError as err:
         raise GridError(f"preparing {item.name} data from the hub needs {err.name}: in the checkout, "
                         f"`make install-cluster` (or `pip install -e '.[train]'`), or pass --data-from "
