@@ -13,7 +13,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's cost model, whatever gridrun the venv holds
 
-from gridrun.grid.cost import gpu_check_rates, rates_json  # noqa: E402
+from gridrun.grid.cost import gpu_check_rates, rates_json
 
 
 def main() -> None:
