@@ -38,9 +38,9 @@ disk (the plan refuses that pair); it samples from the trainer's own adapters, s
 live-adapter check reads "not run" there. On this machine (no partitions) the cell is
 planned with gpu=cpu, one process; on a SLURM profile with `+grid.gpu.binding_only=true`
 (recorded in cell.json), so its trainer does not refuse a GPU cell whose torch sees no GPU.
-Where the cell's math data is not prepared, a CPU canary trains on the small math set shipped
-with gridrun (gridrun/tasks/math_sample/) and says so, so that it needs neither the hub nor
-`gridrun data prepare`. Its measured step is recorded for the CPU: it never replaces a GPU
+Where the cell's math data is not prepared (and no task.data_path is given), a CPU canary
+trains on the small math set shipped with gridrun (gridrun/tasks/math_sample/) and says so,
+so that it needs neither the hub nor `gridrun data prepare`. Its measured step is recorded for the CPU: it never replaces a GPU
 cell's prediction, and the projection is labelled a CPU number.
 Grid side: reads files, never imports torch.
 """
@@ -118,11 +118,13 @@ def canary_overrides(cluster: str, slurm: bool, cpu: bool) -> list[str]:
     return lines
 
 
-def sample_data(config: RunConfig, cpu: bool) -> list[str]:
+def sample_data(config: RunConfig, cpu: bool, overrides: list[str]) -> list[str]:
     """A CPU canary whose math data is not prepared: the override that points it at the math
-    set shipped with gridrun (said on stdout); [] for any other canary."""
+    set shipped with gridrun (said on stdout); [] for any other canary, and for one whose
+    command line names its task.data_path."""
     data_path = getattr(config.task, "data_path", None)
-    if not cpu or config.task.name != "math" or not data_path:
+    named = any(o.lstrip("+").startswith("task.data_path=") for o in overrides)
+    if not cpu or config.task.name != "math" or not data_path or named:
         return []
     why = absent(FileNeed("data", "math", str(data_path)), {})
     if why is None:
@@ -147,9 +149,8 @@ def run_canary(results: Path, cluster: str, project: str, overrides: list[str], 
     if len(plan.cells) != 1:
         raise GridError(f"the canary is one cell, and these overrides plan {len(plan.cells)}: set one value per axis")
     (cell,) = plan.cells
-    sample = sample_data(cell.config, cpu)
+    sample = sample_data(cell.config, cpu, overrides)
     if sample:
-        # The command line's overrides still come last: a task.data_path given there wins.
         plan = make_plan(load_spec(CANARY_SWEEP, [*shape, *sample, *overrides], composer), composer)
         (cell,) = plan.cells
     sweep = SweepDir(results, CANARY_SWEEP)

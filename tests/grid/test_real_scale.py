@@ -163,14 +163,17 @@ def test_a_cpu_canary_without_prepared_math_trains_on_the_shipped_sample(tmp_pat
         return cell.config
 
     nothing = tmp_path / "data"
-    assert sample_data(canary(True, f"grid.data_root={nothing}"), cpu=True) == [f"task.data_path={MATH_SAMPLE}"]
+    assert sample_data(canary(True, f"grid.data_root={nothing}"), True, []) == [f"task.data_path={MATH_SAMPLE}"]
     assert capsys.readouterr().out == (
         f"math data at {nothing / 'math'} lacks train.jsonl, val.jsonl, meta.json: this CPU canary trains on the "
         f"38-problem math sample shipped with gridrun ({MATH_SAMPLE}); `gridrun data prepare math` prepares the real set\n")
     # A GPU canary runs on the real data (its preflight names `gridrun data prepare`), and
     # prepared data (the test's GRIDRUN_DATA holds math) is used as it is.
-    assert sample_data(canary(False, f"grid.data_root={nothing}"), cpu=False) == []
-    assert sample_data(canary(True), cpu=True) == [] and capsys.readouterr().out == ""
+    assert sample_data(canary(False, f"grid.data_root={nothing}"), False, []) == []
+    assert sample_data(canary(True), True, []) == [] and capsys.readouterr().out == ""
+    # A task.data_path on the command line is the user's word: its preflight says what is missing.
+    named = [f"task.data_path={nothing / 'math'}"]
+    assert sample_data(canary(True, *named), True, named) == [] and capsys.readouterr().out == ""
     # On this machine the CPU canary is one process planned with gpu=cpu, the documented setting.
     assert canary_overrides("local", False, True)[-1] == "gpu=cpu"
 
