@@ -1,8 +1,8 @@
-"""`gridrun canary cluster=local` end to end on this machine's CPU (issue 29): the canary's
-cell (Voting-IP, Qwen3-1.7B's class, math) against `model.init=random` cut to a CPU's size
-(canary.CPU_SHAPE), run by the local launcher, reported from its run dir alone.
-Slow: about 80 s on 2 busy cores (2 steps of 2 problems x 2 rollouts, 4 calls each, on the
-real math prompts)."""
+"""`gridrun canary cluster=local` end to end on this machine's CPU (issue 29), as a newcomer
+runs it (issue 42): no prepared data, no hub. The canary's cell (Voting-IP, Qwen3-1.7B's
+class, math, on the math sample shipped with gridrun) against `model.init=random` cut to a
+CPU's size (canary.CPU_SHAPE), run by the local launcher, reported from its run dir alone.
+Slow: about 70 s on 2 busy cores (2 steps of 2 problems x 2 rollouts, 4 calls each)."""
 
 from __future__ import annotations
 
@@ -19,14 +19,17 @@ from gridrun.seam.rundir import RunDir
 pytestmark = pytest.mark.slow
 
 
-def test_the_canary_runs_the_real_cell_on_a_random_model_on_cpu_and_says_go(toy_world: Path, math_data: Path,
-                                                                            tmp_path: Path) -> None:
+def test_the_canary_runs_the_real_cell_on_a_random_model_on_cpu_and_says_go(tmp_path: Path) -> None:
     results = tmp_path / "results"
-    env = {**os.environ, "GRIDRUN_RESULTS": str(results), "GRIDRUN_DATA": str(math_data)}
+    # Nothing prepared, an empty hub cache that may not be asked.
+    env = {**os.environ, "GRIDRUN_RESULTS": str(results), "GRIDRUN_DATA": str(tmp_path / "data"),
+           "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-m", "gridrun.cli", "canary", "cluster=local"],
                           capture_output=True, text=True, env=env, timeout=900, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
+    assert f"math data at {tmp_path / 'data' / 'math'} lacks train.jsonl, val.jsonl, meta.json: this CPU canary " \
+           "trains on the 38-problem math sample shipped with gridrun" in out
     # No GPU here: --cpu is the default, and the cell is the real one's id.
     assert "(CPU: a random-init model of the cell's architecture, cut to CPU size)" in out
     assert "canary voting-ip-1.7b-math-s0: done" in out
@@ -44,6 +47,7 @@ def test_the_canary_runs_the_real_cell_on_a_random_model_on_cpu_and_says_go(toy_
     (cell,) = (results / "canary" / "cells").iterdir()
     config = (cell / "config.yaml").read_text()
     assert "name_or_path: Qwen/Qwen3-1.7B" in config and "init: random" in config and "num_hidden_layers: 2" in config
+    assert "gridrun/tasks/math_sample" in config and not (tmp_path / "data").exists()
     rows = RunDir(cell).read_metrics()
     train = [r for r in rows if r["split"] == "train"]
     assert [r["step"] for r in train] == [1, 2]

@@ -11,7 +11,15 @@ import pytest
 
 from gridrun.grid import cost
 from gridrun.grid.compose import Composer
-from gridrun.grid.cost import MeasuredStep, Rate, measured_update_rates, read_measured_step, shape, step_cost
+from gridrun.grid.cost import (
+    MeasuredStep,
+    Rate,
+    gpu_check_rates,
+    measured_update_rates,
+    read_measured_step,
+    shape,
+    step_cost,
+)
 from gridrun.grid.disk import cell_disk
 from gridrun.grid.plan import make_plan
 from gridrun.grid.spec import load_spec
@@ -88,7 +96,7 @@ def test_rates_come_from_the_gpu_checks_rows(tmp_path: Path) -> None:
              "response_tokens": 5120},
             {"scale": "4b", "device": "cpu", "gpu_class": "h100", "seqs": 1, "response_tokens": 16, "update_s": 9.0}]
     (tmp_path / "gpu-h100-2030-01-01.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rates = measured_update_rates.__wrapped__(tmp_path)
+    rates = gpu_check_rates(tmp_path)
     # Rows without their update's tokens count the math prompt beside each response; CPU rows none.
     tokens = 4 * (5120 + cost.CHECK_PROMPT_TOKENS) + 40000
     assert set(rates) == {("h100", "qwen3-1.7b")}
@@ -99,6 +107,17 @@ def test_rates_come_from_the_gpu_checks_rows(tmp_path: Path) -> None:
     l40s = cost.update_rate("l40s", "qwen3-1.7b", rates)
     assert not l40s.measured and l40s.value == pytest.approx(rates["h100", "qwen3-1.7b"].value * 362.1 / 989.4)
     assert cost.update_rate("l40s", "qwen3-1.7b", {}) is None
+
+
+def test_the_shipped_rates_are_the_gpu_checks_in_bench_measured(tmp_path: Path) -> None:
+    # What every plan reads (package data, so a wheel projects what the checkout does) is what
+    # bench/measured/ holds; after adding a GPU check's rows: scripts/ship_rates.py.
+    measured = gpu_check_rates(Path(__file__).parents[1] / "bench" / "measured")
+    assert measured_update_rates() == measured, "gridrun/grid/update_rates.json is stale: run scripts/ship_rates.py"
+    assert ("h100", "qwen3-1.7b") in measured and ("h100", "qwen3-4b") in measured
+    # The shipped form holds each rate exactly.
+    (tmp_path / "rates.json").write_text(cost.rates_json(measured))
+    assert measured_update_rates.__wrapped__(tmp_path / "rates.json") == measured
 
 
 @pytest.fixture(scope="module")

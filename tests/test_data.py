@@ -2,7 +2,8 @@
 upstream layouts (DAPO-Math-17k-Processed parquet, DeepCoder primeintellect jsonl), made up here.
 
 tests/fixtures/dapo_math_sample.parquet holds `dapo_rows()` below (the test
-`test_math_fixture_is_dapo_rows` keeps them equal; run this file as a script to rewrite it).
+`test_math_fixture_is_dapo_rows` keeps them equal; run this file as a script to rewrite it,
+and the math sample gridrun ships, gridrun/tasks/math_sample/, prepared from it).
 40 rows: row 3 lacks DAPO's answer wrapper, row 7 has an empty solution and row 13 a blank
 prompt. numpy's default_rng(42).permutation(40) starts 32, 7, 39, 18: those ceil(0.1 x 40) = 4
 rows are held out, and row 7 is invalid, so 3 validation problems remain, 35 training ones.
@@ -27,7 +28,7 @@ from gridrun.tasks import data
 from gridrun.tasks.code import CodeTask
 from gridrun.tasks.data import DataError, permutation, prepare, split_problems
 from gridrun.tasks.math import MathTask
-from gridrun.tasks.prepared import MissingData, read_split
+from gridrun.tasks.prepared import MATH_SAMPLE, MissingData, read_split
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MATH_FIXTURE = FIXTURES / "dapo_math_sample.parquet"
@@ -324,9 +325,34 @@ def test_the_math_task_shows_the_dapo_prompt_or_the_bare_problem(tmp_path: Path)
         MathTask(old, question="dapo_prompt")
 
 
-if __name__ == "__main__":  # rewrite the math fixture from dapo_rows()
+def ship_math_sample(out: Path = MATH_SAMPLE) -> None:
+    """gridrun/tasks/math_sample/: the math fixture prepared, its source named from the
+    repository root (a path on the machine that wrote it means nothing where it is installed)."""
+    prepare("math", MATH_FIXTURE, out)
+    meta = json.loads((out / "meta.json").read_text())
+    relative = str(MATH_FIXTURE.relative_to(Path(__file__).parents[1]))
+    meta["source"]["path"] = relative
+    meta["source"]["files"][0]["path"] = relative
+    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def test_the_shipped_math_sample_is_the_fixture_prepared(tmp_path: Path) -> None:
+    # What a CPU canary trains on where no math data is prepared (gridrun/grid/canary.py): the
+    # fixture's 38 valid problems, split as `gridrun data prepare math` splits them.
+    ship_math_sample(tmp_path)
+    for name in ("train.jsonl", "val.jsonl"):
+        assert (MATH_SAMPLE / name).read_bytes() == (tmp_path / name).read_bytes(), \
+            f"{MATH_SAMPLE / name} is stale: rewrite it with `python tests/test_data.py`"
+    shipped, fresh = (json.loads((folder / "meta.json").read_text()) for folder in (MATH_SAMPLE, tmp_path))
+    del shipped["created"], shipped["seconds"], fresh["created"], fresh["seconds"]
+    assert shipped == fresh
+    assert len(read_split(MATH_SAMPLE, "train", "math")) == 35 and len(read_split(MATH_SAMPLE, "val", "math")) == 3
+
+
+if __name__ == "__main__":  # rewrite the math fixture from dapo_rows(), then the shipped sample from it
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     pq.write_table(pa.Table.from_pylist(dapo_rows()), MATH_FIXTURE)
+    ship_math_sample()
     sys.exit(0)

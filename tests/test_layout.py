@@ -115,3 +115,17 @@ def test_the_design_map_names_each_root_module_and_package() -> None:
                if (child.suffix == ".py" and child.name != "__init__.py" and child.name not in named)
                or ((child / "__init__.py").is_file() and f"{child.name}/" not in named)]
     assert missing == []
+
+
+def test_every_file_of_the_package_ships_in_its_wheel() -> None:
+    """What the package reads, it ships: a file under gridrun/ that is not Python (an
+    architecture, the measured rates, a config, a sweep, the node script, the toy world) is
+    matched by pyproject.toml's package-data, or a wheel lacks what the checkout has."""
+    import tomllib
+
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    shipped = {path for package, patterns in package_data.items() for pattern in patterns
+               for path in (ROOT / package.replace(".", "/")).glob(pattern)}
+    files = {path for path in PACKAGE.rglob("*")
+             if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts}
+    assert sorted(str(path.relative_to(ROOT)) for path in files - shipped) == []

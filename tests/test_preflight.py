@@ -162,8 +162,10 @@ def test_the_preflight_command_passes_then_names_each_problem(math_data: Path, t
 
 
 def test_the_canary_refuses_to_submit_on_a_failing_preflight_unless_told(toy_world: Path, tmp_path: Path) -> None:
-    env = {"GRIDRUN_DATA": str(tmp_path / "nowhere"), "GRIDRUN_RESULTS": str(tmp_path / "results")}
-    done = gridrun("canary", "cluster=local", "--cpu", env=env)
+    # Data named on the command line that is not there (without it, the CPU canary would take
+    # the math sample gridrun ships).
+    env = {"GRIDRUN_RESULTS": str(tmp_path / "results")}
+    done = gridrun("canary", "cluster=local", f"task.data_path={tmp_path / 'nowhere' / 'math'}", "--cpu", env=env)
     assert done.returncode == 2
     assert "preflight: no prepared math data at " in done.stderr
     assert done.stderr.strip().splitlines()[-1] == (

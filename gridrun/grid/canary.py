@@ -38,15 +38,19 @@ layers, 256 wide (768 MLP, 4 query / 2 key-value heads of Qwen3's 128 dims), flo
 8-token responses, 2 problems x 2 rollouts x 2 steps, validation on 2 problems. The hf
 engine, because `model.init=random` builds its weights in memory and vLLM loads weights from
 disk (the plan refuses that pair); it samples from the trainer's own adapters, so the
-live-adapter check reads "not run" there. The cell is planned with
-`+grid.gpu.binding_only=true` (recorded in cell.json), so its trainer does not refuse a GPU
-cell whose torch sees no GPU. Its measured step is recorded for the CPU: it never replaces a
-GPU cell's prediction, and the projection is labelled a CPU number.
+live-adapter check reads "not run" there. On this machine (no partitions) the cell is
+planned with gpu=cpu, one process; on a SLURM profile with `+grid.gpu.binding_only=true`
+(recorded in cell.json), so its trainer does not refuse a GPU cell whose torch sees no GPU.
+Where the cell's math data is not prepared (and no task.data_path is given), a CPU canary
+trains on the small math set shipped with gridrun (gridrun/tasks/math_sample/) and says so,
+so that it needs neither the hub nor `gridrun data prepare`. Its measured step is recorded for the CPU: it never replaces a GPU
+cell's prediction, and the projection is labelled a CPU number.
 Grid side: reads files, never imports torch.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
 import subprocess
@@ -59,11 +63,14 @@ from typing import Any
 from gridrun.grid.compose import Composer
 from gridrun.grid.cost import MeasuredStep, node_days, read_measured_step, write_measured_step
 from gridrun.grid.errors import GridError
+from gridrun.grid.fetch import FileNeed, absent
 from gridrun.grid.plan import PlannedCell, freeze, make_plan
 from gridrun.grid.spec import load_spec, sweep_file
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.seam.cellstate import ACTIVE_STATES, CellState
+from gridrun.seam.runconfig import RunConfig
 from gridrun.seam.rundir import RunDir
+from gridrun.tasks.prepared import MATH_SAMPLE
 
 CANARY_SWEEP = "canary"
 # What --cpu runs: the same cell (workflow, task and its data, policy, LoRA, the scale's
@@ -108,10 +115,27 @@ def canary_overrides(cluster: str, slurm: bool, cpu: bool) -> list[str]:
         if not slurm:
             # One process on this machine's CPU; on a SLURM profile the cell keeps its two
             # tasks with a GPU each, as a real cell's job: the binding is what is checked.
-            lines.append("grid.gpu.gpus_per_cell=0")
+            lines.append("gpu=cpu")
         else:
             lines.append("+grid.gpu.binding_only=true")
     return lines
+
+
+def sample_data(config: RunConfig, cpu: bool, overrides: list[str]) -> list[str]:
+    """A CPU canary whose math data is not prepared: the override that points it at the math
+    set shipped with gridrun (said on stdout); [] for any other canary, and for one whose
+    command line names its task.data_path."""
+    data_path = getattr(config.task, "data_path", None)
+    named = any(o.lstrip("+").startswith("task.data_path=") for o in overrides)
+    if not cpu or config.task.name != "math" or not data_path or named:
+        return []
+    why = absent(FileNeed("data", "math", str(data_path)), {})
+    if why is None:
+        return []
+    problems = json.loads((MATH_SAMPLE / "meta.json").read_text())["counts"]["kept"]
+    print(f"{why}: this CPU canary trains on the {problems}-problem math sample shipped with gridrun "
+          f"({MATH_SAMPLE}); `gridrun data prepare math` prepares the real set", flush=True)
+    return [f"task.data_path={MATH_SAMPLE}"]
 
 
 def run_canary(results: Path, cluster: str, project: str, overrides: list[str], cpu: bool | None,
@@ -124,11 +148,15 @@ def run_canary(results: Path, cluster: str, project: str, overrides: list[str], 
     slurm = bool(make_plan(profile, composer).cluster.get("partitions"))
     if cpu is None:
         cpu = not slurm and not has_nvidia_gpu()
-    spec = load_spec(CANARY_SWEEP, [*canary_overrides(cluster, slurm, cpu), *overrides], composer)
-    plan = make_plan(spec, composer)
+    shape = canary_overrides(cluster, slurm, cpu)
+    plan = make_plan(load_spec(CANARY_SWEEP, [*shape, *overrides], composer), composer)
     if len(plan.cells) != 1:
         raise GridError(f"the canary is one cell, and these overrides plan {len(plan.cells)}: set one value per axis")
     (cell,) = plan.cells
+    sample = sample_data(cell.config, cpu, overrides)
+    if sample:
+        plan = make_plan(load_spec(CANARY_SWEEP, [*shape, *sample, *overrides], composer), composer)
+        (cell,) = plan.cells
     sweep = SweepDir(results, CANARY_SWEEP)
     _fresh(sweep)
     if preflight is not None:

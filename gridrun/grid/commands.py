@@ -77,7 +77,7 @@ def _plan(args: argparse.Namespace) -> int:
     from gridrun.grid.compose import Composer
     from gridrun.grid.cost import read_measured_step
     from gridrun.grid.plan import check, freeze, make_plan, plan_table
-    from gridrun.grid.spec import load_spec, split_conf
+    from gridrun.grid.spec import command_line, load_spec, split_conf
     from gridrun.grid.sweepdir import SweepDir, results_root
 
     dispatching = args.command == "sweep"
@@ -91,9 +91,9 @@ def _plan(args: argparse.Namespace) -> int:
         plan.launcher["max_parallel"] = args.max_parallel
     sweep = SweepDir(results, spec.name)
     console = make_console()
-    from gridrun.grid.fetch import check_fetched, fetch_command
+    from gridrun.grid.fetch import check_fetched
 
-    fetch_line = fetch_command(conf, overrides)
+    fetch_line = command_line("fetch", conf, overrides, config_dir=args.config_dir)
     if args.dry_run:
         console.print(plan_table(plan, check(plan, sweep, args.replace), sweep))
         try:
@@ -126,7 +126,8 @@ def _plan(args: argparse.Namespace) -> int:
         + ("; its damaged sweep.json was moved aside" if done.sweep_damaged else "")
     )
     if launcher is None:
-        console.print(f"run them with: gridrun sweep conf={conf}" + _results_flag(args))
+        run = command_line("sweep", conf, overrides, results_dir=args.results_dir, config_dir=args.config_dir)
+        console.print(f"run them with: {run}", highlight=False, soft_wrap=True)
         return 0
     damaged = [pc.id for pc in plan.cells if sweep.cell(pc.id).read_state().state in UNREADABLE_STATES]
     skipped = len(plan.cells) - len(submitted) - len(damaged)

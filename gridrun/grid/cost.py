@@ -29,7 +29,9 @@ the batch, `train.batch_problems x grpo.n` episodes) is its rollout plus its upd
   (old log-probs and gradient checkpointing inside those seconds), measured per (GPU class,
   scale) where bench/measured/gpu-<class>-*.jsonl has rows; else the nearest measured
   scale's rate on that class, else the measured class's rate times the ratio of the two
-  classes' bf16 peaks (modelled).
+  classes' bf16 peaks (modelled). The rates ship with the package (update_rates.json, written
+  from bench/measured/ by scripts/ship_rates.py), so an installed gridrun projects what the
+  checkout does.
 - **Validation**: a rollout of the validation problems (`train.val_problems`, else the
   task's split: VAL_PROBLEMS) at one episode each, before training and every
   `train.val_every` steps.
@@ -87,8 +89,9 @@ EVAL_OPT_CONTINUE = 0.5
 # Validation problems of the shipped tasks' splits (DESIGN.md: 10% of DAPO-Math held out
 # with seed 42, DeepCoder's first 1000).
 VAL_PROBLEMS = {"math": 1412, "code": 1000}
-# Where the GPU check's rows are kept in a checkout (absent from a wheel: all modelled then).
-MEASURED_DIR = Path(__file__).resolve().parents[2] / "bench" / "measured"
+# The GPU check's update rates as package data: what every plan reads, in a wheel as in a
+# checkout (tests/test_cost.py fails while it disagrees with bench/measured/).
+SHIPPED_RATES = Path(__file__).with_name("update_rates.json")
 # Prompt tokens of a GPU-check row that does not record its update's tokens (bench/gpu.py
 # before `update_tokens`): the math prompt above, its earlier turns sampled at 32 tokens.
 CHECK_PROMPT_TOKENS = TASK_PROMPT_TOKENS["math"]
@@ -187,13 +190,12 @@ def _scale_arch(scale: str) -> dict[str, Any] | None:
     return published(name) if name in known() else None
 
 
-@cache
-def measured_update_rates(directory: Path = MEASURED_DIR) -> dict[tuple[str, str], Rate]:
+def gpu_check_rates(directory: Path) -> dict[tuple[str, str], Rate]:
     """(GPU class, arch name) -> effective update FLOP/s per GPU (6 N x tokens / s) of the GPU
     check's rows in `directory` (bench/gpu.py's JSON lines, gpu-<class>-<date>.jsonl)."""
     totals: dict[tuple[str, str], list[float]] = {}
     files: dict[tuple[str, str], set[str]] = {}
-    for path in sorted(directory.glob("gpu-*.jsonl")) if directory.is_dir() else []:
+    for path in sorted(directory.glob("gpu-*.jsonl")):
         for line in path.read_text().splitlines():
             row = json.loads(line) if line.strip().startswith("{") else {}
             arch = _scale_arch(str(row.get("scale", "")))
@@ -206,6 +208,20 @@ def measured_update_rates(directory: Path = MEASURED_DIR) -> dict[tuple[str, str
             files.setdefault(key, set()).add(path.name)
     return {key: Rate(flops / seconds, f"measured: bench/measured/{', '.join(sorted(files[key]))}")
             for key, (flops, seconds) in totals.items() if seconds > 0}
+
+
+def rates_json(rates: Mapping[tuple[str, str], Rate]) -> str:
+    """`rates` as update_rates.json holds them (exact: a float's JSON is its repr)."""
+    rows = [{"gpu_class": gpu, "arch": arch, "flop_per_s": rate.value, "source": rate.source}
+            for (gpu, arch), rate in sorted(rates.items())]
+    return json.dumps({"rates": rows}, indent=1) + "\n"
+
+
+@cache
+def measured_update_rates(path: Path = SHIPPED_RATES) -> dict[tuple[str, str], Rate]:
+    """The shipped update rates (update_rates.json), as `gpu_check_rates` measured them."""
+    rows = json.loads(path.read_text())["rates"]
+    return {(row["gpu_class"], row["arch"]): Rate(float(row["flop_per_s"]), row["source"]) for row in rows}
 
 
 def update_rate(gpu: str, arch_name: str, measured: Mapping[tuple[str, str], Rate] | None = None) -> Rate | None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -91,11 +91,6 @@ def model_dirs_of(plan: Plan) -> dict[str, str]:
 def sweep_files(plan: Plan) -> list[FileNeed]:
     """Every distinct model and data set the plan's cells load, in plan order."""
     return list(dict.fromkeys(item for pc in plan.cells for item in cell_files(pc.config)))
-
-
-def fetch_command(conf: str | None, overrides: Sequence[str]) -> str:
-    """The `gridrun fetch` line for the same sweep and overrides as the plan's (shell-quoted)."""
-    return " ".join(["gridrun fetch", shlex.quote(f"conf={conf}"), *map(shlex.quote, overrides)])
 
 
 def check_fetched(plan: Plan, command: str) -> None:
@@ -210,7 +205,10 @@ def _prepare(item: FileNeed, from_path: str | None) -> str:
     try:
         done = prepare(item.name, from_path, item.path)
     except DataError as err:
-        raise GridError(f"{item.name} data: {err} (to gridrun fetch: --data-from {item.name}=PATH)") from None
+        # fetch prepares with the defaults; the data command takes the split's settings too.
+        raise GridError(f"{item.name} data: {err} (`gridrun data prepare {item.name} --out {shlex.quote(item.path)}` "
+                        "takes --from PATH, --val-size and --seed; gridrun fetch --data-from "
+                        f"{item.name}=PATH prepares with the defaults)") from None
     except ModuleNotFoundError as err:
         raise GridError(f"preparing {item.name} data from the hub needs {err.name}: in the checkout, "
                         f"`make install-cluster` (or `pip install -e '.[train]'`), or pass --data-from "

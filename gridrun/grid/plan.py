@@ -272,8 +272,9 @@ def _check_rows(cell_id: str, config: RunConfig, grid: GridSpec) -> None:
     row, budget = longest_row(config), config.train.micro_token_budget
     if not config.trains or row <= budget:
         return
+    # Another GPU class whose budget holds the row (gpu=cpu is no fix for a GPU cell).
     roomier = sorted((int(r["micro_token_budget"]), name) for name, r in grid.scale_gpu.get(grid.scale, {}).items()
-                     if name != grid.gpu.name and int(r["micro_token_budget"]) >= row)
+                     if name not in (grid.gpu.name, "cpu") and int(r["micro_token_budget"]) >= row)
     fixes = [f"gpu={roomier[0][1]} (budget {roomier[0][0]})"] if roomier else []
     fixes += [f"train.micro_token_budget>={row}", "lower lengths.max_prompt_tokens or lengths.max_response_tokens"]
     raise GridError(

@@ -39,6 +39,7 @@ import dataclasses
 import fnmatch
 import math
 import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -229,6 +230,17 @@ def split_conf(args: Sequence[str]) -> tuple[str | None, list[str]]:
         else:
             rest.append(arg)
     return conf, rest
+
+
+def command_line(command: str, conf: str | None, overrides: Sequence[str], **options: str | None) -> str:
+    """`gridrun <command> conf=<sweep> <overrides> --<option> <value>`, shell-quoted: a hint
+    that repeats the sweep, overrides and folders of the command typed, so that following it
+    plans the same cells (options left None are left out)."""
+    words = ["gridrun", command, f"conf={conf}", *overrides]
+    for name, value in options.items():
+        if value:
+            words += [f"--{name.replace('_', '-')}", str(value)]
+    return shlex.join(words)
 
 
 def sweep_file(conf: str) -> Path:

@@ -9,6 +9,7 @@ itself (gridrun/seam/registry.py); `make_task` builds one from a run's task node
     code_reward.py  running a program against its tests in the sandbox
     sandbox.py      bubblewrap with rlimits; harness.py: the test runner shipped inside it
     data.py         `gridrun data prepare`; prepared.py: the prepared format every task reads
+    math_sample/    a small prepared math set shipped with gridrun (the CPU canary's, offline)
 """
 
 from __future__ import annotations

@@ -15,6 +15,11 @@ from typing import Any
 from gridrun.seam.registry import ConfigError
 from gridrun.tasks.base import Problem
 
+# A prepared math set shipped with gridrun (package data): 38 short problems in DAPO-Math's
+# format (tests/fixtures/dapo_math_sample.parquet, prepared by `gridrun data prepare math`),
+# what the CPU canary trains on where no math data is prepared. Never the paper's data.
+MATH_SAMPLE = Path(__file__).with_name("math_sample")
+
 
 class MissingData(FileNotFoundError):
     pass

@@ -80,7 +80,9 @@ class Trainer:
         # On a GPU node each rank trains on its own device; CPU runs stay where they are.
         base, self.tokenizer = load_base(config.model, model_files, self.dist.device)
         self.model = attach_adapters(base, config, self.routing)
-        if config.train.gradient_checkpointing:
+        # Checkpointing acts in the update only: a cell that does not train (base, eval,
+        # transfer) has none, and a base cell's model has no adapters to unwrap.
+        if config.train.gradient_checkpointing and config.trains:
             self.model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # The update runs in training mode (checkpointing acts only there; LoRA and Qwen3 have
         # no dropout here, so the numbers are the same); engines switch to eval to generate.

@@ -17,6 +17,7 @@ import pytest
 
 from gridrun.grid import REPO_ROOT
 from gridrun.grid.errors import GridError
+from gridrun.grid.launchers import slurm
 from gridrun.grid.launchers.cluster import cluster_spec
 from gridrun.grid.launchers.slurm import SlurmLauncher, check_shared, node_local
 from gridrun.grid.sweepdir import SweepDir
@@ -50,6 +51,29 @@ def test_a_gpu_cell_that_sees_no_gpu_fails_at_once_naming_why(gridrun: Gridrun, 
     assert not cell.metrics_jsonl.exists()
 
 
+def test_the_refusals_advice_gpu_cpu_plans_and_runs_a_real_architecture_cell_here(gridrun: Gridrun,
+                                                                                  tmp_path: Path) -> None:
+    # The cell above planned as its refusal says (gpu=cpu): no GPU asked for, and it runs
+    # here. Qwen3-0.6B's class cut to 2 layers and 8-token responses keeps the fast suite fast
+    # (the whole 0.6B: docs/real-scale.md). A base cell has no adapters: the trainer enabled
+    # gradient checkpointing through peft's wrapper and died on it.
+    results = tmp_path / "results"
+    planned = gridrun("plan", "conf=full_matrix", "scale=0.6b", "task=math", "kind=base", "model.init=random",
+                      "engine=hf", "gpu=cpu", "+model.arch_overrides.num_hidden_layers=2",
+                      "lengths.max_response_tokens=8", "train.val_problems=2", "--results-dir", str(results))
+    assert planned.code == 0, planned.err
+    cell = RunDir(results / "full_matrix" / "cells" / "base-single-0.6b-math")
+    assert cell.planned_count("gpus") is None and cell.gpus_to_train_on() == 0
+    run = subprocess.run([sys.executable, "-m", "gridrun.cli", "run", str(cell.root)], capture_output=True, text=True,
+                         timeout=300, check=False, cwd=REPO_ROOT)
+    assert run.returncode == 0, cell.read_state().to_json().get("error") or run.stderr[-2000:]
+    (val,) = cell.read_metrics()
+    # One validation, every response at its 8-token limit (a random model never stops).
+    assert val["split"] == "val" and val["val/role/generator/len_mean"] == 8 and cell.read_state().state == "done"
+    assert "hidden_size: 1024" not in cell.config_yaml.read_text()  # published sizes stay out, overrides in
+    assert "num_hidden_layers: 2" in cell.config_yaml.read_text()
+
+
 def test_gpus_asked_for_their_binding_only_are_not_required_by_the_trainer(gridrun: Gridrun, tmp_path: Path) -> None:
     # `gridrun canary --cpu` on a SLURM profile: the job asks for its GPUs (the binding is what
     # it checks) and cell.json says the trainer runs on the CPU.
@@ -61,17 +85,27 @@ def test_gpus_asked_for_their_binding_only_are_not_required_by_the_trainer(gridr
     assert cell.planned_count("gpus") == 2 and cell.gpus_to_train_on() == 0
 
 
-def test_node_local_paths_are_named_and_shared_ones_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def shared_storage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where this checkout, its venv and the test's folders sit must not decide a test (a fresh
+    clone under /tmp is node-local): every path is taken as on NFS except those under
+    /srv/ram, a tmpfs, and the venv's python is taken to be on shared storage."""
+    monkeypatch.setattr(slurm, "_mount_type", lambda path: "tmpfs" if path.is_relative_to("/srv/ram") else "nfs4")
+    monkeypatch.setattr(sys, "executable", "/shared/gridrun/.venv/bin/python")
+
+
+def test_node_local_paths_are_named_and_shared_ones_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    shared_storage(monkeypatch)
     monkeypatch.delenv("TMPDIR", raising=False)
     assert node_local(Path("/tmp/results")) == "under /tmp"
     assert node_local(Path("/dev/shm/hf")) == "under /dev/shm"
-    assert node_local(REPO_ROOT) is None or str(REPO_ROOT).startswith(("/tmp", "/run", "/var/tmp"))
-    monkeypatch.setenv("TMPDIR", str(REPO_ROOT / "scratch"))
-    assert node_local(REPO_ROOT / "scratch" / "venv") == f"under {REPO_ROOT / 'scratch'}"
+    assert node_local(Path("/srv/ram/results")) == "on a tmpfs filesystem"
+    assert node_local(Path("/shared/results")) is None
+    monkeypatch.setenv("TMPDIR", "/srv/scratch")
+    assert node_local(Path("/srv/scratch/venv")) == "under /srv/scratch"
 
-    shared = Path.home() / "gridrun-results"
+    shared = Path("/shared/gridrun-results")
     cluster = cluster_spec({"name": "mine"})
-    check_shared(shared, cluster, {"HF_HOME": str(Path.home() / "hf")})  # passes
+    check_shared(shared, cluster, {"HF_HOME": "/shared/hf"})  # passes
     with pytest.raises(GridError, match=r"the results root \(--results-dir\) is /tmp/x, under /tmp: a job on a compute "
                                         r"node cannot see it.*check_shared_paths: false in conf/cluster/mine.yaml"):
         check_shared(Path("/tmp/x"), cluster, {})
@@ -89,14 +123,16 @@ def test_submitting_from_a_node_local_results_root_is_refused_before_anything_is
     sbatch = bin_dir / "sbatch"
     sbatch.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'sbatch.log'}\nexit 0\n")  # --test-only accepts all
     sbatch.chmod(0o755)
+    (bin_dir / "srun").symlink_to(sbatch)  # submitit looks for it; the login node never runs it
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    if node_local(tmp_path) is None:
-        pytest.skip(f"the test's folder {tmp_path} is not node-local here")
+    shared_storage(monkeypatch)
+    # The test's folder is node-local wherever it sits: it is this process's TMPDIR.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     results = tmp_path / "results"
     assert gridrun("plan", "conf=full_matrix", "scale=1.7b", "task=math", "workflow=voting", "policy=isolated",
                        "kind=train", "cluster=paper", "launcher=slurm", "--results-dir", str(results)).code == 0
     sweep = SweepDir(results, "full_matrix")
-    with pytest.raises(GridError, match=r"the results root \(--results-dir\) is .*, under /tmp"):
+    with pytest.raises(GridError, match=rf"^the results root \(--results-dir\) is {re.escape(str(results))}/full_matrix, under /"):
         SlurmLauncher({"name": "slurm"}).admit(sweep, sweep.cell_ids())
     assert all("--test-only" in line for line in (tmp_path / "sbatch.log").read_text().splitlines())
     # The single-node test cluster's /tmp is every job's.

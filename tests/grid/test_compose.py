@@ -116,10 +116,10 @@ def test_cells_share_each_parsed_file_and_defaults_list(monkeypatch: pytest.Monk
     [
         # A pair without a row in conf/tables.yaml: named by the choices, gpu=h100 given...
         (["scale=toy", "gpu=h100"], ("scale=toy does not run on gpu=h100 (no row in conf/tables.yaml's scale_gpu): "
-         "pick another gpu=...; valid scale-gpu pairs: toy-cpu, 0.6b-l40s, 0.6b-h100, 1.7b-l40s, 1.7b-h100, "
-         "4b-l40s, 4b-h100")),
-        # ... or gpu=cpu, given on the command line, over scale=4b's own default (h100).
-        (["scale=4b", "gpu=cpu"], "scale=4b does not run on gpu=cpu (no row in conf/tables.yaml's scale_gpu)"),
+         "pick another gpu=...; valid scale-gpu pairs: toy-cpu, 0.6b-cpu, 0.6b-l40s, 0.6b-h100, 1.7b-cpu, "
+         "1.7b-l40s, 1.7b-h100, 4b-cpu, 4b-l40s, 4b-h100")),
+        # ... or gpu=l40s, given on the command line, over scale=toy's own default (cpu).
+        (["scale=toy", "gpu=l40s"], "scale=toy does not run on gpu=l40s (no row in conf/tables.yaml's scale_gpu)"),
         (["+train.total_steps=3"], "'train.total_steps' exists already: drop the '+' and write train.total_steps=..."),
         (["train.totl_steps=3"], ("unknown config key 'train.totl_steps' (did you mean 'train.total_steps'?); "
          "to add a new entry under 'train' write +train.totl_steps=...")),

@@ -117,6 +117,21 @@ def test_fetch_names_what_it_cannot_download(gridrun: Gridrun, results: Path, ba
     assert bad.code == 2 and "no cell of the sweep loads code data" in bad.err
 
 
+def test_data_fetch_cannot_split_names_the_command_that_can(gridrun: Gridrun, results: Path,
+                                                              bare: tuple[Path, Path]) -> None:
+    # 10 valid code problems and DeepCoder's 1000 held out: fetch splits with the defaults,
+    # and its refusal names the data command, which takes the split's size.
+    code = bare[1] / "code"
+    args = ("conf=full_matrix", "scale=0.6b", "task=code", "model.init=random", "engine=hf", "gpu=cpu")
+    refused = gridrun("fetch", *args, "--data-from", f"code={FIXTURES / 'deepcoder_sample.jsonl'}")
+    assert refused.code == 2 and len(refused.err.strip().splitlines()) == 1
+    assert "holding out 1000 of 10 valid problems leaves nothing to train on" in refused.err
+    command = f"gridrun data prepare code --out {code}"
+    assert f"`{command}` takes --from PATH, --val-size and --seed" in refused.err
+    assert gridrun(*command.split()[1:], "--from", str(FIXTURES / "deepcoder_sample.jsonl"), "--val-size", "2").code == 0
+    assert "nothing to fetch" in gridrun("fetch", *args).out
+
+
 def test_a_local_model_folder_keeps_each_cells_fingerprint_architecture_and_scale(
     gridrun: Gridrun, results: Path, bare: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -179,7 +180,7 @@ def test_lengths_and_rounds_per_workflow_and_task(
 @pytest.mark.parametrize(
     ("scale", "gpu", "budget"),
     [("0.6b", None, 28672), ("0.6b", "h100", 51712), ("1.7b", "l40s", 23554), ("1.7b", None, 40960),
-     ("4b", "l40s", 10240), ("4b", None, 40960)],
+     ("4b", "l40s", 10240), ("4b", None, 40960), ("0.6b", "cpu", 40960), ("1.7b", "cpu", 40960), ("4b", "cpu", 40960)],
 )
 def test_micro_batch_budget_per_scale_and_gpu_class(composer: Composer, scale: str, gpu: str | None, budget: int) -> None:
     # Defaults: 0.6B on L40s, 1.7B and 4B on H100 (no gpu= given).
@@ -334,6 +335,23 @@ def test_the_dry_run_takes_the_last_canarys_step_for_its_shape(gridrun: Gridrun,
     assert [c.strip() for c in row[10:12]] == ["40", "c"] and round(cell.est_step_s) != 40
     assert f"[c] 1.7b/h100: canary: {results / 'canary' / 'measured-step.json'} ({cell.id})" in " ".join(
         result.out.split())
+
+
+def test_the_hint_after_a_plan_repeats_its_overrides_and_following_it_plans_the_same_cells(
+    gridrun: Gridrun, tmp_path: Path, recording_launcher: None
+) -> None:
+    results = tmp_path / "my results"
+    planned = gridrun("plan", "conf=smoke", "kind=train", "workflow=voting", "seed=range(0,2)", "train.total_steps=3",
+                      "grid.launcher.name=record", "--results-dir", str(results))
+    assert planned.code == 0, planned.err
+    hint = next(line for line in planned.out.splitlines() if line.startswith("run them with: "))
+    assert hint == ("run them with: gridrun sweep conf=smoke kind=train workflow=voting 'seed=range(0,2)' "
+                    f"train.total_steps=3 grid.launcher.name=record --results-dir '{results}'")
+    # Pasted into a shell: the same 4 cells (2 policies x 2 seeds), none changed, all queued.
+    followed = gridrun(*shlex.split(hint.removeprefix("run them with: "))[1:])
+    assert followed.code == 0, followed.err
+    assert "planned 4 cells of 'smoke'" in followed.out and "0 new, 4 unchanged, 0 replaced" in followed.out
+    assert "dispatching 4 cells with launcher=record" in followed.out
 
 
 def test_replanning_adds_new_seeds_to_the_sweep(gridrun: Gridrun, results: Path) -> None:

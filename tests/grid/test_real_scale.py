@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gridrun.grid.canary import adapter_lines, measured_step_s, rank_lines, report
+from gridrun.grid.canary import adapter_lines, canary_overrides, measured_step_s, rank_lines, report, sample_data
 from gridrun.grid.compose import Composer
 from gridrun.grid.cost import MeasuredStep, cell_shape
 from gridrun.grid.plan import PlannedCell, make_plan
@@ -18,6 +18,7 @@ from gridrun.grid.spec import load_spec
 from gridrun.memory import ENGINE_SHARE_CAP, GIB, engine_share, longest_row, predict
 from gridrun.seam.runconfig import dump_config
 from gridrun.seam.rundir import RunDir
+from gridrun.tasks.prepared import MATH_SAMPLE
 from tests.grid.conftest import Gridrun, tree
 
 
@@ -226,6 +227,31 @@ def test_the_canary_says_no_go_and_why(tmp_path: Path, state: str, ranks: list[d
     run_dir, cell = _canary_dir(tmp_path, state, ranks)
     verdict = report(run_dir, cell, "full_matrix", [cell], cpu=False)
     assert not verdict.go and verdict.lines[-1].startswith("NO-GO: ") and why in verdict.lines[-1]
+
+
+def test_a_cpu_canary_without_prepared_math_trains_on_the_shipped_sample(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    composer = Composer()
+
+    def canary(cpu: bool, *overrides: str) -> object:
+        (cell,) = make_plan(load_spec("canary", [*canary_overrides("local", False, cpu), *overrides], composer),
+                            composer).cells
+        return cell.config
+
+    nothing = tmp_path / "data"
+    assert sample_data(canary(True, f"grid.data_root={nothing}"), True, []) == [f"task.data_path={MATH_SAMPLE}"]
+    assert capsys.readouterr().out == (
+        f"math data at {nothing / 'math'} lacks train.jsonl, val.jsonl, meta.json: this CPU canary trains on the "
+        f"38-problem math sample shipped with gridrun ({MATH_SAMPLE}); `gridrun data prepare math` prepares the real set\n")
+    # A GPU canary runs on the real data (its preflight names `gridrun data prepare`), and
+    # prepared data (the test's GRIDRUN_DATA holds math) is used as it is.
+    assert sample_data(canary(False, f"grid.data_root={nothing}"), False, []) == []
+    assert sample_data(canary(True), True, []) == [] and capsys.readouterr().out == ""
+    # A task.data_path on the command line is the user's word: its preflight says what is missing.
+    named = [f"task.data_path={nothing / 'math'}"]
+    assert sample_data(canary(True, *named), True, named) == [] and capsys.readouterr().out == ""
+    # On this machine the CPU canary is one process planned with gpu=cpu, the documented setting.
+    assert canary_overrides("local", False, True)[-1] == "gpu=cpu"
 
 
 def test_a_cell_gpu_that_is_not_a_mapping_of_classes_is_refused(tmp_path: Path) -> None:

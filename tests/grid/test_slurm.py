@@ -86,6 +86,13 @@ def fake(bin_dir: Path, name: str, script: str) -> None:
     path.chmod(0o755)
 
 
+def fake_submission(bin_dir: Path, sbatch: str) -> None:
+    """A stand-in sbatch, and an srun beside it: submitit looks for srun on the submitting
+    machine, which never runs it (a machine without SLURM has neither)."""
+    fake(bin_dir, "sbatch", sbatch)
+    fake(bin_dir, "srun", "exit 0\n")
+
+
 def test_a_two_gpu_cell_gets_one_task_per_gpu_typed_gres_and_its_overrides() -> None:
     spec = job_spec(CELL, PAPER, env={"SLURM_CONF": "/etc/slurm.conf", "HOME": "/x"})
     # 16 CPUs over 2 tasks; 72 h from the 4b override instead of the cell's 48.
@@ -148,15 +155,20 @@ def test_sbatch_missing_is_one_line_naming_the_fix(gridrun: Gridrun, results: Pa
     result = gridrun("sweep", "conf=smoke", "cluster=testcluster", "launcher=slurm")
     assert result.code == 2
     assert result.err.strip().count("\n") == 0
-    assert "sbatch is not on PATH" in result.err and "slurm/testcluster/up.sh" in result.err
+    assert "sbatch and srun are not on PATH" in result.err and "slurm/testcluster/up.sh" in result.err
     states = {json.loads(p.read_text())["state"] for p in results.glob("smoke/cells/*/state.json")}
     assert states == {"planned"}  # refused before anything was queued
+    # sbatch alone: submitit would refuse to submit later, after the preflight; refused now.
+    fake(tmp_path / "bin", "sbatch", "exit 0\n")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    result = gridrun("sweep", "conf=smoke", "cluster=testcluster", "launcher=slurm")
+    assert result.code == 2 and "gridrun: error: srun is not on PATH: run launcher=slurm on a SLURM" in result.err
 
 
 def test_a_slurm_launcher_on_the_local_profile_or_a_missing_partition(gridrun: Gridrun, results: Path,
                                                                       tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    fake(tmp_path / "bin", "sbatch", "exit 0\n")
+    fake_submission(tmp_path / "bin", "exit 0\n")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
     result = gridrun("sweep", "conf=smoke", "launcher=slurm")
     assert result.code == 2 and "cluster=local has no partitions: set cluster=testcluster" in result.err
@@ -313,7 +325,7 @@ def test_resubmissions_stop_at_max_attempts_failures_and_other_attempts_do_not_c
 ) -> None:
     from gridrun.grid.sweepdir import SweepDir
 
-    fake(tmp_path / "bin", "sbatch", "exit 0\n")  # sbatch --test-only accepts every spec
+    fake_submission(tmp_path / "bin", "exit 0\n")  # sbatch --test-only accepts every spec
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
     assert gridrun("plan", "conf=smoke", "cluster=testcluster", "launcher=slurm", "kind=base").code == 0
     sweep = SweepDir(results, "smoke")
@@ -453,7 +465,7 @@ def test_an_array_rejected_midway_keeps_the_accepted_ids_and_resubmits_only_the_
 
     count = tmp_path / "count"
     limit = "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit)"
-    fake(tmp_path / "bin", "sbatch", f"""case "$*" in *--test-only*) exit 0;; esac
+    fake_submission(tmp_path / "bin", f"""case "$*" in *--test-only*) exit 0;; esac
 n=$(($(cat {count} 2>/dev/null || echo 0) + 1)); echo $n > {count}
 if [ $n -eq 2 ] && [ ! -e {tmp_path / "lifted"} ]; then echo "{limit}" >&2; exit 1; fi
 echo "Submitted batch job $((100 * n))"

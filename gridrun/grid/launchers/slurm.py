@@ -554,11 +554,13 @@ def chunks(items: list[Any], size: int) -> list[list[Any]]:
 # --- the launcher ---------------------------------------------------------------------------
 def require_sbatch() -> None:
     """GridError, naming the fix, where this machine cannot submit (the launcher and the
-    preflight both ask before anything else)."""
-    if shutil.which("sbatch") is None:
+    preflight both ask before anything else): sbatch submits, and submitit refuses to build
+    its executor where srun is not on PATH."""
+    missing = [command for command in ("sbatch", "srun") if shutil.which(command) is None]
+    if missing:
         raise GridError(
-            "sbatch is not on PATH: run launcher=slurm on a SLURM login node, start the test cluster with "
-            "`eval \"$(slurm/testcluster/up.sh)\"`, or use launcher=local"
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not on PATH: run launcher=slurm on a "
+            "SLURM login node, start the test cluster with `eval \"$(slurm/testcluster/up.sh)\"`, or use launcher=local"
         )
 
 
