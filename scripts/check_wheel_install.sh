@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A login node's install, checked end to end (.ci/run; 86 s of CPU, most of it pip's install;
-# 6m18s wall measured on 2 cores shared at load 11):
+# A login node's install, checked end to end (.ci/run; 4m14s wall, 99 s of CPU, on 2 shared
+# cores: bench/measured/test-suites.md):
 # `pip install .` (no extras, not editable) into a fresh venv pulls no torch, and from a folder
 # outside the checkout that install runs the grid half: a sweep file and cluster profile of
 # the user's own, `gridrun plan` refusing an unfetched sweep and `gridrun fetch` filling it,

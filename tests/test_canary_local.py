@@ -2,7 +2,7 @@
 runs it (issue 42): no prepared data, no hub. The canary's cell (Voting-IP, Qwen3-1.7B's
 class, math, on the math sample shipped with gridrun) against `model.init=random` cut to a
 CPU's size (canary.CPU_SHAPE), run by the local launcher, reported from its run dir alone.
-Slow: about 70 s on 2 busy cores (2 steps of 2 problems x 2 rollouts, 4 calls each)."""
+Slow: 30-70 s on 2 cores (2 steps of 2 problems x 2 rollouts, 4 calls each)."""
 
 from __future__ import annotations
 
