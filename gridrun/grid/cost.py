@@ -13,25 +13,20 @@ the batch, `train.batch_problems x grpo.n` episodes) is its rollout plus its upd
   earlier turns it reads, capped at `lengths.max_prompt_tokens`; its response averages
   ROLE_RESPONSE_SHARE of `lengths.max_response_tokens` (the paper's math responses: ~2,500 of
   5,120), and the longest reaches the limit.
-- **Rollout** (vLLM): per stage, decoding is memory-bound: one iteration reads the weights
-  and the running sequences' KV cache at HBM_EFFICIENCY of the GPU's bandwidth; as many
-  sequences run at once as the engine's KV share holds (`engine.gpu_memory_utilization`
-  less the weights), at most the engine's ENGINE_MAX_SEQS. The stage ends when its tokens are decoded at that throughput, or when
-  its longest response is, one token per iteration, whichever is later; prefill costs 2 N
-  FLOPs per prompt token at PREFILL_MFU. A sampled (seeded) request adds SEEDED_SAMPLER_S
-  to every iteration it runs in: gridrun seeds each sampled request (the engine's
-  reproducibility), and vLLM draws a seeded request's noise in a loop of its own per step;
-  greedy requests go unseeded. `engine=hf` decodes sub-batches of
-  `engine.max_batch_size`, each to its longest response, with a fixed Python overhead per
-  iteration (HF_ITER_OVERHEAD_S).
-- **Update**: every row (one per role turn, its prompt and response) at 6 N FLOPs per token
-  at the update's effective rate per GPU: 6 N x tokens / seconds of the GPU check's updates
-  (old log-probs and gradient checkpointing inside those seconds), measured per (GPU class,
-  scale) where bench/measured/gpu-<class>-*.jsonl has rows; else the nearest measured
-  scale's rate on that class, else the measured class's rate times the ratio of the two
-  classes' bf16 peaks (modelled). The rates ship with the package (update_rates.json, written
-  from bench/measured/ by scripts/ship_rates.py), so an installed gridrun projects what the
-  checkout does.
+- **Rollout** (vLLM): per stage, decoding is memory-bound: an iteration reads the weights and
+  the running sequences' KV cache at HBM_EFFICIENCY of the GPU's bandwidth, with as many
+  sequences as the engine's KV share holds (at most ENGINE_MAX_SEQS). A stage ends when its
+  tokens are decoded at that throughput or its longest response is, whichever is later;
+  prefill costs 2 N FLOPs per prompt token at PREFILL_MFU. A sampled request, seeded for
+  reproducibility, adds SEEDED_SAMPLER_S to every iteration it runs in (vLLM draws a seeded
+  request's noise in its own loop); greedy ones go unseeded. `engine=hf` decodes sub-batches
+  of `engine.max_batch_size` to their longest response, HF_ITER_OVERHEAD_S per iteration.
+- **Update**: every row (one per role turn) at 6 N FLOPs per token at the update's effective
+  rate per GPU (6 N x tokens / seconds of the GPU check's updates, old log-probs and gradient
+  checkpointing included), measured per (GPU class, scale) where bench/measured/gpu-<class>-*.jsonl
+  has rows; else the nearest measured scale's on that class, else a measured class's times
+  the two classes' bf16 peaks (modelled). The rates ship with the package (update_rates.json,
+  written by scripts/ship_rates.py), so an installed gridrun projects what the checkout does.
 - **Validation**: a rollout of the validation problems (`train.val_problems`, else the
   task's split: VAL_PROBLEMS) at one episode each, before training and every
   `train.val_every` steps.
@@ -44,8 +39,7 @@ A cell without a published architecture or on a GPU class without a data sheet h
 world on CPU) keeps conf/'s rough rate (grid.estimate), said so.
 
 Not counted: rewards (the code sandbox), weight sync to the engine, checkpoints, the gather
-across ranks, and the packed update's shared prompts (every row is counted whole).
-Torch-free: the grid imports it at plan time.
+across ranks, and the packed update's shared prompts (every row is counted whole). Torch-free.
 """
 
 from __future__ import annotations

@@ -17,13 +17,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from gridrun.grid.errors import GridError, checked, option_file
 from gridrun.grid.launchers.base import LauncherSettings, launcher_class, launcher_settings
 from gridrun.grid.launchers.cluster import ClusterSpec, cluster_spec
-
-T = TypeVar("T")
 
 
 @dataclass

@@ -1,12 +1,9 @@
-"""YAML a user wrote (a sweep file, an option file in their conf/), read within bounds.
-
-A file from the user's folder is checked before Hydra or the sweep reader constructs anything
-from it: at most MAX_BYTES, nested at most MAX_DEPTH deep, at most MAX_ALIASES aliases (so an
-alias bomb never expands), only YAML's standard tags (no `!!python/...` object), and readable
-at all (not a symlink loop or a folder). Each refusal is one GridError naming the file and the
-line. An option file of a group whose shipped options carry a `# @package` line must carry the
-same one: without it Hydra places its keys at the root of the config, where every key reads as
-unknown. gridrun's own shipped files are trusted and not read here.
+"""YAML a user wrote (a sweep file, an option file in their conf/), read within bounds before
+Hydra or the sweep reader constructs anything: at most MAX_BYTES, MAX_DEPTH deep, MAX_ALIASES
+aliases (an alias bomb never expands), YAML's standard tags only (no `!!python/...` object),
+readable at all (not a symlink loop or a folder), and an option file with the `# @package`
+line its group's shipped options carry (without it Hydra puts its keys at the config's root).
+Each refusal is one GridError naming the file and the line. gridrun's shipped files are trusted.
 """
 
 from __future__ import annotations

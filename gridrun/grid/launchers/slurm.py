@@ -13,23 +13,18 @@ Before anything is queued, `admit` checks each spec with `sbatch --test-only`, s
 partition, account or gres is one line naming the fix, not a sweep of failed jobs.
 
 Jobs. Every job runs `CellJob` (gridrun/grid/launchers/slurm_job.py) with the submitter's
-python (with the job's directory off sys.path: `process.interpreter`): one task per GPU
-(`--gpus-per-task=[type:]1`, so each task sees exactly its own GPU), each starting
-`python -P -m gridrun.cli run <run_dir>` as a data-parallel rank.
-A GPU cell's tasks are bound per task (`--gpus-per-task`, typed by the cluster profile's
-`gpu_types`), never by a job-wide `--gres`, under which every task would see every GPU; a
-`tasks_per_cell` other than the cell's GPU count is refused at submission.
-SLURM's warning signal (USR2, sent by hand or before the time limit) makes the trainer
-checkpoint after its current step (the trainer alone: see gridrun/cellrun.py `usr2_stops`); the job then requeues itself (submitit's
-Checkpointable) and resumes from that checkpoint as the cell's next attempt. Each cell's
-requeues at the time limit are capped by its own budget (`requeue_budget`: the segments its
-planned hours take at 1.5x, each segment the limit less the warning's lead and a restart;
-the dry run shows it), so a sweep runs to the end without a person; past it the cell stops
-as `preempted`. `grid.launcher.max_num_timeout` sets one budget for every cell instead.
-The warning's lead, per job array (`warning_lead_s`): twice the slowest cell's estimated step
-(the dry run's est_hours x 3600 / total_steps) plus CHECKPOINT_S (120 s to write and fsync a
-checkpoint), at least `grid.launcher.signal_delay_s`; a lead over half the time limit is
-refused before anything is queued, naming the profile's `time_limit_h`.
+python (`process.interpreter`): one task per GPU, bound per task (`--gpus-per-task=[type:]1`,
+typed by the profile's `gpu_types`; never a job-wide `--gres`, under which every task would see
+every GPU), each starting `python -P -m gridrun.cli run <run_dir>` as a data-parallel rank; a
+`tasks_per_cell` other than the cell's GPU count is refused. SLURM's warning (USR2, by hand or
+before the time limit) makes the trainer alone checkpoint after its step (gridrun/cellrun.py
+`usr2_stops`); the job requeues itself (submitit's Checkpointable) and resumes there as the
+cell's next attempt, within the cell's own budget (`requeue_budget`: the segments its planned
+hours take at 1.5x, each the limit less the warning's lead and a restart; shown in the dry run;
+`grid.launcher.max_num_timeout` sets one for every cell); past it the cell stops `preempted`.
+The warning's lead per array (`warning_lead_s`): twice the slowest cell's estimated step plus
+CHECKPOINT_S (120 s to write and fsync a checkpoint), at least `grid.launcher.signal_delay_s`;
+a lead over half the time limit is refused, naming the profile's `time_limit_h`.
 An array sbatch accepts hands its ids to `accepted` at once (dispatch.py writes them to the
 cells' state.json), so a submission cut short keeps them; an array sbatch refuses (a per-user
 job limit such as MaxSubmitJobs, which `sbatch --test-only` on one job does not see) stops
@@ -48,8 +43,8 @@ once they complete, and never when one fails (its job waits, DependencyNeverSati
 `gridrun status` reads it blocked). Resubmitting the failed need submits the blocked cell
 again, after cancelling its stale job.
 
-Left out: several nodes per cell, heterogeneous jobs, clusters without `srun`. Standard library until a job is submitted: `gridrun status`
-imports this module to reconcile, and submitit is imported only to submit.
+Left out: several nodes per cell, heterogeneous jobs, clusters without `srun`. Standard
+library until a job is submitted (`gridrun status` imports this module to reconcile).
 """
 
 from __future__ import annotations
