@@ -356,30 +356,30 @@ def _script(spec: Any, needs_file: Path, out: Path, python: str) -> str:
 
 
 def _wait(job_id: str, out: Path, timeout_min: float) -> None:
-    """Until the job leaves the queue; cancelled at the timeout (fail closed)."""
+    """Until the job leaves the queue; cancelled at the timeout (fail closed), a squeue that
+    does not answer by then included."""
     deadline = time.time() + timeout_min * 60
     while True:
-        queued = _client(["squeue", "-h", "-j", job_id, "-o", "%T %r"], deadline, job_id, timeout_min)
+        try:
+            queued = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"], capture_output=True, text=True,
+                                    check=False, timeout=max(5.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            _cancel(job_id)
+            raise GridError(f"`squeue` did not answer within the preflight's {timeout_min:g} min: is slurmctld up "
+                            "(`scontrol ping`)? Raise --preflight-timeout-min, or skip it with --no-preflight") from None
         if queued.returncode != 0 or not queued.stdout.strip():
             return
         if time.time() > deadline:
-            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                subprocess.run(["scancel", job_id], capture_output=True, check=False, timeout=30)
+            _cancel(job_id)
             raise GridError(f"the preflight job {job_id} did not finish in {timeout_min:g} min (last seen "
                             f"{queued.stdout.strip()}): raise --preflight-timeout-min, or skip it with --no-preflight")
         time.sleep(2.0)
 
 
-def _client(args: list[str], deadline: float, job_id: str, timeout_min: float) -> subprocess.CompletedProcess[str]:
-    """A SLURM client call that ends by the preflight's own deadline (at least 5 s each)."""
-    try:
-        return subprocess.run(args, capture_output=True, text=True, check=False,
-                              timeout=max(5.0, deadline - time.time()))
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            subprocess.run(["scancel", job_id], capture_output=True, check=False, timeout=30)
-        raise GridError(f"`{args[0]}` did not answer within the preflight's {timeout_min:g} min: is slurmctld up "
-                        "(`scontrol ping`)? Raise --preflight-timeout-min, or skip it with --no-preflight") from None
+def _cancel(job_id: str) -> None:
+    """The preflight job cancelled, as far as scancel answers within 30 s."""
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run(["scancel", job_id], capture_output=True, check=False, timeout=30)
 
 
 def run_slurm(spec: Any, cluster: str, needs: Needs, folder: Path, timeout_min: float,

@@ -382,7 +382,7 @@ class RunDir:
         """`require`, and refuse a cell whose state is final (done, stopped): `gridrun run`
         trains it no further, as `resubmit` does not take it."""
         self.require()
-        final = self.read_state().state
+        final = self._read_state_file().state  # require() has vetted config.yaml: state.json alone
         if final in FINISHED_STATES:
             raise FinalState(f"{self.root.name} is {final}, which is final: `gridrun run` trains it no further (to run "
                              "it again, re-plan its sweep with --replace, which keeps the old run under replaced/)")
