@@ -140,6 +140,10 @@ def base_metrics(tmp_path_factory: pytest.TempPathFactory, toy_world: Path) -> d
         rows = RunDir(cell).read_metrics()
         assert [(r["step"], r["split"]) for r in rows] == [(0, "val")]
         assert (RunDir(cell).samples(0)).exists()
+        # Every problem's outcome, agreeing with the row's accuracy.
+        records, damage = RunDir(cell).read_records("val")
+        assert not damage and list(records) == [0] and len(records[0].problems) == 200
+        assert records[0].matches(rows[0]["val/acc"]) and set(records[0].samples) == {1}
         out[workflow] = rows[0]
     return out
 

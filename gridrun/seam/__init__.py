@@ -10,5 +10,7 @@ Torch-free and standard library only (tests/test_seam.py checks every module of 
     registry.py     the registries of workflows, tasks and engines (built-ins and plugins), and
                     `named`: the one resolver of a `<module>:<name>` plugin function
     routing.py      which adapter serves each role; per-role loss weights, LR factors, steps
+    records.py      per-problem validation records (which problems an evaluation got right)
+    significance.py the tests: a paired fall and the cliff rule, a comparison, a detectable difference
     errors.py       UserError: the base of every error a user can fix (one line, no traceback)
 """

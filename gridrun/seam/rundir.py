@@ -8,6 +8,7 @@ modules beside it).
       config.yaml  cell.json  state.json  metrics.jsonl  .run.lock
       checkpoints/step_XXXXXX/  adapters/<name>/ roles.json ... (COMPLETE marker last)
       samples/step_XXXXXX.jsonl  logs/  wandb/  exports/step_XXXXXX/ (`gridrun export`)
+      records/{val,test}_step_XXXXXX.json  (per-problem outcomes: gridrun/seam/records.py)
 
 `RunDir.record` is the one writer of state.json: it applies a named transition of
 gridrun/seam/cellstate.py, which refuses a change the cell's state machine does not allow.
@@ -48,6 +49,7 @@ from typing import Any
 from gridrun.seam.accuracy import is_accuracy
 from gridrun.seam.cellstate import FINISHED_STATES, RECORDED, STATE_FIELDS, CellState, StateRecord, Transition
 from gridrun.seam.errors import UserError
+from gridrun.seam.records import SPLITS, ValidationRecord
 
 COMPLETE_MARKER = "COMPLETE"
 # A checkpoint's role -> adapter map (null: the base model), beside its adapters/ folder.
@@ -275,6 +277,14 @@ class RunDir:
 
     def samples(self, step: int) -> Path:
         return self.samples_dir / f"step_{step:06d}.jsonl"
+
+    @property
+    def records_dir(self) -> Path:
+        return self.root / "records"
+
+    def record_file(self, split: str, step: int) -> Path:
+        """The per-problem record of one evaluation (`split`: val or test)."""
+        return self.records_dir / f"{split}_step_{step:06d}.json"
 
     @property
     def logs_dir(self) -> Path:
@@ -666,6 +676,47 @@ class RunDir:
             n += 1
         os.replace(self.metrics_jsonl, aside)
         return aside
+
+    # --- per-problem records -----------------------------------------------------------
+    def write_record(self, record: ValidationRecord) -> None:
+        if self._identity is not None:  # the run's own writer (tools and tests write to bare folders)
+            self.check_present()
+        self.records_dir.mkdir(exist_ok=True)
+        atomic_write_text(self.record_file(record.split, record.step), json.dumps(record.to_json(), separators=(",", ":")))
+
+    def read_records(self, split: str) -> tuple[dict[int, ValidationRecord], list[str]]:
+        """step -> record of one split, and a line per file that could not be read (that
+        record is left out, nothing else is affected; the aggregate rows still hold its number)."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}")
+        found: dict[int, ValidationRecord] = {}
+        damage: list[str] = []
+        paths = sorted(self.records_dir.glob(f"{split}_step_*.json")) if self.records_dir.is_dir() else []
+        for path in paths:
+            try:
+                record = ValidationRecord.from_json(json.loads(path.read_bytes().decode("utf-8")))
+            except (OSError, UnicodeDecodeError, ValueError) as err:  # JSONDecodeError is a ValueError
+                damage.append(f"{path} is damaged ({err}): its evaluation is compared unpaired; "
+                              "restore it or delete it to silence this")
+                continue
+            if path != self.record_file(record.split, record.step):
+                damage.append(f"{path} holds the record of {record.split} step {record.step}: left out; "
+                              "restore the right file or delete it")
+                continue
+            found[record.step] = record
+        return found, damage
+
+    def drop_records_after(self, last_step: int) -> None:
+        """Remove the records of steps after `last_step` (a resume replays them)."""
+        if not self.records_dir.is_dir():
+            return
+        for path in self.records_dir.glob("*_step_*.json"):
+            try:
+                step = int(path.stem.rsplit("_", 1)[1])
+            except ValueError:
+                continue
+            if step > last_step:
+                path.unlink(missing_ok=True)
 
     # --- checkpoints -------------------------------------------------------------------
     def complete_checkpoints(self) -> list[tuple[int, Path]]:

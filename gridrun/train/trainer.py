@@ -29,6 +29,7 @@ from gridrun.seam import cellstate
 from gridrun.seam.accuracy import first_peak, val_accuracy
 from gridrun.seam.mechanisms import MECHANISMS, RESPONSE_CAP, MechanismWatch, alert_flags
 from gridrun.seam.metric_keys import VAL_ROLE
+from gridrun.seam.records import ValidationRecord
 from gridrun.seam.routing import adapter_lr_scales, grouping
 from gridrun.seam.runconfig import RunConfig
 from gridrun.seam.rundir import RANK_STEPS_KEPT, RunDir, atomic_write_text
@@ -395,6 +396,8 @@ class Trainer:
         dumped = "".join(json.dumps(e.to_json()) + "\n" for e in episodes[: cfg.train.val_samples])
         self.run_dir.check_present()
         atomic_write_text(self.run_dir.samples(step), dumped)
+        # Which problems it got right: what makes two validations a paired comparison.
+        self.run_dir.write_record(ValidationRecord.from_outcomes("val", step, ((e.problem.id, e.scored.correct) for e in episodes)))
         log.info("step %d validation: acc %.3f on %d problems", step, metrics["val/acc"], len(problems))
 
     def summarise(self, step: int, metrics: dict[str, float]) -> None:
@@ -469,6 +472,7 @@ class Trainer:
         self.dist.decorrelate_rng(self.config.cell.seed, step)
         if self.dist.is_main:
             kept = self.run_dir.truncate_metrics(step)
+            self.run_dir.drop_records_after(step)
             for row in kept:
                 self.mechanism_alerts = self.watch.see(row)
             self.val_acc = val_accuracy(kept)
