@@ -61,15 +61,15 @@ class ValidationRecord:
 
     @classmethod
     def from_json(cls, data: Any) -> ValidationRecord:
-        """The record a file holds; ValueError naming what is wrong."""
+        """The record a file holds; ValueError or TypeError naming what is wrong."""
         if not isinstance(data, Mapping):
-            raise ValueError("not a JSON object")
+            raise TypeError("not a JSON object")
         split, step = data.get("split"), data.get("step")
         if split not in SPLITS or type(step) is not int or step < 0:
             raise ValueError(f"split must be one of {', '.join(SPLITS)} and step an int >= 0")
         problems, samples, correct = data.get("problems"), data.get("samples"), data.get("correct")
         if not (isinstance(problems, list) and isinstance(samples, list) and isinstance(correct, list)):
-            raise ValueError("problems, samples and correct must be lists")
+            raise TypeError("problems, samples and correct must be lists")
         if not problems or not len(problems) == len(samples) == len(correct):
             raise ValueError("problems, samples and correct must be non-empty lists of one length")
         if not all(isinstance(p, str) for p in problems) or len(set(problems)) != len(problems):

@@ -695,7 +695,7 @@ class RunDir:
         for path in paths:
             try:
                 record = ValidationRecord.from_json(json.loads(path.read_bytes().decode("utf-8")))
-            except (OSError, UnicodeDecodeError, ValueError) as err:  # JSONDecodeError is a ValueError
+            except (OSError, UnicodeDecodeError, ValueError, TypeError) as err:  # JSONDecodeError: a ValueError
                 damage.append(f"{path} is damaged ({err}): its evaluation is compared unpaired; "
                               "restore it or delete it to silence this")
                 continue
