@@ -73,7 +73,7 @@ def test_a_voting_step_worked_by_hand() -> None:
     # Validation: 1,412 problems, one episode each, 706 a rank.
     assert got.val_s > got.rollout_s
     # 500 steps and 51 validations (step 0, every 10th).
-    assert cost.validations(config) == 51
+    assert config.planned_validations == 51
     assert cost.cell_hours(config, got) == pytest.approx((500 * got.step_s + 51 * got.val_s) / 3600)
 
 

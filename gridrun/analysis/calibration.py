@@ -37,10 +37,9 @@ from typing import Any
 
 import pandas as pd
 
-from gridrun.analysis.summary import cell_grouping
+from gridrun.analysis.summary import cell_grouping, planned_validations
 from gridrun.analysis.tables import Table, number
 from gridrun.analysis.warning import (
-    CLIFF_PP,
     CLIFF_SE,
     LEAD_VALIDATIONS,
     alert_counts,
@@ -63,8 +62,10 @@ from gridrun.seam.mechanisms import (
     firings,
     signature_steps,
 )
+from gridrun.seam.records import ValidationRecord
 from gridrun.seam.runconfig import TRAINED_KINDS, CellKind
 from gridrun.seam.rundir import RunDir
+from gridrun.seam.significance import CLIFF_PP
 
 # A calibrated alert must cry wolf on fewer than this share of the cells without a cliff.
 FALSE_ALARM_CAP = 0.10
@@ -90,6 +91,10 @@ class CellCurve:
     groups: Groups | None = None
     # step -> val/acc_se (empty: rows without it; the cliff is then points alone).
     val_se: dict[int, float] = field(default_factory=dict)
+    # step -> per-problem record (empty: a run from before them; its falls are unpaired).
+    records: dict[int, ValidationRecord] = field(default_factory=dict)
+    # The run's planned validations (the cliff rule's K); None: the ones it has.
+    validations: int | None = None
 
     def applies(self, mechanism: str) -> bool:
         return applies(mechanism, self.workflow, self.policy, self.groups)
@@ -140,7 +145,7 @@ def score(curves: Sequence[CellCurve], mechanism: str, thresholds: Thresholds, k
         # Steps replayed: none (no training row) leaves the cell out, as collect's alert_summary does.
         trained = sum(row.get("split") == "train" for row in curve.rows) or None
         records.append({"kind": CellKind.TRAIN.value, "state": CellState.DONE.value, f"alert/{mechanism}/steps": trained, first: fired,
-                        **warning_columns(curve.val_acc, {first: fired}, curve.val_se, k)})
+                        **warning_columns(curve.val_acc, {first: fired}, curve.val_se, k, curve.records, curve.validations)})
     frame = pd.DataFrame.from_records(records)
     counts = alert_counts(frame, mechanism)
     leads = tuple(int(r[f"alert/{mechanism}/lead"]) for r in records
@@ -188,7 +193,8 @@ def read_curves(sweep: SweepDir, cells: pd.DataFrame, metric_rows: Mapping[str, 
         variant = record.get("variant")
         curves.append(CellCurve(record["cell"], int(record["seed"]), str(record["workflow"]), record.get("policy"),
                                 None if variant is None or pd.isna(variant) else str(variant), rows, val_accuracy(rows),
-                                cell_grouping(run_dir, record.get("policy")), val_se(rows)))
+                                cell_grouping(run_dir, record.get("policy")), val_se(rows), run_dir.read_records("val")[0],
+                                planned_validations(run_dir)))
     return curves
 
 
@@ -236,8 +242,8 @@ def calibration_table(results: Sequence[Calibration], plan: EarlyWarningPlan) ->
         name="early_warning_calibration", title="Early warning — thresholds chosen on the fit seeds, held-out seeds reported",
         caption=(f"Chosen on seeds {', '.join(str(s) for s in plan.fit_seeds)} (the highest recall with false alarms "
                  f"under {FALSE_ALARM_CAP:.0%}), reported on seed{'s' if len(plan.held_out_seeds) > 1 else ''} {seeds}. "
-                 f"Recall: cliff cells ({CLIFF_PP:.0f}+ points and {k:g}+ standard errors below the running peak) "
-                 f"warned {LEAD_VALIDATIONS}+ validations ahead. False alarms: cells without such a cliff where the "
+                 f"Recall: cliff cells (a fall of {CLIFF_PP:.0f}+ points clearing the Bonferroni bound over the run's "
+                 f"validation pairs; its onset within {k:g} standard errors) warned {LEAD_VALIDATIONS}+ validations ahead. False alarms: cells without such a cliff where the "
                  "alert fired. Lead: the mean, over the cliff cells it fired on, of the validations from its first "
                  "firing to the fall's onset (negative: after it). The last three columns: the held-out cells under "
                  "the default thresholds."),
@@ -279,7 +285,7 @@ def shown_table(curves: Sequence[CellCurve], results: Sequence[Calibration], k: 
     rows = []
     for (workflow, policy, variant), members in groups.items():
         mechanism = next((m for m in MECHANISMS if members[0].applies(m)), None)
-        found = [c for m in members if (c := peak_drop(m.val_acc, m.val_se, k)) is not None]
+        found = [c for m in members if (c := peak_drop(m.val_acc, m.val_se, k, m.records, m.validations)) is not None]
         drops = [c.drop_pp for c in found]
         cliffs = sum(c.cliff for c in found)
         fired = (sum(m.first_firing(mechanism, chosen[mechanism]) is not None for m in members)

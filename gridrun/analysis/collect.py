@@ -60,7 +60,14 @@ from gridrun.adapters import peak_checkpoint
 from gridrun.analysis.calibration import calibration_tables
 from gridrun.analysis.findings import alerts_table, findings_table
 from gridrun.analysis.report import code
-from gridrun.analysis.summary import MetricColumns, alert_summary, cell_grouping, cell_hours, cell_summary
+from gridrun.analysis.summary import (
+    MetricColumns,
+    alert_summary,
+    cell_grouping,
+    cell_hours,
+    cell_summary,
+    planned_validations,
+)
 from gridrun.analysis.tables import Table, base_mismatch_notes, flags, signature_tables, table1, table2, table3
 from gridrun.analysis.warning import (
     CLIFF_SE,
@@ -119,12 +126,17 @@ def read_cell(root: str, workflow: str | None = None, policy: str | None = None,
     """One cell's metric columns, summary (the mechanism alerts replayed for its workflow and
     policy included, its cliff against `cliff_se` standard errors), metrics.jsonl damage and,
     with `keep_rows`, its rows (a top-level function: worker processes run it)."""
-    _load_workflow_plugin(RunDir(root), workflow)
-    rows, damage = RunDir(root).read_metrics_checked()
+    run_dir = RunDir(root)
+    _load_workflow_plugin(run_dir, workflow)
+    rows, damage = run_dir.read_metrics_checked()
     columns = MetricColumns.from_rows(rows)
-    alerts = alert_summary(rows, workflow, policy, groups=cell_grouping(RunDir(root), policy))
-    warning = warning_columns(columns.series("val", "val/acc"), alerts, columns.series("val", "val/acc_se"), cliff_se)
-    return CellRead(columns, {**cell_summary(columns), **alerts, **warning}, damage, rows if keep_rows else None)
+    alerts = alert_summary(rows, workflow, policy, groups=cell_grouping(run_dir, policy))
+    # An unreadable record leaves its validation unpaired; the cell's numbers stand.
+    records, records_damage = run_dir.read_records("val")
+    warning = warning_columns(columns.series("val", "val/acc"), alerts, columns.series("val", "val/acc_se"), cliff_se,
+                              records, planned_validations(run_dir))
+    summary = {**cell_summary(columns), **alerts, **warning, "records_damage": "; ".join(records_damage) or None}
+    return CellRead(columns, summary, damage, rows if keep_rows else None)
 
 
 def _load_workflow_plugin(run_dir: RunDir, workflow: str | None) -> None:
@@ -407,6 +419,13 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0, export_to:
     console.print(Markdown(tables[0].markdown()))
     for damage in cells["damage"].dropna():
         console.print(f"[red]damaged:[/] {damage}", highlight=False)
+    for damage in cells["records_damage"].dropna() if "records_damage" in cells else ():
+        console.print(f"[yellow]unpaired:[/] {damage}", highlight=False)
+    unpaired = cells[cells["val_paired"].eq(False) & cells["peak_drop_pp"].notna()] if "val_paired" in cells else cells.iloc[0:0]
+    if len(unpaired):
+        console.print(f"{len(unpaired)} cell(s) kept no per-problem validation records (trained before them): their "
+                      "falls are tested unpaired, from each validation's standard error (the noise_floor table)",
+                      highlight=False)
     counts = cells["state"].value_counts().to_dict()
     console.print(
         f"{len(cells)} cells ({', '.join(f'{n} {s}' for s, n in counts.items())}) -> "

@@ -290,6 +290,15 @@ def cell_grouping(run_dir: RunDir, policy: str | None) -> dict[str, tuple[str, .
     return grouping(config)
 
 
+def planned_validations(run_dir: RunDir) -> int | None:
+    """The run's planned validation count (the cliff rule's K), from its config.yaml; None
+    where it does not read (the rule then counts the validations the run has)."""
+    try:
+        return load_config(run_dir.config_yaml).planned_validations
+    except (ConfigError, OSError, UnicodeDecodeError):
+        return None
+
+
 def alert_summary(rows: Iterable[Mapping[str, Any]], workflow: str | None, policy: str | None,
                   thresholds: Thresholds = THRESHOLDS, groups: Groups | None = None) -> dict[str, Any]:
     """The alerts replayed on a cell's rows (see the module docstring); `groups`: a grouped

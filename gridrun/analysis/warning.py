@@ -3,20 +3,31 @@
 Per cell (cells.parquet's columns, from its validation accuracy and the alerts replayed on
 its rows, gridrun/seam/mechanisms.py):
 
-    val_acc_se_pp         the cell's noise: the mean standard error of its validations
+    val_acc_se_pp         a validation's own noise: the mean standard error of its validations
                           (`val/acc_se`, over problems and samples), in points
-    noise_floor_pp        the smallest fall told from noise: k x the SE of a difference of two
-                          such validations (k x sqrt(2) x val_acc_se_pp); k is `cliff_se`
-    peak_drop_pp          the cliff: the largest drop of validation accuracy below its running
-                          peak (the best so far), in points (0.0 when it never fell)
-    peak_drop_se_pp       that drop's standard error: sqrt(SE(peak)^2 + SE(low)^2), in points
-    peak_drop_cliff       whether it is a cliff: at least CLIFF_PP points AND at least k of its
-                          standard errors (points alone for rows without `val/acc_se`)
+    fall_se_pp            the noise of a fall: the mean standard error of the difference of
+                          consecutive validations, paired by problem where both have records
+                          (gridrun/seam/records.py), else as independent draws
+    noise_floor_pp        the smallest true fall the cliff rule finds with 80% power at that
+                          noise (and at least CLIFF_PP)
+    val_paired            whether every validation has its per-problem record (False: an
+                          older run, judged unpaired)
+    peak_drop_pp          the largest drop of validation accuracy below its running peak (the
+                          best so far), in points (0.0 when it never fell)
+    peak_drop_se_pp       that drop's standard error, in points
+    peak_drop_cliff       whether the run has a cliff: a fall of at least CLIFF_PP points
+                          between two validations whose z clears the one-sided Bonferroni
+                          bound over all pairs of its planned validations (FallRule,
+                          gridrun/seam/significance.py: a flat run is called a cliff at most
+                          5% of the time); points alone for rows with neither records nor
+                          `val/acc_se`
+    cliff_z, cliff_z_needed, cliff_test
+                          the strongest such fall's z, the rule's bound, and the test in words
     peak_drop_step        the validation where that drop is reached
     peak_drop_peak_step   the running peak it is measured from (the first step reaching it)
     peak_drop_onset_step  where the fall shows: the validation after the last one still at the
-                          peak before the cliff's lowest point: within ONSET_PP points of it or
-                          within k standard errors of the difference (the
+                          peak before the drop's lowest point: within ONSET_PP points of it or
+                          within k standard errors of the difference (k: `cliff_se`; the
                           first one below the peak would be a validation's noise, often the
                           very next validation, and no alert could lead it)
     alert/<a>/lead        validations before the onset at which alert <a> first fired: the
@@ -34,14 +45,14 @@ shuffled cells, done), recall = cliff cells (a drop of at least CLIFF_PP points)
 least LEAD_VALIDATIONS validations ahead / cliff cells (`peak_drop_cliff`); false-alarm rate =
 cells without such a cliff (shuffled twins included) where it fired at all / those cells. The report's "Early
 warning" figure draws each cell's validation curve with its alerts' first firings and its
-cliff marked. What this leaves out: significance, and choosing thresholds (the alerts'
-`Thresholds` are replayable: collect with others to compare).
+cliff marked. What this leaves out: choosing thresholds (the alerts' `Thresholds` are
+replayable: collect with others to compare).
 """
 
 from __future__ import annotations
 
 import functools
-import math
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,16 +66,16 @@ from gridrun.analysis.tables import POLICY_LABELS, Table, number
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.seam.cellstate import CellState
 from gridrun.seam.mechanisms import ALERTS
+from gridrun.seam.records import ValidationRecord
 from gridrun.seam.runconfig import TRAINED_KINDS
+from gridrun.seam.significance import CLIFF_PP, Evaluations, Fall, FallRule, largest_fall
 
-# A cliff worth warning about: at least this many points below the running peak...
-CLIFF_PP = 10.0
-# ...and at least this many standard errors of the fall (a sweep file's early_warning.cliff_se
-# replaces it): z = 2 makes a fall of pure noise one in ~44 between two given validations.
-CLIFF_SE = 2.0
 # A validation within this many points of the peak is still at it (a 200 x 4 validation's
-# noise is ~2-3 points): the fall starts after the last such one.
+# noise is ~2-3 points): the fall starts after the last such one...
 ONSET_PP = 5.0
+# ...or within this many standard errors of the difference (a sweep file's
+# early_warning.cliff_se replaces it; whether a fall is a cliff is FallRule's to say).
+CLIFF_SE = 2.0
 # Warned in time: the alert fired at least this many validations before the fall showed.
 LEAD_VALIDATIONS = 2
 
@@ -72,64 +83,66 @@ LEAD_VALIDATIONS = 2
 @dataclass(frozen=True)
 class PeakDrop:
     """A series' largest drop below its running peak (the early warning's target; the cliff,
-    summary.cliff, is the largest drop between consecutive validations)."""
+    summary.cliff, is the largest drop between consecutive validations), and the fall the
+    cliff rule judges (`fall`: the pair of validations with the strongest evidence)."""
 
     drop_pp: float
     step: int | None = None
     peak_step: int | None = None
     onset_step: int | None = None
-    # The drop's standard error in points (None: the rows carry no val/acc_se).
+    # The drop's standard error in points (None: no records and no val/acc_se in the rows).
     se_pp: float | None = None
-    k: float = CLIFF_SE
+    fall: Fall | None = None
 
     @property
     def cliff(self) -> bool:
-        """At least CLIFF_PP points and (where the noise is known) k standard errors."""
-        return self.drop_pp >= CLIFF_PP and (self.se_pp is None or self.drop_pp >= self.k * self.se_pp)
+        """A fall of CLIFF_PP+ points that clears the rule (significance.FallRule)."""
+        return self.fall is not None and self.fall.cliff
 
 
-def _diff_se_pp(val_se: Mapping[int, float] | None, a: int, b: int) -> float | None:
-    """The SE of the difference of validations `a` and `b` in points (independent draws)."""
-    if not val_se or a not in val_se or b not in val_se:
-        return None
-    return 100 * math.hypot(val_se[a], val_se[b])
-
-
-def _at_peak(val_acc: Mapping[int, float], val_se: Mapping[int, float] | None, k: float, peak: int, step: int) -> bool:
-    """Whether validation `step` is still at the peak: within ONSET_PP points, or within k
-    standard errors of the difference."""
-    fall, se = 100 * (val_acc[peak] - val_acc[step]), _diff_se_pp(val_se, peak, step)
-    return fall <= ONSET_PP + 1e-9 or (se is not None and fall < k * se)
-
-
-def peak_drop(val_acc: Mapping[int, float], val_se: Mapping[int, float] | None = None,
-              k: float = CLIFF_SE) -> PeakDrop | None:
+def peak_drop(val_acc: Mapping[int, float], val_se: Mapping[int, float] | None = None, k: float = CLIFF_SE,
+              records: Mapping[int, ValidationRecord] | None = None, validations: int | None = None) -> PeakDrop | None:
     """The largest drop below the running peak of a step -> accuracy (0-1) series, with its
-    standard error where `val_se` (step -> val/acc_se) has both ends; None without
-    validations. Ties keep the earlier step (of the peak and of the drop)."""
+    standard error (paired by problem where `records` has both ends, else from `val_se`), and
+    the fall judged by the cliff rule over the run's `validations` (planned; default: those
+    it has); None without validations. Ties keep the earlier step (of the peak and of the drop)."""
     steps = sorted(val_acc)
     if not steps:
         return None
-    best = PeakDrop(0.0, k=k)
+    evals = Evaluations.of(val_acc, val_se, records)
+    fall = largest_fall(evals, FallRule(max(validations or 0, len(steps))))
+    best = PeakDrop(0.0, fall=fall)
     peak = steps[0]
     for step in steps:
         if val_acc[step] > val_acc[peak]:
             peak = step
         drop = 100 * (val_acc[peak] - val_acc[step])
         if drop > best.drop_pp:
-            near = [s for s in steps if peak <= s < step and _at_peak(val_acc, val_se, k, peak, s)]
+            near = [s for s in steps if peak <= s < step and _at_peak(evals, k, peak, s)]
             onset = next(s for s in steps if s > near[-1])
-            best = PeakDrop(drop, step, peak, onset, _diff_se_pp(val_se, peak, step), k)
+            diff = evals.difference(peak, step)
+            best = PeakDrop(drop, step, peak, onset, None if diff is None else 100 * diff.se, fall)
     return best
 
 
-def noise(val_se: Mapping[int, float], k: float = CLIFF_SE) -> tuple[float | None, float | None]:
-    """(mean validation SE, noise floor), in points: the floor is the fall k standard errors
-    of a difference of two validations of that SE make; (None, None) without SEs."""
-    if not val_se:
+def _at_peak(evals: Evaluations, k: float, peak: int, step: int) -> bool:
+    """Whether validation `step` is still at the peak: within ONSET_PP points, or within k
+    standard errors of the difference."""
+    fall = 100 * (evals.acc[peak] - evals.acc[step])
+    diff = evals.difference(peak, step)
+    return fall <= ONSET_PP + 1e-9 or (diff is not None and fall < k * 100 * diff.se)
+
+
+def noise(evals: Evaluations, rule: FallRule) -> tuple[float | None, float | None]:
+    """(the typical SE of a fall between two validations, the noise floor), in points: the SE
+    is the mean over consecutive validations (paired by problem where both have records), the
+    floor the smallest true fall the rule finds at 80% power; (None, None) without SEs."""
+    steps = sorted(evals.acc)
+    ses = [d.se for a, b in itertools.pairwise(steps) if (d := evals.difference(a, b)) is not None]
+    if not ses:
         return None, None
-    mean = 100 * sum(val_se.values()) / len(val_se)
-    return mean, k * math.sqrt(2) * mean
+    se_pp = 100 * sum(ses) / len(ses)
+    return se_pp, rule.detectable_pp(se_pp)
 
 
 def lead(val_steps: Sequence[int], onset: int | None, fired: int | None) -> int | None:
@@ -143,18 +156,29 @@ def lead(val_steps: Sequence[int], onset: int | None, fired: int | None) -> int 
 
 
 def warning_columns(val_acc: Mapping[int, float], summary: Mapping[str, Any], val_se: Mapping[int, float] | None = None,
-                    k: float = CLIFF_SE) -> dict[str, Any]:
-    """A cell's noise, its drop below its running peak and each alert's lead (the module
-    docstring); `summary` holds the replayed alerts' `alert/<a>/first_step`, `val_se` the
-    validations' val/acc_se."""
-    drop = peak_drop(val_acc, val_se, k)
-    se, floor = noise(val_se or {}, k)
+                    k: float = CLIFF_SE, records: Mapping[int, ValidationRecord] | None = None,
+                    validations: int | None = None) -> dict[str, Any]:
+    """A cell's noise, its drop below its running peak, its cliff test and each alert's lead
+    (the module docstring); `summary` holds the replayed alerts' `alert/<a>/first_step`,
+    `val_se` the validations' val/acc_se, `records` their per-problem records, `validations`
+    the run's planned count."""
+    drop = peak_drop(val_acc, val_se, k, records, validations)
+    evals = Evaluations.of(val_acc, val_se, records)
+    rule = FallRule(max(validations or 0, len(val_acc)))
+    fall = None if drop is None else drop.fall
+    mean_se = 100 * sum(evals.se.values()) / len(evals.se) if evals.se else None
+    fall_se, floor = noise(evals, rule)
     out: dict[str, Any] = {
-        "val_acc_se_pp": se,
+        "val_acc_se_pp": mean_se,
+        "fall_se_pp": fall_se,
         "noise_floor_pp": floor,
+        "val_paired": evals.paired,
         "peak_drop_pp": None if drop is None else drop.drop_pp,
         "peak_drop_se_pp": None if drop is None else drop.se_pp,
         "peak_drop_cliff": None if drop is None else drop.cliff,
+        "cliff_z": None if fall is None else fall.z,
+        "cliff_z_needed": None if fall is None else rule.z,
+        "cliff_test": None if fall is None else fall.test(),
         "peak_drop_step": None if drop is None else drop.step,
         "peak_drop_peak_step": None if drop is None else drop.peak_step,
         "peak_drop_onset_step": None if drop is None else drop.onset_step,
@@ -209,10 +233,10 @@ def early_warning_table(cells: pd.DataFrame, name: str = "early_warning") -> Tab
                       _rate(c["false"], c["calm"]) + (f", {c['calm_shuffled']} shuffled" if c["calm_shuffled"] else "")])
     return Table(
         name=name, title="Early warning — did the alert fire before the cliff?",
-        caption=(f"Training cells (done) each alert applies to. A cliff: accuracy at least {CLIFF_PP:.0f} points "
-                 "below its running peak and at least k standard errors of that fall (cells.parquet's "
-                 "peak_drop_cliff; k: the sweep's early_warning.cliff_se, else "
-                 f"{CLIFF_SE:g}). Recall: cliff cells whose alert first fired at least {LEAD_VALIDATIONS} "
+        caption=(f"Training cells (done) each alert applies to. A cliff: a fall of at least {CLIFF_PP:.0f} points "
+                 "between two validations that clears the one-sided Bonferroni bound over the pairs of the run's "
+                 "planned validations (cells.parquet's peak_drop_cliff; the noise_floor table gives each test). "
+                 "Recall: cliff cells whose alert first fired at least {LEAD_VALIDATIONS} "
                  "validations before the fall showed. False alarms: cells without such a cliff (shuffled-reward "
                  "twins included) where it fired at all. Thresholds: gridrun/seam/mechanisms.py's, provisional."),
         columns=columns, headers=["Alert", "Cells", "Recall (warned / cliffs)", "False alarms (fired / calm)"],
@@ -300,28 +324,38 @@ def early_warning_jobs(sweep: SweepDir, cells: pd.DataFrame, columns: dict[str, 
 
 # --- each cell's noise, and what acting alerts saved ---------------------------------------------
 def noise_table(cells: pd.DataFrame) -> Table:
-    """Per trained cell with validations: its validation's standard error, its noise floor and
-    its largest fall in those units (is the fall told from noise?)."""
+    """Per trained cell with validations: its noise, the fall the rule can find, and its
+    strongest fall's test (is the fall told from noise, and by which test?)."""
     rows = []
+
+    def value(r: dict[str, Any], key: str) -> Any:
+        v = r.get(key)
+        return None if v is None or (isinstance(v, float) and pd.isna(v)) else v
+
     if "val_acc_se_pp" in cells:
         trained = cells[cells["kind"].isin(TRAINED_KINDS) & cells["peak_drop_pp"].notna()]
         for r in trained.to_dict("records"):
-            se, drop_se = r.get("val_acc_se_pp"), r.get("peak_drop_se_pp")
-            z = None if drop_se is None or pd.isna(drop_se) or not drop_se else r["peak_drop_pp"] / drop_se
-            cliff = r.get("peak_drop_cliff")
-            rows.append([r["cell"], str(r["state"]), number(None if se is None or pd.isna(se) else se, 2),
-                         number(r.get("noise_floor_pp"), 1), number(r["peak_drop_pp"], 1), number(z, 1),
-                         "" if cliff is None or pd.isna(cliff) else ("yes" if bool(cliff) else "no")])
+            cliff, paired = value(r, "peak_drop_cliff"), value(r, "val_paired")
+            rows.append([r["cell"], str(r["state"]), number(value(r, "val_acc_se_pp"), 2),
+                         number(value(r, "fall_se_pp"), 2), number(value(r, "noise_floor_pp"), 1),
+                         number(r["peak_drop_pp"], 1), number(value(r, "cliff_z"), 2),
+                         number(value(r, "cliff_z_needed"), 2),
+                         "" if paired is None else ("paired" if paired else "unpaired"),
+                         "" if cliff is None else ("yes" if bool(cliff) else "no")])
     return Table(
-        name="noise_floor", title="Noise — each cell's validation standard error and its largest fall against it",
-        caption=("Validation SE: the mean over the cell's validations of val/acc_se (over problems and samples; "
-                 "samples of one problem clustered). Noise floor: k x sqrt(2) x that SE, the smallest fall of one "
-                 "validation below another told from noise (k: the sweep's early_warning.cliff_se, else "
-                 f"{CLIFF_SE:g}). Largest fall: below the running peak, in points and in standard errors of the "
-                 f"fall. Cliff: at least {CLIFF_PP:.0f} points and k standard errors."),
-        columns=["cell", "state", "val_acc_se_pp", "noise_floor_pp", "peak_drop_pp", "peak_drop_z", "cliff"],
-        headers=["Cell", "State", "Validation SE (pp)", "Noise floor (pp)", "Largest fall (pp)", "Fall (SEs)",
-                 "Cliff"],
+        name="noise_floor", title="Noise — each cell's validation noise, the fall it can show, and its cliff test",
+        caption=("Validation SE: the mean over the cell's validations of val/acc_se (problems and samples; samples "
+                 "of one problem clustered). Fall SE: the mean standard error of the difference of consecutive "
+                 "validations, paired by problem where the run kept per-problem records (unpaired: an older run, "
+                 "whose validations are treated as independent, which overstates the noise). Detectable: the "
+                 "smallest true fall the rule finds with 80% power at that noise. Largest fall: below the running "
+                 f"peak, points. Cliff: a fall of {CLIFF_PP:.0f}+ points between two validations whose z clears the "
+                 "one-sided Bonferroni bound over all pairs of the run's planned validations (z needed): a run "
+                 "that never truly fell is called a cliff at most 5% of the time (docs/analysis.md)."),
+        columns=["cell", "state", "val_acc_se_pp", "fall_se_pp", "noise_floor_pp", "peak_drop_pp", "cliff_z",
+                 "cliff_z_needed", "pairing", "cliff"],
+        headers=["Cell", "State", "Validation SE (pp)", "Fall SE (pp)", "Detectable fall (pp)", "Largest fall (pp)",
+                 "Cliff z", "z needed", "Pairing", "Cliff"],
         rows=rows, left=2,
         notes=[] if rows else [("No cell has validations with a standard error (val/acc_se): cells trained before "
                                "it was recorded.")],

@@ -310,14 +310,8 @@ def step_cost(config: RunConfig, gpu: str, gpus: int, memory_gib: float,
     return StepCost(rollout if config.trains else 0.0, update if config.trains else 0.0, val, (rate.source, engine))
 
 
-def validations(config: RunConfig) -> int:
-    """Validations of one attempt: before training, every val_every steps, and at the end."""
-    steps = config.steps_to_train
-    return 1 + steps // config.train.val_every + (1 if steps % config.train.val_every else 0)
-
-
 def cell_hours(config: RunConfig, cost: StepCost) -> float:
-    return (config.steps_to_train * cost.step_s + validations(config) * cost.val_s) / 3600
+    return (config.steps_to_train * cost.step_s + config.planned_validations * cost.val_s) / 3600
 
 
 # --- the canary's measured step -------------------------------------------------------------------

@@ -339,7 +339,7 @@ def _cost(grid: GridSpec, config: RunConfig, measured: MeasuredStep | None) -> t
     predicted = cost.step_cost(config, gpu.name, gpu.gpus_per_cell, gpu.memory_gib)
     if predicted is None:
         step_s = grid.estimate.step_s * grid.estimate.relative_cost
-        validations = cost.validations(config)
+        validations = config.planned_validations
         hours = step_s * (config.steps_to_train + validations * grid.estimate.val_cost) / 3600
         return hours, step_s, "conf: grid.estimate"
     if measured is not None:

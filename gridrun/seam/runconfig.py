@@ -719,6 +719,13 @@ class RunConfig:
         (the one place that says so: the trainer's loop, state.json and the plan's estimate)."""
         return self.train.total_steps if self.trains else 0
 
+    @property
+    def planned_validations(self) -> int:
+        """Validations of one run: before training, every val_every steps, and at the end (the
+        cliff rule's K, known before the first one: gridrun/seam/significance.py)."""
+        steps = self.steps_to_train
+        return 1 + steps // self.train.val_every + (1 if steps % self.train.val_every else 0)
+
     def to_dict(self) -> dict[str, Any]:
         """config.yaml's tree (and the fingerprint's): model.toy only where the model is the toy
         world, and the OMITTED_AT_DEFAULT keys only where they differ from their default."""

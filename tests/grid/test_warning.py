@@ -10,25 +10,32 @@ import pandas as pd
 import pytest
 
 from gridrun.analysis.findings import HOLDS, UNSURE, claim_e, claim_verdict
-from gridrun.analysis.warning import PeakDrop, early_warning_table, lead, peak_drop, warning_columns
+from gridrun.analysis.warning import early_warning_table, lead, peak_drop, warning_columns
 from gridrun.grid.sweepdir import SweepDir
+from gridrun.seam.records import ValidationRecord
 from tests.grid.conftest import Gridrun
 from tests.grid.test_collect import add_cell, coords
 
 
-def test_the_cliff_is_a_fall_of_k_standard_errors_and_the_points() -> None:
+def test_the_cliff_is_a_large_fall_that_clears_the_bound_over_the_runs_pairs() -> None:
     accs = {0: 0.30, 2: 0.40, 4: 0.29}
     # An 11-point fall; without standard errors (rows from before val/acc_se) the points decide.
     plain = peak_drop(accs)
     assert plain is not None and plain.se_pp is None and plain.cliff
+    # 3 validations, 3 pairs: the bound is the normal's 1 - 0.05/3 quantile, z = 2.128.
     # SE 5 points per validation: the fall's SE is hypot(5, 5) = 7.07 points, and 11 points
-    # are 1.56 of them, under k = 2: noise, not a cliff.
-    noisy = peak_drop(accs, {s: 0.05 for s in accs}, k=2.0)
+    # are 1.56 of them: noise, not a cliff.
+    noisy = peak_drop(accs, {s: 0.05 for s in accs})
     assert noisy is not None and noisy.se_pp == pytest.approx(100 * math.hypot(0.05, 0.05))
+    assert noisy.fall is not None and noisy.fall.rule.z == pytest.approx(2.128, abs=1e-3)
     assert noisy.drop_pp == pytest.approx(11.0) and not noisy.cliff
     # SE 2 points: the fall's SE 2.83, 11 points are 3.9 of them: a cliff.
-    precise = peak_drop(accs, {s: 0.02 for s in accs}, k=2.0)
+    precise = peak_drop(accs, {s: 0.02 for s in accs})
     assert precise is not None and precise.cliff
+    # The run's planned validations set the bound: 3.9 SEs clear 11 validations' 3.12, not
+    # 200 validations' 4.4 (19,900 pairs).
+    assert peak_drop(accs, {s: 0.02 for s in accs}, validations=11).cliff  # type: ignore[union-attr]
+    assert not peak_drop(accs, {s: 0.02 for s in accs}, validations=200).cliff  # type: ignore[union-attr]
     # 9 points of a precise validation are not a cliff either: both tests must hold.
     assert not peak_drop({0: 0.40, 2: 0.31}, {0: 0.001, 2: 0.001}).cliff  # type: ignore[union-attr]
     # The onset: a validation within k SEs of the peak is still at it. Falls of 6 and 7
@@ -37,11 +44,34 @@ def test_the_cliff_is_a_fall_of_k_standard_errors_and_the_points() -> None:
     slide = {0: 0.40, 2: 0.34, 4: 0.33, 6: 0.25}
     assert peak_drop(slide).onset_step == 2  # type: ignore[union-attr]
     assert peak_drop(slide, {s: 0.025 for s in slide}, k=2.0).onset_step == 6  # type: ignore[union-attr]
-    # The cell's noise floor: k x sqrt(2) x its mean SE (2 x 1.414 x 2.5 = 7.07 points).
+    # The cell's noise floor: the fall the rule finds with 80% power at the fall's SE of 3.54
+    # points: (z(1 - 0.05/6) + z(0.8)) x 3.54 = (2.394 + 0.842) x 3.54 = 11.44 points.
     columns = warning_columns(slide, {}, {s: 0.025 for s in slide}, k=2.0)
-    assert columns["val_acc_se_pp"] == pytest.approx(2.5)
-    assert columns["noise_floor_pp"] == pytest.approx(2 * math.sqrt(2) * 2.5)
+    assert columns["val_acc_se_pp"] == pytest.approx(2.5) and columns["fall_se_pp"] == pytest.approx(3.536, abs=1e-3)
+    assert columns["noise_floor_pp"] == pytest.approx(11.44, abs=0.01)
     assert columns["peak_drop_cliff"] is True and columns["peak_drop_se_pp"] == pytest.approx(100 * math.hypot(0.025, 0.025))
+    assert columns["val_paired"] is False and columns["cliff_test"].startswith("unpaired")
+
+
+def test_records_pair_a_fall_by_problem() -> None:
+    # 100 problems: 30 right at both validations, 12 lost, 0 gained: 42% -> 30%. Unpaired
+    # (SEs of ~5.0 and ~4.6 points) the 12-point fall is 1.8 SEs; paired, the per-problem
+    # differences (12 of -1, 88 of 0) have an SE of 3.3 points: 3.7 SEs, a cliff in a run of
+    # 11 planned validations (bound 3.12).
+    before = [1] * 42 + [0] * 58
+    after = [1] * 30 + [0] * 70
+    records = {0: ValidationRecord.from_outcomes("val", 0, ((f"p{i}", bool(c)) for i, c in enumerate(before))),
+               5: ValidationRecord.from_outcomes("val", 5, ((f"p{i}", bool(c)) for i, c in enumerate(after)))}
+    accs = {0: 0.42, 5: 0.30}
+    ses = {0: math.sqrt(0.42 * 0.58 / 99), 5: math.sqrt(0.3 * 0.7 / 99)}
+    unpaired = peak_drop(accs, ses, validations=11)
+    paired = peak_drop(accs, ses, records=records, validations=11)
+    assert unpaired is not None and paired is not None and not unpaired.cliff and paired.cliff
+    assert paired.se_pp == pytest.approx(100 * math.sqrt(0.12 * 0.88 / 99 / 100) * 10, rel=1e-6)
+    assert paired.fall is not None and paired.fall.paired and paired.fall.test().startswith("paired by problem")
+    # A record that does not match its row's accuracy (an earlier attempt's) is not used.
+    stale = peak_drop({0: 0.42, 5: 0.31}, ses, records=records)
+    assert stale is not None and stale.fall is not None and not stale.fall.paired
 
 
 def test_the_cliff_is_the_largest_drop_below_the_running_peak() -> None:
@@ -66,7 +96,8 @@ def test_the_cliff_is_the_largest_drop_below_the_running_peak() -> None:
     assert dip is not None and (dip.step, dip.peak_step, dip.onset_step) == (10, 0, 8)
     assert lead(sorted(noisy), dip.onset_step, 5) == 2
     # Never below its running peak: no cliff; no validations: nothing.
-    assert peak_drop({0: 0.3, 5: 0.3, 10: 0.4}) == PeakDrop(0.0)
+    calm = peak_drop({0: 0.3, 5: 0.3, 10: 0.4})
+    assert calm is not None and calm.drop_pp == 0.0 and calm.step is None and not calm.cliff
     assert peak_drop({}) is None
 
 
@@ -259,5 +290,7 @@ def test_collect_reports_the_calibration_with_held_out_leads_and_the_noise(gridr
     assert "held_mean_lead" in header and "default_held_mean_lead" in header
     assert "signature" in (sweep.root / "mechanism_shown.csv").read_text().splitlines()[0]
     noise = pd.read_csv(sweep.root / "noise_floor.csv")
-    assert noise["noise_floor_pp"].tolist() == pytest.approx([5.7, 5.7])
+    # The fall's SE 2.83 points, 3 validations (bound 2.13): the rule finds (2.13 + 0.84) x
+    # 2.83 = 8.4 points with 80% power, under the 10 points a cliff needs.
+    assert noise["noise_floor_pp"].tolist() == pytest.approx([10.0, 10.0])
     assert noise["cliff"].tolist() == ["yes", "yes"]
