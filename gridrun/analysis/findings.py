@@ -47,6 +47,7 @@ from gridrun.seam.cellstate import CellState
 from gridrun.seam.mechanisms import MECHANISMS
 from gridrun.seam.metric_keys import role_key, val_key
 from gridrun.seam.registry import single_agent_workflow
+from gridrun.seam.significance import detectable_paired
 
 HOLDS, FAILS, UNSURE = "holds", "does not hold", "inconclusive"
 STATEMENTS = {
@@ -61,7 +62,8 @@ STATEMENTS = {
 REFERENCE_VARIANT, POSITIVE_CONTROL = "natural", "injected"
 # Keeping the ceiling: a remedy's peak may sit at most this many points under natural's.
 PEAK_MARGIN_PP = 2.0
-FINDINGS_COLUMNS = ["claim", "measurement", "task", "scale", "workflow", "policy", "n", "mean", "ci95", "unit", "verdict"]
+FINDINGS_COLUMNS = ["claim", "measurement", "task", "scale", "workflow", "policy", "n", "mean", "ci95", "unit", "verdict",
+                    "test", "detectable"]
 
 
 @dataclass
@@ -80,6 +82,22 @@ class Measured:
         if self.needs:
             return f"not measured (needs {self.needs})"
         return verdict(self.values, self.sign)
+
+    def test(self) -> str:
+        """Which test the verdict rests on."""
+        if self.needs:
+            return ""
+        n = len(self.values)
+        return f"t over {n} seeds paired by number" if n > 1 else "none: one seed measures no spread"
+
+    def detectable(self) -> float | None:
+        """The smallest true mean difference the row's test finds with 80% power, at the spread
+        of its per-seed differences (None: fewer than 2 seeds)."""
+        if len(self.values) < 2:
+            return None
+        mean = sum(self.values) / len(self.values)
+        sd = math.sqrt(sum((v - mean) ** 2 for v in self.values) / (len(self.values) - 1))
+        return detectable_paired(sd, len(self.values))
 
 
 @dataclass
@@ -322,31 +340,36 @@ def findings_table(cells: pd.DataFrame) -> Table:
     rows, shown = [], []
     for claim in claims(cells):
         overall = claim_verdict(claim)
-        rows.append([claim.key, STATEMENTS[claim.key], "", "", "", "", "", "", "", "", overall])
-        shown.append([f"**({claim.key})**", STATEMENTS[claim.key], "", "", f"**{overall}**"])
+        rows.append([claim.key, STATEMENTS[claim.key], "", "", "", "", "", "", "", "", overall, "", ""])
+        shown.append([f"**({claim.key})**", STATEMENTS[claim.key], "", "", f"**{overall}**", ""])
         for part in claim.parts:
             held = part.measured()
             summary = f"{held.count(HOLDS)}/{len(held)} rows hold" if held else ""
-            rows.append([claim.key, part.name, "", "", "", "", str(len(held)), "", "", "", part.verdict])
-            shown.append(["", f"*{part.name}*", "", summary, f"*{part.verdict}*"])
+            rows.append([claim.key, part.name, "", "", "", "", str(len(held)), "", "", "", part.verdict, "", ""])
+            shown.append(["", f"*{part.name}*", "", summary, f"*{part.verdict}*", ""])
             for m in part.rows:
                 if m.needs and not held and len(part.rows) == 1:
                     continue  # the part's line already says what it needs
                 mean, ci = mean_ci95(m.values) if m.values else (math.nan, math.nan)
                 rows.append([claim.key, m.measurement, *m.where, str(len(m.values)), number(mean, 2), number(ci, 2),
-                             m.unit, m.verdict])
+                             m.unit, m.verdict, m.test(), number(m.detectable(), 2)])
                 cell = " ".join(p for p in m.where if p)
                 value = "" if not m.values else (number(mean, 2, signed=True)
                                                  + (f" ± {number(ci, 2)}" if len(m.values) > 1 else "")
                                                  + f" {m.unit} (n={len(m.values)})")
-                shown.append(["", m.measurement, cell, value, m.verdict])
+                detectable = m.detectable()
+                test = m.test() + (f"; detects {number(detectable, 2)} {m.unit}" if detectable is not None else "")
+                shown.append(["", m.measurement, cell, value, m.verdict, test])
     return Table(
         name="findings", title="Findings — the paper's claims on this sweep",
         caption="Each claim, then each part's verdict, then one row per block of cells: mean ± 95% CI over seeds "
         "(Student t interval over the per-seed values of the difference; seeds paired by number). A row holds "
         "when its interval excludes 0 on the claimed side, does not hold when it excludes the claimed side, and is "
-        "inconclusive otherwise (one seed: no interval). Only done cells count.",
-        columns=FINDINGS_COLUMNS, headers=["Claim", "Measurement", "Cells", "gridrun (mean ± 95% CI)", "Verdict"],
+        "inconclusive otherwise (one seed: no interval). Only done cells count. Test: what the verdict rests on, "
+        "and the smallest true difference it finds with 80% power at the spread its seeds show (a difference "
+        "under it is not evidence of no effect).",
+        columns=FINDINGS_COLUMNS, headers=["Claim", "Measurement", "Cells", "gridrun (mean ± 95% CI)", "Verdict",
+                                           "Test (detects)"],
         rows=rows, shown=shown, left=3,
     )
 

@@ -62,6 +62,7 @@ from gridrun.seam.runconfig import (
     migrate,
 )
 from gridrun.seam.rundir import DamagedFile, RunDir, atomic_write_json, atomic_write_text, config_digest
+from gridrun.seam.significance import FALSE_ALARM, POWER, detectable_difference
 
 # Run nodes holding the chosen option's own settings (gridrun/seam/registry.py).
 OPTION_NODES = ("workflow", "task", "engine")
@@ -464,6 +465,8 @@ def freeze(plan: Plan, sweep: SweepDir, replace: bool = False) -> Freeze:
     data.update(source=str(plan.spec.source), launcher=plan.launcher, cluster=plan.cluster, updated_at=now)
     if plan.spec.early_warning is not None:
         data["early_warning"] = plan.spec.early_warning.to_dict()
+    if plan.spec.analysis is not None:
+        data["analysis"] = plan.spec.analysis.to_dict()
     data["plans"].append({"at": now, "argv": plan.spec.argv, "cells": len(plan.cells), **provenance})
     sweep.write(data)
     return result
@@ -601,7 +604,7 @@ def plan_table(plan: Plan, preview: Freeze, sweep: SweepDir) -> Any:
     # On a SLURM profile, each cell's segments at the time limit and its requeue budget.
     budgets = requeue_budgets([PlanEntry.from_json(pc.entry()) for pc in plan.cells], plan.cluster, plan.launcher)
     table = Table(title=f"plan of sweep {sweep.name} -> {sweep.root}",
-                  caption="\n".join([*cost_lines(plan), *requeue_lines(budgets, plan.cluster)]),
+                  caption="\n".join([*cost_lines(plan), *requeue_lines(budgets, plan.cluster), *detectable_lines(plan)]),
                   title_justify="left", caption_justify="left")
     numeric = ("cpus", "mem GB", "GPU GiB", "disk GB", "s/step", "hours", "segs", "requeues")
     columns = ("cell", "kind", "plan", "gpus", "partition", "cpus", "mem GB", "GPU GiB", "disk GB", "s/step", "rate",
@@ -635,6 +638,38 @@ def plan_table(plan: Plan, preview: Freeze, sweep: SweepDir) -> Any:
               ("", "") if budgets else ()),
         )
     return table
+
+
+def detectable_lines(plan: Plan) -> list[str]:
+    """With the sweep file's `analysis:`, the smallest difference each of Table 1's seed-level
+    comparisons (IP - SP, multi-agent - SA-RL: one cell's seeds against another's) can show
+    with this sweep's seeds, and the seeds a target difference needs (significance.py)."""
+    analysis = plan.spec.analysis
+    if analysis is None:
+        return []
+    seeds = len(plan.spec.axes["seed"])
+    sd = analysis.seed_sd_pp
+    how = (f"two-sided {FALSE_ALARM:.0%}, {POWER:.0%} power, a seed-to-seed SD of {sd:g} points per cell assumed in "
+           "the sweep's analysis section; collect measures it")
+    if seeds > 1:
+        # The test collect will run: Student's t over the seeds' spread, measured.
+        least = detectable_difference(sd, seeds, measured=True)
+        lines = [(f"detectable: IP - SP and multi-agent - SA-RL differences of {least:.1f}+ points with {seeds} seeds "
+                 f"per cell ({how})")]
+    else:
+        # One seed measures no spread: no test over seeds exists, whatever the difference.
+        least = detectable_difference(sd, 1, measured=False)
+        lines = [(f"detectable: nothing over seeds with 1 seed per cell (one seed measures no spread); were the spread "
+                 f"known, IP - SP and multi-agent - SA-RL differences of {least:.1f}+ points ({how})")]
+    if analysis.target_pp is not None:
+        needed = next((n for n in range(2, 1001) if (d := detectable_difference(sd, n, measured=True)) is not None
+                       and d <= analysis.target_pp), None)
+        if seeds > 1 and least is not None and least <= analysis.target_pp:
+            lines.append(f"  a {analysis.target_pp:g}-point difference: {seeds} seeds per cell can show it")
+        else:
+            lines.append(f"  a {analysis.target_pp:g}-point difference: {seeds} seed(s) per cell cannot show it; "
+                         + (f"{needed} seeds per cell can" if needed else "no count up to 1,000 seeds can"))
+    return lines
 
 
 def _rate_mark(source: str) -> str:

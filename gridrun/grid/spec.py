@@ -80,6 +80,8 @@ class SweepFile:
     variants: Any = None
     # The early-warning study's plan (EarlyWarningPlan.parse).
     early_warning: Any = None
+    # What the sweep's seeds can detect (AnalysisPlan.parse).
+    analysis: Any = None
     # glob on cell ids -> GPU class.
     cell_gpu: dict[str, str] | None = None
 
@@ -116,6 +118,8 @@ class SweepSpec:
     variants: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     # How the alerts' thresholds are chosen and reported (the sweep file's `early_warning:`).
     early_warning: EarlyWarningPlan | None = None
+    # The seed-to-seed spread assumed before anything runs (the sweep file's `analysis:`).
+    analysis: AnalysisPlan | None = None
     # A glob on the cell id -> the GPU class of those cells (conf/gpu/<name>), in file order;
     # the first match wins and a `gpu=` setting wins over every one (the file's `cell_gpu:`).
     cell_gpu: dict[str, str] = field(default_factory=dict)
@@ -215,6 +219,35 @@ class EarlyWarningPlan:
                                     f"({', '.join(map(str, planned))}): add it to the seeds or drop it from {key}")
 
 
+@dataclass(frozen=True)
+class AnalysisPlan:
+    """What a sweep's seeds can detect, sized before anything runs: the seed-to-seed standard
+    deviation of a cell's accuracy assumed (points), and optionally the difference the
+    researcher wants to see. The dry run turns it into each Table 1 comparison's detectable
+    difference (gridrun/seam/significance.py); collect then reports the measured spread beside it."""
+
+    seed_sd_pp: float
+    target_pp: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seed_sd_pp": self.seed_sd_pp, **({} if self.target_pp is None else {"target_pp": self.target_pp})}
+
+    @classmethod
+    def parse(cls, data: Any, where: str) -> AnalysisPlan:
+        example = "{seed_sd_pp: 2.0, target_pp: 3.0}"
+        if not isinstance(data, dict) or "seed_sd_pp" not in data or not set(data) <= {"seed_sd_pp", "target_pp"}:
+            raise GridError(f"{where}: 'analysis' must hold seed_sd_pp (and may hold target_pp), e.g. {example}")
+        values = {}
+        for key in ("seed_sd_pp", "target_pp"):
+            v = data.get(key)
+            if v is None and key == "target_pp":
+                continue
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf:
+                raise GridError(f"{where}: analysis.{key} must be a number of accuracy points > 0, e.g. {example}")
+            values[key] = float(v)
+        return cls(values["seed_sd_pp"], values.get("target_pp"))
+
+
 def available_sweeps() -> list[str]:
     """The sweeps conf=<name> finds: the user's own and gridrun's shipped ones."""
     return sorted({p.stem for d in search.sweep_dirs() for p in d.glob("*.yaml")})
@@ -305,6 +338,7 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
     cell_gpu = written.cell_gpu or {}
     early = written.early_warning
     early_warning = None if early is None else EarlyWarningPlan.parse(early, str(path))
+    analysis = None if written.analysis is None else AnalysisPlan.parse(written.analysis, str(path))
     chosen: list[str] | None = None
     settings = list(file_settings)
     for line in overrides:
@@ -345,7 +379,7 @@ def load_spec(conf: str | None, overrides: Sequence[str], composer: Composer) ->
     return SweepSpec(
         name=path.stem, source=path, axes=axes, settings=_last_wins(settings, composer), restrict=restrict,
         argv=list(overrides), variants=_chosen_variants(path, variants, chosen), early_warning=early_warning,
-        cell_gpu=dict(cell_gpu),
+        analysis=analysis, cell_gpu=dict(cell_gpu),
     )
 
 

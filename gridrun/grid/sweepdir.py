@@ -74,7 +74,7 @@ class PlanEntry:
 @dataclass(frozen=True)
 class SweepPlan:
     """sweep.json, typed: the sweep's cells in plan order, its launcher and cluster settings
-    (empty when never recorded), its early-warning plan and the history of `gridrun plan`
+    (empty when never recorded), its early-warning and analysis plans and the history of `gridrun plan`
     calls (`plans`). `raw` is the object as written: `gridrun plan` updates and writes it."""
 
     name: str
@@ -82,6 +82,8 @@ class SweepPlan:
     launcher: Mapping[str, Any] = field(default_factory=dict)
     cluster: Mapping[str, Any] = field(default_factory=dict)
     early_warning: Mapping[str, Any] | None = None
+    # The sweep file's `analysis:` (spec.AnalysisPlan's dict), where it has one.
+    analysis: Mapping[str, Any] | None = None
     plans: tuple[Mapping[str, Any], ...] = ()
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -90,7 +92,8 @@ class SweepPlan:
         return cls(
             name=data["name"], cells=tuple(PlanEntry.from_json(cell) for cell in data["cells"]),
             launcher=data.get("launcher") or {}, cluster=data.get("cluster") or {},
-            early_warning=data.get("early_warning"), plans=tuple(data.get("plans") or ()), raw=dict(data),
+            early_warning=data.get("early_warning"), analysis=data.get("analysis"),
+            plans=tuple(data.get("plans") or ()), raw=dict(data),
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -24,7 +24,8 @@ Three questions, each with its test (docs/analysis.md says what a verdict can an
   detectable difference between two cells' seed means at a two-sided `alpha` and `power`,
   from a seed-to-seed standard deviation (measured on seeds that ran, or given before anything
   runs); with one seed per cell the spread is not measurable and a given one uses normal
-  quantiles.
+  quantiles. `detectable_paired`: the same for differences matched by seed number (the
+  findings' rows), from the spread of those differences.
 
 Standard library only (a seam module): the trainer's collapse detector, `gridrun collect`
 and the dry run share it.
@@ -249,3 +250,12 @@ def detectable_difference(sd_pp: float, seeds: int, measured: bool, alpha: float
     else:
         q = normal_quantile(1 - alpha / 2) + normal_quantile(power)
     return q * sd_pp * math.sqrt(2 / seeds)
+
+
+def detectable_paired(sd_pp: float, pairs: int, alpha: float = FALSE_ALARM, power: float = POWER) -> float | None:
+    """The smallest true mean of paired differences (per seed, matched by seed number) that
+    a t test over `pairs` differences with SD `sd_pp` finds at a two-sided `alpha` with
+    `power`; None below 2 pairs (no spread to measure)."""
+    if pairs < 2 or not math.isfinite(sd_pp):
+        return None
+    return (t_quantile(1 - alpha / 2, pairs - 1) + t_quantile(power, pairs - 1)) * sd_pp / math.sqrt(pairs)

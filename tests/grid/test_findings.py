@@ -14,10 +14,12 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from gridrun.analysis.findings import STATEMENTS, findings_table, verdict
+from gridrun.analysis.findings import FINDINGS_COLUMNS, STATEMENTS, findings_table, verdict
 from gridrun.grid.sweepdir import SweepDir
 from tests.grid.conftest import Gridrun
 from tests.grid.test_analysis import add_cell, coords
+
+VERDICT = FINDINGS_COLUMNS.index("verdict")
 
 SEEDS = (0, 1, 2)
 
@@ -135,19 +137,22 @@ def test_claims_measured_with_intervals_over_seeds(gridrun: Gridrun, study: Swee
 
     md = study.report("md").read_text()
     assert "## Findings" in md and "|  | peak − base | math 1.7b voting IP | +18.00 ± 4.97 pp (n=3) | holds |" in md
+    # Every row names its test and what it could detect: 3 paired seeds with a spread of 2
+    # points detect (t(0.975, 2) + t(0.8, 2)) x 2 / sqrt(3) = 6.19 points.
+    assert "| t over 3 seeds paired by number; detects 6.19 pp |" in md
 
 
 def test_a_claim_without_its_cells_is_not_measured(gridrun: Gridrun, study: SweepDir) -> None:
     assert gridrun("collect", "conf=study").code == 0
     cells = pd.read_parquet(study.cells_parquet)
     table = findings_table(cells[cells["workflow"] != "voting"])
-    verdicts = {row[0]: row[-1] for row in table.rows if row[1] in STATEMENTS.values()}
+    verdicts = {row[0]: row[VERDICT] for row in table.rows if row[1] in STATEMENTS.values()}
     assert verdicts["b"] == "not measured (needs IP and SP `train` cells of the same workflow, task and scale)"
     assert verdicts["c"] == "not measured (needs Voting-IP `train` cells)"
     assert verdicts["d"] == "not measured (needs Voting-SP `train` cells)"
     # (a) is measured against base only: its shuffled part says what it needs (SA-RL's control
     # check is shown but not counted), so the base part's verdict is the claim's where measured.
-    parts = {row[1]: row[-1] for row in table.rows if row[0] == "a"}
+    parts = {row[1]: row[VERDICT] for row in table.rows if row[0] == "a"}
     assert parts["beats its shuffled control in most cells"] == (
         "not measured (needs `shuffled` cells: add `shuffled` to the sweep's `kind` axis)")
     assert parts["beats base in most cells"] == "does not hold"  # Eval-Opt-IP alone, 0 ± 0

@@ -320,6 +320,27 @@ def test_dry_run_prints_the_plan_and_writes_nothing(gridrun: Gridrun, results: P
     assert f"~{days:,.1f} node-days" in out and "the paper: ~235 node-days, ~967 s/step" in out
     assert "[m] 1.7b/h100, 4b/h100: measured: bench/measured/gpu-h100-2026-11-22.jsonl" in out
     assert "[~] 0.6b/l40s: modelled: " in out and "rollouts everywhere: modelled" in out
+    # The paper's one seed per cell can test nothing over seeds; with the assumed SD of 1.1
+    # points, (1.96 + 0.84) x 1.1 x sqrt(2) = 4.4 points, and a 3-point residual needs 4 seeds
+    # (Student t with 6 degrees of freedom: (2.447 + 0.906) x 1.1 x sqrt(2/4) = 2.6).
+    assert "detectable: nothing over seeds with 1 seed per cell" in out and "differences of 4.4+ points" in out
+    assert "a 3-point difference: 1 seed(s) per cell cannot show it; 4 seeds per cell can" in out
+    three = " ".join(gridrun("sweep", "conf=full_matrix", "seed=range(0,3)", "--dry-run").out.split())
+    assert "differences of 3.3+ points with 3 seeds per cell" in three and "4 seeds per cell can" in three
+
+
+@pytest.mark.parametrize("analysis, why", [
+    ({"target_pp": 3.0}, "'analysis' must hold seed_sd_pp"),
+    ({"seed_sd_pp": 0}, "analysis.seed_sd_pp must be a number of accuracy points > 0"),
+    ({"seed_sd_pp": 2.0, "target_pp": "three"}, "analysis.target_pp must be a number"),
+    ({"seed_sd_pp": 2.0, "power": 0.9}, "'analysis' must hold seed_sd_pp (and may hold target_pp)"),
+])
+def test_a_bad_analysis_section_is_named(analysis: dict, why: str) -> None:
+    from gridrun.grid.spec import AnalysisPlan
+
+    with pytest.raises(GridError, match=re.escape(why)):
+        AnalysisPlan.parse(analysis, "sweeps/x.yaml")
+    assert AnalysisPlan.parse({"seed_sd_pp": 2, "target_pp": 3}, "x").to_dict() == {"seed_sd_pp": 2.0, "target_pp": 3.0}
 
 
 def test_the_dry_run_takes_the_last_canarys_step_for_its_shape(gridrun: Gridrun, results: Path) -> None:
