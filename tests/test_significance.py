@@ -94,3 +94,16 @@ def test_a_flat_curve_with_correlated_problems_stays_under_the_rate() -> None:
     # validations): pairing removes that spread, and the rule still holds its rate.
     rates = cliff_rates(rho=0.5, runs=600, problems=TOY_PROBLEMS, seed=1)
     assert rates["paired"] <= 0.05 and rates["unpaired"] <= 0.05, rates
+
+
+def test_the_detector_acts_at_the_first_validation_that_holds_a_cliff() -> None:
+    from gridrun.seam.significance import Evaluations, first_cliff
+
+    # SE 1 point per validation (a fall's SE 1.41): 0.40 -> 0.38 -> 0.25 holds a cliff (15
+    # points, z 10.6 over 6 validations' bound 2.94) at the third validation, not before.
+    accs = {0: 0.40, 5: 0.38, 10: 0.25, 15: 0.20, 20: 0.30, 25: 0.31}
+    found = first_cliff(Evaluations.of(accs, {s: 0.01 for s in accs}), FallRule(6))
+    assert found is not None and found[0] == 10 and (found[1].peak_step, found[1].step) == (0, 10)
+    # A wobble of 8 points is never one, however precise.
+    calm = {0: 0.40, 5: 0.32, 10: 0.39}
+    assert first_cliff(Evaluations.of(calm, {s: 0.001 for s in calm}), FallRule(3)) is None

@@ -593,3 +593,33 @@ def test_an_alert_whose_export_fails_warns_and_the_action_goes_on(tmp_path: Path
     assert "the peak's export failed" in caplog.text and "Permission denied" in caplog.text
     if action == "stop":  # the stop's own checkpoint is the peak's, there to export by hand
         assert RunDir(cell).checkpoint(1).is_dir()
+
+
+def test_the_collapse_detector_stops_at_the_cliff_its_replay_finds(tmp_path: Path) -> None:
+    # LR 0.05 breaks the toy model in one step: 40 validation problems fall from 35% right to
+    # none. Paired by problem (14 of -1, 26 of 0) the fall's SE is 7.6 points, z = 4.6, over
+    # the bound of 5 planned validations (10 pairs: z >= 2.58): the detector's `collapse`
+    # alert, and on_alert=stop ends the cell there with the base model as its peak.
+    from gridrun.analysis.warning import warning_columns
+    from gridrun.seam.significance import COLLAPSE
+
+    settings = {"total_steps": 4, "val_every": 1, "val_problems": 40}
+    cell = make_cell(tmp_path, "stops", optim={"lr": 0.05}, train={**settings, "on_alert": "stop", "fall_alert": True})
+    assert run_cell(cell) == 0, RunDir(cell).read_state().to_json().get("error")
+    state = RunDir(cell).read_state()
+    assert state.state == "stopped" and state.step == 1 and state.peak_export == "base model"
+    assert state.alert is not None and state.alert.startswith(f"{COLLAPSE}: validation fell ")
+    assert "paired by problem" in state.alert
+    # The same cell trained to the end without the detector: the replay collect runs on its
+    # validations and records stops where the live detector did (validating leaves training's
+    # RNG alone, so the stopped run is the full run's prefix).
+    full = make_cell(tmp_path, "full", optim={"lr": 0.05}, train=settings)
+    assert run_cell(full) == 0
+    run = RunDir(full)
+    rows = run.read_metrics()
+    assert val_accuracy(rows)[1] == val_accuracy(RunDir(cell).read_metrics())[1]
+    replayed = warning_columns(val_accuracy(rows), {}, {r["step"]: r["val/acc_se"] for r in rows if r["split"] == "val"},
+                               records=run.read_records("val")[0], validations=5)
+    assert replayed["detector_step"] == 1 and replayed["detector_peak_kept"] is True
+    # Off by default: the full run has no collapse alert.
+    assert not any(a.startswith(COLLAPSE) for a in run.read_state().alerts)

@@ -72,6 +72,7 @@ from gridrun.analysis.tables import Table, base_mismatch_notes, flags, signature
 from gridrun.analysis.warning import (
     CLIFF_SE,
     alert_actions_table,
+    detector_table,
     early_warning_jobs,
     early_warning_table,
     noise_table,
@@ -92,7 +93,7 @@ from gridrun.seam.rundir import RunDir, atomic_write_bytes, atomic_write_text
 # Below this many cells, worker processes cost more to start than they save.
 PARALLEL_FROM_CELLS = 200
 INT_COLUMNS = ("seed", "peak_step", "final_step", "cliff_step", "peak_drop_step", "peak_drop_peak_step",
-               "peak_drop_onset_step", *(f"alert/{m}/{c}" for m in ALERTS for c in ("fired", "steps", "first_step", "lead")))
+               "peak_drop_onset_step", "detector_step", *(f"alert/{m}/{c}" for m in ALERTS for c in ("fired", "steps", "first_step", "lead")))
 
 
 @dataclass
@@ -394,7 +395,7 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0, export_to:
         tables += [for_variant(t, variant) for t in [
             peak, table1(part, "final_val_acc"), table2(part), table3(part), *signature_tables(part, signatures),
             alerts_table(part)]]
-    tables += [findings_table(cells), early_warning_table(cells), noise_table(cells),
+    tables += [findings_table(cells), early_warning_table(cells), noise_table(cells), detector_table(cells),
                alert_actions_table(cells, functools.partial(twin_ran_on, sweep, cells)),
                *calibration_tables(sweep, data.plan, cells, data.rows)]
     sweep.root.mkdir(parents=True, exist_ok=True)

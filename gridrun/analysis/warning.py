@@ -64,11 +64,12 @@ from gridrun.analysis.plotting import OKABE_ITO, legend, new_figure, to_png
 from gridrun.analysis.summary import MetricColumns
 from gridrun.analysis.tables import POLICY_LABELS, Table, number
 from gridrun.grid.sweepdir import SweepDir
+from gridrun.seam.accuracy import first_peak
 from gridrun.seam.cellstate import CellState
 from gridrun.seam.mechanisms import ALERTS
 from gridrun.seam.records import ValidationRecord
 from gridrun.seam.runconfig import TRAINED_KINDS
-from gridrun.seam.significance import CLIFF_PP, Evaluations, Fall, FallRule, largest_fall
+from gridrun.seam.significance import CLIFF_PP, Evaluations, Fall, FallRule, first_cliff, largest_fall
 
 # A validation within this many points of the peak is still at it (a 200 x 4 validation's
 # noise is ~2-3 points): the fall starts after the last such one...
@@ -133,6 +134,20 @@ def _at_peak(evals: Evaluations, k: float, peak: int, step: int) -> bool:
     return fall <= ONSET_PP + 1e-9 or (diff is not None and fall < k * 100 * diff.se)
 
 
+def detector_columns(evals: Evaluations, rule: FallRule) -> dict[str, Any]:
+    """Where train.fall_alert with on_alert=stop would have ended the run (replayed on its
+    validations: a stopped run is its full run's prefix, since validating leaves training's
+    RNG alone), whether the peak so far is the full run's (Table 1's peak kept), and the
+    accuracy it would have ended at (Table 1's final column, had it stopped)."""
+    found = first_cliff(evals, rule)
+    if found is None:
+        return {"detector_step": None, "detector_peak_kept": None, "detector_final_acc": None}
+    step = found[0]
+    before = {s: a for s, a in evals.acc.items() if s <= step}
+    return {"detector_step": step, "detector_peak_kept": first_peak(before) == first_peak(evals.acc),
+            "detector_final_acc": evals.acc[step]}
+
+
 def noise(evals: Evaluations, rule: FallRule) -> tuple[float | None, float | None]:
     """(the typical SE of a fall between two validations, the noise floor), in points: the SE
     is the mean over consecutive validations (paired by problem where both have records), the
@@ -179,6 +194,7 @@ def warning_columns(val_acc: Mapping[int, float], summary: Mapping[str, Any], va
         "cliff_z": None if fall is None else fall.z,
         "cliff_z_needed": None if fall is None else rule.z,
         "cliff_test": None if fall is None else fall.test(),
+        **detector_columns(evals, rule),
         "peak_drop_step": None if drop is None else drop.step,
         "peak_drop_peak_step": None if drop is None else drop.peak_step,
         "peak_drop_onset_step": None if drop is None else drop.onset_step,
@@ -359,6 +375,51 @@ def noise_table(cells: pd.DataFrame) -> Table:
         rows=rows, left=2,
         notes=[] if rows else [("No cell has validations with a standard error (val/acc_se): cells trained before "
                                "it was recorded.")],
+    )
+
+
+def detector_table(cells: pd.DataFrame) -> Table:
+    """Per trained done cell: where the collapse detector (train.fall_alert, on_alert=stop)
+    would have stopped it, the steps that saves, whether the peak was kept, and Table 1's
+    final column had it stopped; the totals in the notes."""
+    rows = []
+    saved = total = kept = stopped = 0
+    final_lost: list[float] = []
+    if "detector_step" in cells:
+        done = cells[cells["kind"].isin(TRAINED_KINDS) & (cells["state"] == CellState.DONE) & cells["peak_drop_pp"].notna()]
+        for r in done.to_dict("records"):
+            steps = int(r["total_steps"]) if r.get("total_steps") is not None and not pd.isna(r["total_steps"]) else None
+            at = r.get("detector_step")
+            at = None if at is None or pd.isna(at) else int(at)
+            if steps is not None:
+                total += steps
+            if at is None:
+                rows.append([r["cell"], "" if steps is None else str(steps), "", "0", "", "", number(100 * r["final_val_acc"], 1)])
+                continue
+            stopped += 1
+            kept += bool(r["detector_peak_kept"])
+            if steps is not None:
+                saved += steps - at
+            final_lost.append(100 * (r["final_val_acc"] - r["detector_final_acc"]))
+            rows.append([r["cell"], "" if steps is None else str(steps), str(at), "" if steps is None else str(steps - at),
+                         "yes" if r["detector_peak_kept"] else "no", number(100 * r["detector_final_acc"], 1),
+                         number(100 * r["final_val_acc"], 1)])
+    notes = []
+    if rows:
+        notes.append(f"{stopped} of {len(rows)} cells would have stopped; {saved} of {total} training steps saved "
+                     f"({number(100 * saved / total, 1) if total else 'n/a'}%); the peak kept in {kept} of {stopped}"
+                     + (f"; Table 1's final column {number(sum(final_lost) / len(final_lost), 1, signed=True)} points "
+                        "on average for the stopped cells (full run's final minus the final at the stop)"
+                        if final_lost else "") + ".")
+    return Table(
+        name="detector", title="The collapse detector — where a stop would have ended each run, and what it saves",
+        caption=("Replayed on each done training cell's validations (a stopped run is its full run's prefix): the "
+                 "validation at which train.fall_alert finds a cliff (the cliff rule applied to the validations so "
+                 "far), the training steps a stop there saves, whether the peak so far is the full run's (Table 1's "
+                 "peak kept), and the accuracy at the stop against the full run's final."),
+        columns=["cell", "total_steps", "stop_step", "steps_saved", "peak_kept", "final_at_stop", "final"],
+        headers=["Cell", "Steps", "Stop at", "Steps saved", "Peak kept", "Final at stop (%)", "Final (%)"],
+        rows=rows, left=1, notes=notes or ["No done training cell with validations."],
     )
 
 

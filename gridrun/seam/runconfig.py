@@ -108,7 +108,7 @@ RESERVED_ADAPTER_NAMES = ("default", "merged")
 OMITTED_AT_DEFAULT: tuple[tuple[str, str, Any], ...] = (
     ("policy", "groups", {}), ("grpo", "estimator", "grpo"), ("reward", "credit", "broadcast"),
     ("train", "val_n", 1), ("train", "on_alert", "warn"),
-    ("model", "arch_overrides", {}),
+    ("model", "arch_overrides", {}), ("train", "fall_alert", False),
 )
 # The run schema's version, recorded in each cell.json (`schema`; a cell without one is 1):
 # MIGRATIONS read an older cell's config.yaml as this version would have written it.
@@ -419,6 +419,11 @@ class TrainSpec:
     # and status show it), "export_peak" (also export the peak validation's adapters, then train
     # on) or "stop" (export them and end the cell: state `stopped`, with the alert and its step).
     on_alert: Literal["warn", "export_peak", "stop"] = "warn"
+    # Raise the `collapse` alert at the validation where the run's validations first hold a
+    # cliff (gridrun/seam/significance.py: a fall of 10+ points clearing the Bonferroni bound
+    # over the pairs of its planned validations, paired by problem); on_alert acts on it as
+    # on a mechanism alert. Off: the cliff is only collect's to find.
+    fall_alert: bool = False
 
 
 @dataclass

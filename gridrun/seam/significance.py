@@ -45,6 +45,8 @@ FALSE_ALARM = 0.05
 POWER = 0.8
 # A fall worth calling a cliff: at least this many points below an earlier validation.
 CLIFF_PP = 10.0
+# The trainer's alert for a cliff found as validations arrive (train.fall_alert).
+COLLAPSE = "collapse"
 
 _NORMAL = NormalDist()
 
@@ -225,6 +227,22 @@ def largest_fall(evals: Evaluations, rule: FallRule) -> Fall | None:
         return Fall(0.0, None, None, None, evals.paired, rule)
     diff = evals.difference(peak, low)
     return Fall(drop, peak, low, None if diff is None else 100 * diff.se, diff is not None and diff.paired, rule)
+
+
+def first_cliff(evals: Evaluations, rule: FallRule) -> tuple[int, Fall] | None:
+    """The validation at which the rule first finds a cliff among the validations so far
+    (the step a detector watching them would act at, and the fall it found); None when the
+    run never holds one. The trainer's train.fall_alert and collect's replay both ask this."""
+    steps = sorted(evals.acc)
+    for end in range(2, len(steps) + 1):
+        seen = set(steps[:end])
+        prefix = Evaluations({s: a for s, a in evals.acc.items() if s in seen},
+                             {s: v for s, v in evals.se.items() if s in seen},
+                             {s: r for s, r in evals.records.items() if s in seen})
+        fall = largest_fall(prefix, rule)
+        if fall is not None and fall.cliff:
+            return steps[end - 1], fall
+    return None
 
 
 def _stronger(a: Fall, b: Fall) -> bool:

@@ -33,6 +33,7 @@ from gridrun.seam.records import ValidationRecord
 from gridrun.seam.routing import adapter_lr_scales, grouping
 from gridrun.seam.runconfig import RunConfig
 from gridrun.seam.rundir import RANK_STEPS_KEPT, RunDir, atomic_write_text
+from gridrun.seam.significance import COLLAPSE, Evaluations, FallRule, first_cliff
 from gridrun.tasks import make_task
 from gridrun.tasks.base import Problem
 from gridrun.train import checkpoint, lr_schedule
@@ -119,6 +120,10 @@ class Trainer:
         # Whether train.on_alert has acted (once per cell; a resume reads it from state.json).
         self.alert_acted = run_dir.read_state().alert_step is not None if self.dist.is_main else False
         self.val_acc: dict[int, float] = {}
+        # The collapse detector's inputs (train.fall_alert): each validation's SE and record.
+        self.val_se: dict[int, float] = {}
+        self.val_records: dict[int, ValidationRecord] = {}
+        self.fall_alert: str | None = None
         self.pad_id = self.tokenizer.pad_token_id
         self.total_steps = config.steps_to_train
         self.dist.decorrelate_rng(seed, 0)
@@ -143,6 +148,7 @@ class Trainer:
                 if step % self.config.train.val_every == 0 or step == self.total_steps:
                     self.validate(step)
                     peaked = self.peak_step() == step
+                    self.detect_fall()
                 # A new peak is checkpointed whatever save_every says: it is the model
                 # behind the cell's Table 1 number, kept until a higher peak replaces it.
                 saved = step % self.config.train.save_every == 0 or step == self.total_steps or peaked
@@ -337,7 +343,8 @@ class Trainer:
         action = self.config.train.on_alert
         if action == "warn" or self.alert_acted:
             return None
-        fired = [a for a in self.mechanism_alerts if a.split(":", 1)[0] in MECHANISMS] if self.dist.is_main else []
+        fired = ([a for a in self.alerts() if a.split(":", 1)[0] in (*MECHANISMS, COLLAPSE)]
+                 if self.dist.is_main else [])
         firing = bool(fired) if self.dist.world == 1 else self.dist.all_reduce_sum([float(bool(fired))])[0] > 0
         if not firing:
             return None
@@ -370,8 +377,24 @@ class Trainer:
         return str((out if out.exists() else export(self.run_dir, peak)).absolute())
 
     def alerts(self) -> list[str]:
-        """state.json's alerts: what the metric rows so far say (gridrun/seam/mechanisms.py)."""
-        return self.mechanism_alerts
+        """state.json's alerts: what the metric rows so far say (gridrun/seam/mechanisms.py),
+        and the collapse detector's, once it found a fall."""
+        return self.mechanism_alerts + ([self.fall_alert] if self.fall_alert else [])
+
+    def detect_fall(self) -> None:
+        """train.fall_alert: the `collapse` alert once the validations so far hold a cliff
+        (gridrun/seam/significance.py: a fall of 10+ points clearing the Bonferroni bound
+        over the pairs of the run's planned validations, paired by problem). It needs no
+        prediction: it is the yardstick itself, applied as the validations arrive, so a
+        stopped run is judged exactly as its full run would have been up to that step."""
+        if not self.config.train.fall_alert or not self.dist.is_main or self.fall_alert:
+            return
+        evals = Evaluations.of(self.val_acc, self.val_se, self.val_records)
+        found = first_cliff(evals, FallRule(max(self.config.planned_validations, len(self.val_acc))))
+        if found is not None:
+            fall = found[1]
+            self.fall_alert = (f"{COLLAPSE}: validation fell {fall.drop_pp:.1f} points from step {fall.peak_step} "
+                               f"to step {fall.step} ({fall.test()})")
 
     def validate(self, step: int) -> None:
         cfg = self.config
@@ -397,7 +420,11 @@ class Trainer:
         self.run_dir.check_present()
         atomic_write_text(self.run_dir.samples(step), dumped)
         # Which problems it got right: what makes two validations a paired comparison.
-        self.run_dir.write_record(ValidationRecord.from_outcomes("val", step, ((e.problem.id, e.scored.correct) for e in episodes)))
+        record = ValidationRecord.from_outcomes("val", step, ((e.problem.id, e.scored.correct) for e in episodes))
+        self.run_dir.write_record(record)
+        self.val_records[step] = record
+        if "val/acc_se" in metrics:
+            self.val_se[step] = metrics["val/acc_se"]
         log.info("step %d validation: acc %.3f on %d problems", step, metrics["val/acc"], len(problems))
 
     def summarise(self, step: int, metrics: dict[str, float]) -> None:
@@ -476,6 +503,10 @@ class Trainer:
             for row in kept:
                 self.mechanism_alerts = self.watch.see(row)
             self.val_acc = val_accuracy(kept)
+            self.val_se = {r["step"]: r["val/acc_se"] for r in kept if r["split"] == "val" and "val/acc_se" in r}
+            self.val_records = self.run_dir.read_records("val")[0]
+            # The detector replays the validations kept (a stop acted before the resume is in state.json).
+            self.detect_fall()
             self.run_dir.record(cellstate.progressed(**self.peak_fields()))
         log.info("resumed from %s", path)
         return step
