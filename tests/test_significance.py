@@ -107,3 +107,24 @@ def test_the_detector_acts_at_the_first_validation_that_holds_a_cliff() -> None:
     # A wobble of 8 points is never one, however precise.
     calm = {0: 0.40, 5: 0.32, 10: 0.39}
     assert first_cliff(Evaluations.of(calm, {s: 0.001 for s in calm}), FallRule(3)) is None
+
+
+# One problem's outcomes at two validations of a toy run correlate at 0.695 (sampled at T 0.7:
+# conf=val_sizing, bench/measured/val-sizing-2026-11-28.md).
+MEASURED_RHO = 0.695
+
+
+@pytest.mark.parametrize("fall_at", [5, 10])
+def test_a_planted_ten_point_fall_is_found_at_the_toy_validation_size(fall_at: int) -> None:
+    from gridrun.tasks.arith import ArithParams
+
+    # The toy world's validation as it ships, paired by problem: a 10-point fall halfway, or
+    # before the last validation only (one validation after it), is called a cliff in >= 80%
+    # of simulated runs.
+    problems = ArithParams().n_val
+    rng = np.random.default_rng(fall_at)
+    found = 0
+    for _ in range(300):
+        accs, ses, records = run(rng, STEPS, problems, TOY_ACC, MEASURED_RHO, fall_at=fall_at, fall_pp=10.0)
+        found += peak_drop(accs, ses, records=records, validations=VALIDATIONS).cliff  # type: ignore[union-attr]
+    assert found / 300 >= 0.8, found

@@ -76,10 +76,12 @@ def make_problems(seed: int, n_train: int, n_val: int) -> tuple[list[Problem], l
 @dataclass
 class ArithParams(TaskParams):
     name: str = "arith"
-    # Sizes of the seeded synthetic splits (every cell sees the same validation split; 200 is
-    # what the toy world's sweeps have always used).
+    # Sizes of the seeded synthetic splits (every cell sees the same validation split). 300
+    # validation problems: at one answer each (T 0.7) the cliff rule finds a true 10-point fall
+    # between two validations of an 11-validation run with ~96% power, paired by problem
+    # (bench/measured/val-sizing-2026-11-28.md: at 200 it was 80%, unpaired 668 would be needed).
     n_train: int = 5000
-    n_val: int = 200
+    n_val: int = 300
     # The boxed-answer grader, as task=math's: released | math_verify.
     grader: Literal["released", "math_verify"] = "released"
     # Reward without a \\boxed{} (math_verify: also for a box it cannot parse).

@@ -232,7 +232,7 @@ def test_each_option_file_holds_only_what_differs_from_its_params_defaults(group
         # gpu_memory_utilization null: the plan sizes it per GPU class (the memory model).
         ("engine=vllm", {"name": "vllm", "plugin": None, "enable_prefix_caching": True,
                          "gpu_memory_utilization": None, "enable_sleep_mode": True}),
-        ("task=arith", {"name": "arith", "plugin": None, "n_train": 5000, "n_val": 200, "grader": "released",
+        ("task=arith", {"name": "arith", "plugin": None, "n_train": 5000, "n_val": 300, "grader": "released",
                         "format_penalty": 0.0}),
     ],
 )
