@@ -28,7 +28,7 @@ from gridrun.export import ExportError, export
 from gridrun.seam import cellstate
 from gridrun.seam.accuracy import first_peak, val_accuracy
 from gridrun.seam.mechanisms import MECHANISMS, RESPONSE_CAP, MechanismWatch, alert_flags
-from gridrun.seam.metric_keys import VAL_ROLE
+from gridrun.seam.metric_keys import VAL_ROLE, role_key
 from gridrun.seam.records import ValidationRecord
 from gridrun.seam.routing import adapter_lr_scales, grouping
 from gridrun.seam.runconfig import RunConfig
@@ -114,7 +114,8 @@ class Trainer:
         self.skipped_nonfinite = 0
         # Every alert (gridrun/seam/mechanisms.py) and the validation accuracies of the metric rows
         # so far (a resume replays the rows it keeps into both).
-        self.watch = MechanismWatch(config.workflow.name, config.policy.name, groups=grouping(config))
+        self.watch = MechanismWatch(config.workflow.name, config.policy.name, groups=grouping(config),
+                                    signals=config.train.alert_signals)
         self.mechanism_alerts: list[str] = []
         # Whether train.on_alert has acted (once per cell; a resume reads it from state.json).
         self.alert_acted = run_dir.read_state().alert_step is not None if self.dist.is_main else False
@@ -245,6 +246,7 @@ class Trainer:
             "adv/groups": groups.groups,
             "adv/singleton_groups": groups.singleton,
             "adv/zero_variance_groups": groups.zero_variance,
+            **{role_key(role, "zero_var_share"): share for role, share in groups.role_zero_variance.items()},
             "time/rollout_s": rolled - started,
             "time/update_s": done - rolled,
             "time/step_s": done - started,
@@ -414,7 +416,8 @@ class Trainer:
         alerts and the validation accuracies see it first."""
         self.mechanism_alerts = self.watch.see(row)
         self.val_acc.update(val_accuracy([row]))
-        self.metrics.write({**row, **alert_flags(self.mechanism_alerts)} if row["split"] == "train" else row)
+        self.metrics.write({**row, **alert_flags(self.mechanism_alerts, self.watch.flagged)}
+                           if row["split"] == "train" else row)
 
     def peak_step(self) -> int | None:
         """The step of the best validation so far (ties: the earliest), as Table 1's peak."""
