@@ -299,6 +299,7 @@ class MechanismWatch:
     _skipped: int = field(init=False, default=0)  # non-finite optimizer steps so far
     _series: dict[tuple[str, str, str], _Series] = field(init=False, default_factory=dict)  # (scope, name, metric)
     _read: frozenset[tuple[str, str]] = field(init=False, default=frozenset())  # (scope, metric) a signal reads
+    _by_metric: dict[str, list[tuple[str, str, _Series]]] = field(init=False, default_factory=dict)  # metric -> series
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.signals if s not in ALERTS]
@@ -352,7 +353,13 @@ class MechanismWatch:
             scope = ADAPTER if role.startswith(f"{ADAPTER}/") else ROLE
             if (scope, metric) in self._read:
                 name = role.partition("/")[2] if scope == ADAPTER else role
-                self._series.setdefault((scope, name, metric), _Series(t.signal_window)).add(float(value))
+                series = self._series.get((scope, name, metric))
+                if series is None:
+                    series = self._series[(scope, name, metric)] = _Series(t.signal_window)
+                    # Roles then adapters, by name (a row's key order is the writer's).
+                    self._by_metric[metric] = sorted([*self._by_metric.get(metric, []), (scope, name, series)],
+                                                     key=lambda item: (item[0] != ROLE, item[1]))
+                series.add(float(value))
             if scope == ADAPTER or metric not in ("chi2", "ppl", "grad_share"):
                 continue
             if metric != "grad_share":
@@ -409,10 +416,9 @@ class MechanismWatch:
         t = self.thresholds
         metric = SIGNAL_METRICS[signal]
         parts = []
-        # Roles then adapters, by name (a row's key order is the writer's); an adapter named
-        # after a role (Isolated-Policy's) is that role's series again.
-        for (scope, name, m), series in sorted(self._series.items(), key=lambda item: (item[0][0] != ROLE, item[0][1])):
-            if m != metric or (scope == ADAPTER and (signal not in PER_ADAPTER or (ROLE, name, m) in self._series)):
+        for scope, name, series in self._by_metric.get(metric, []):
+            # An adapter named after a role (Isolated-Policy's) is that role's series again.
+            if scope == ADAPTER and (signal not in PER_ADAPTER or (ROLE, name, metric) in self._series):
                 continue
             seen = series.windows()
             if seen is None:
@@ -538,11 +544,12 @@ def drift_alerts(
 
 def alert_history(
     rows: Iterable[Mapping[str, Any]], workflow: str, policy: str | None, thresholds: Thresholds = THRESHOLDS,
-    groups: Groups | None = None,
+    groups: Groups | None = None, signals: Sequence[str] = ALERTS,
 ) -> list[tuple[int, list[str]]]:
     """(step, alerts holding after that step's last row) for every step from the first
-    training row on, replaying the rows in order: what the trainer saw, under `thresholds`."""
-    watch = MechanismWatch(workflow, policy, thresholds, groups)
+    training row on, replaying the rows in order: what the trainer saw, under `thresholds`
+    (`signals`: the alerts replayed; each alert's history is the same whichever others run)."""
+    watch = MechanismWatch(workflow, policy, thresholds, groups, signals)
     history: list[tuple[int, list[str]]] = []
     trained = False
     for row in rows:
