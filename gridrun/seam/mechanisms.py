@@ -1,12 +1,14 @@
 """Every alert of a run, from its metric rows: the paper's two role-level failure mechanisms,
-the trajectory-side drift of a role's signature, and non-finite updates.
+the trajectory-side drift of a role's signature, non-finite updates, and the candidate
+collapse signals (entropy, length, truncation, gradient norm, zero-variance groups).
 
 Pure functions over a cell's metrics.jsonl rows (train and val splits, as the trainer writes
 them) and its coordinates (workflow, policy, response cap). The trainer feeds each row it
-writes to a `MechanismWatch` (its alerts go to state.json, so `gridrun status` shows them,
-and to the train row as `alert/<mechanism>` 0/1, so wandb plots them); `gridrun collect`
-replays the finished rows through `alert_history` with any `Thresholds`, so every threshold
-can be re-calibrated on a results folder without retraining. A seam module (standard library
+writes to a `MechanismWatch` running its `train.alert_signals` (its alerts go to state.json,
+so `gridrun status` shows them, and to the train row as `alert/<name>` 0/1 for the
+mechanisms and the listed candidates, so wandb plots them); `gridrun collect` replays the
+finished rows through `alert_history` with any `Thresholds`, so every threshold can be
+re-calibrated on a results folder without retraining. A seam module (standard library
 and the registry only): both halves import it, and gridrun/grid must never pull in torch.
 Each alert is one line "<name>: <why>", its name one of `ALERTS`.
 
@@ -70,7 +72,7 @@ truncation_spike: a role's truncation rate (`role/<r>/trunc_rate`) now is above
 grad_norm_spike: a role's (`role/<r>/grad_norm`) or an adapter's (`adapter/<a>/grad_norm`)
 gradient norm now is at least `grad_norm_factor` times the median of all its values before
 the last window (a running baseline: a spike stands out of the run's own history, whatever
-its first steps did).
+its first steps did); an adapter named after a role (Isolated-Policy's) is that role's.
 
 zero_variance: a role's share of zero-variance groups (`role/<r>/zero_var_share`: its
 groups whose rewards are all equal, so no advantage to learn from) now is at least
@@ -79,8 +81,10 @@ groups whose rewards are all equal, so no advantage to learn from) now is at lea
 The trainer's live watch runs the alerts its run's `train.alert_signals` lists (default
 `LIVE_ALERTS`: all but the candidates); `alert_history` replays every alert.
 
-Leaves out: smoothing beyond the windows, and Eval-Opt's evaluator idioms (code fences:
-signature_drift names them).
+Leaves out: smoothing beyond the windows, Eval-Opt's evaluator idioms (code fences:
+signature_drift names them), a signal on the trainer/engine log-prob mismatch
+(`role/<r>/rollout_logp_absdiff`: meaningful with vLLM only), and per-adapter entropy,
+length and truncation (the rows log those per role).
 """
 
 from __future__ import annotations
