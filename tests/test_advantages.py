@@ -174,6 +174,28 @@ def test_a_problem_whose_episodes_all_fail_the_format_gets_zero_everywhere() -> 
     assert (episode_stats.groups, episode_stats.zero_variance) == (1, 1)
 
 
+def test_each_roles_zero_variance_share_counts_the_groups_holding_its_turns() -> None:
+    # Eval-Opt, problem p: 4 one-round episodes rewarded 1 0 1 0; problem q: 4 all 0. Released
+    # (a group per problem x trajectory; one-round turns have a trajectory each): p's groups
+    # vary, q's do not, so each role has 1 of 2 groups zero-variance. As written (one group per
+    # problem, the episode's advantage on every turn): the same 1 of 2 for every role.
+    # Problem r's one episode is a singleton group: not counted (group_advantages' rule).
+    workflow = get_workflow("eval_opt")
+    turns = [turn("generator"), turn("evaluator")]
+    episodes = ([episode("p", k, r, turns) for k, r in enumerate([1.0, 0.0, 1.0, 0.0])]
+                + [episode("q", k, 0.0, turns) for k in range(4)] + [episode("r", 0, 1.0, turns)])
+    for spec in (RELEASED, AS_WRITTEN):
+        _, stats = turn_advantages(episodes, workflow, spec)
+        assert stats.role_zero_variance == {"generator": 0.5, "evaluator": 0.5}
+    # Voting: q's generators rewarded alike but its aggregator not -> only the generator's group is flat.
+    voting = get_workflow("voting")
+    vote = [episode("q", k, 0.0, [turn("generator", s) for s in range(3)] + [turn("aggregator")]) for k in range(2)]
+    for k, ep in enumerate(vote):
+        ep.turn_rewards = [0.0, 0.0, 0.0, float(k)]
+    _, stats = turn_advantages(vote, voting, RELEASED)
+    assert stats.role_zero_variance == {"generator": 1.0, "aggregator": 0.0}
+
+
 def test_the_reward_control_permutes_a_steps_rewards_and_keeps_their_multiset() -> None:
     rewards = [1.0, 0.0, 0.0, -0.1, 1.0, 0.0, 0.0, 0.0]
     episodes = [episode(f"p{i // 4}", i % 4, r, [turn("generator")]) for i, r in enumerate(rewards)]

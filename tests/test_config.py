@@ -121,3 +121,16 @@ def test_options_keep_their_attribute_paths_and_defaults() -> None:
     assert (config.sampling.temperature, config.sampling.val_temperature) == (0.7, 0.7)
     assert (config.lora.rank, config.lora.alpha, config.lora.target_modules) == (64, 32, "all-linear")
     assert config_from_dict(minimal(workflow={"name": "voting", "n_voters": 5})).parallel_slots == 5
+
+
+def test_alert_signals_name_alerts_and_are_left_out_of_config_yaml_at_their_default(tmp_path: Path) -> None:
+    default = config_from_dict(minimal())
+    assert default.train.alert_signals == ["gradient_amplification", "sp_role_capture", "signature_drift", "non_finite"]
+    assert "alert_signals" not in default.to_dict()["train"]  # existing cells' fingerprints stay
+    listed = config_from_dict(minimal(train={"alert_signals": ["non_finite", "entropy_collapse"]}))
+    assert listed.to_dict()["train"]["alert_signals"] == ["non_finite", "entropy_collapse"]
+    (tmp_path / "config.yaml").write_text(dump_config(listed))
+    assert load_config(tmp_path / "config.yaml") == listed
+    with pytest.raises(ConfigError, match=r"train.alert_signals: 'entropy' is not an alert; valid: gradient_amplification, "
+                                          r".*, entropy_collapse, .*zero_variance$"):
+        config_from_dict(minimal(train={"alert_signals": ["entropy"]}))

@@ -4,9 +4,23 @@ short of it, with numbers exact in binary floating point."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from gridrun.seam.mechanisms import THRESHOLDS, MechanismWatch, Thresholds, alert_history, firings
+import pytest
+
+from gridrun.analysis.summary import alert_summary
+from gridrun.seam.mechanisms import (
+    CANDIDATES,
+    LIVE_ALERTS,
+    THRESHOLDS,
+    MechanismWatch,
+    Thresholds,
+    alert_flags,
+    alert_history,
+    applies,
+    firings,
+)
 
 
 def train_rows(**series: list[float]) -> list[dict[str, Any]]:
@@ -229,7 +243,8 @@ def test_default_thresholds() -> None:
     assert THRESHOLDS == Thresholds(chi2_factor=2.0, ppl_factor=1.2, chi2_floor=1e-4, ratio_window=1,
                                     share_window=5, share_shrink=0.25, gap_close=0.25, terse_drop=0.2,
                                     rate_floor=0.5, fence_rate=0.2, trunc_rate=0.2, jaccard_high=0.9,
-                                    jaccard_low=0.7)
+                                    jaccard_low=0.7, signal_window=3, entropy_fall=0.5, length_rise=2.0,
+                                    length_fall=0.5, trunc_level=0.2, grad_norm_factor=5.0, zero_var_level=0.5)
 
 
 def test_the_sp_signature_alone_is_the_drift_toward_the_dominant_role() -> None:
@@ -251,3 +266,98 @@ def test_the_sp_signature_alone_is_the_drift_toward_the_dominant_role() -> None:
     assert firings(alert_history(rows, "voting", "shared"), "sp_role_capture") == []
     # Under IP there is no shared adapter to capture.
     assert signature_steps(rows, "voting", "isolated") == []
+
+
+# --- the candidate collapse signals ---------------------------------------------------------------
+# A 2-step window: "first" is steps 1-2's mean, "now" the last two steps', known from step 4 on
+# (the windows disjoint).
+PAIRS = dataclasses.replace(THRESHOLDS, signal_window=2)
+
+
+def fired(rows: list[dict[str, Any]], signal: str, thresholds: Thresholds = PAIRS, workflow: str = "voting",
+          policy: str | None = "isolated") -> list[int]:
+    return firings(alert_history(rows, workflow, policy, thresholds), signal)
+
+
+def test_entropy_collapse_fires_when_the_last_window_is_half_the_first() -> None:
+    # First (1 + 1) / 2 = 1; step 4's (0.75 + 0.25) / 2 = 0.5 <= 0.5 x 1. Step 3 has one
+    # value before the last window: not yet known.
+    assert fired(train_rows(generator_entropy=[1.0, 1.0, 0.75, 0.25]), "entropy_collapse") == [4]
+    # (0.75 + 0.3125) / 2 = 0.53125: above half, silent.
+    assert fired(train_rows(generator_entropy=[1.0, 1.0, 0.75, 0.3125]), "entropy_collapse") == []
+    # A later window that recovers clears it: step 5's (0.25 + 1) / 2 = 0.625.
+    assert fired(train_rows(generator_entropy=[1.0, 1.0, 0.75, 0.25, 1.0]), "entropy_collapse") == [4]
+
+
+def test_length_blowup_and_collapse_are_the_two_directions() -> None:
+    # 100 -> (150 + 250) / 2 = 200 = 2 x 100: a blowup; 199.5 is not. 100 -> 50 = 0.5 x 100: a collapse; 51 is not.
+    up, short_of_up = train_rows(aggregator_len_mean=[100.0, 100.0, 150.0, 250.0]), train_rows(
+        aggregator_len_mean=[100.0, 100.0, 150.0, 249.0])
+    down, short_of_down = train_rows(aggregator_len_mean=[100.0, 100.0, 50.0, 50.0]), train_rows(
+        aggregator_len_mean=[100.0, 100.0, 50.0, 52.0])
+    assert (fired(up, "length_blowup"), fired(up, "length_collapse")) == ([4], [])
+    assert (fired(down, "length_collapse"), fired(down, "length_blowup")) == ([4], [])
+    assert fired(short_of_up, "length_blowup") == fired(short_of_down, "length_collapse") == []
+    assert alert_history(up, "voting", "isolated", PAIRS)[-1][1] == ["length_blowup: aggregator length 100->200"]
+
+
+def test_truncation_spike_needs_a_rise_from_at_most_the_level() -> None:
+    level = dataclasses.replace(PAIRS, trunc_level=0.25)
+    # First (0.25 + 0.25) / 2 = 0.25 <= 0.25, now 0.5 > 0.25: fires; now exactly 0.25: silent (strictly above).
+    assert fired(train_rows(generator_trunc_rate=[0.25, 0.25, 0.5, 0.5]), "truncation_spike", level) == [4]
+    assert fired(train_rows(generator_trunc_rate=[0.25, 0.25, 0.25, 0.25]), "truncation_spike", level) == []
+    # Truncated from the start (first 0.375): no spike, however high it goes.
+    assert fired(train_rows(generator_trunc_rate=[0.5, 0.25, 1.0, 1.0]), "truncation_spike", level) == []
+
+
+def test_grad_norm_spike_is_against_the_median_before_the_last_window() -> None:
+    # Step 4: median of [1, 2] = 1.5, now (3 + 10) / 2 = 6.5 < 5 x 1.5. Step 5: median of
+    # [1, 2, 3] = 2, now (10 + 10) / 2 = 10 >= 5 x 2: fires. With 9.5 at step 5: 9.75, silent.
+    assert fired(train_rows(generator_grad_norm=[1.0, 2.0, 3.0, 10.0, 10.0]), "grad_norm_spike") == [5]
+    assert fired(train_rows(generator_grad_norm=[1.0, 2.0, 3.0, 10.0, 9.5]), "grad_norm_spike") == []
+
+
+def test_grad_norm_spike_reads_a_shared_adapter_and_skips_an_adapter_named_after_its_role() -> None:
+    norms = [1.0, 2.0, 3.0, 10.0, 10.0]
+    shared = [{"step": s + 1, "split": "train", "adapter/shared/grad_norm": v} for s, v in enumerate(norms)]
+    assert alert_history(shared, "voting", "shared", PAIRS)[-1][1] == [
+        "grad_norm_spike: adapter shared grad norm 10 vs median 2"]
+    # Isolated-Policy: adapter `generator` is the role's own series; the alert names it once.
+    isolated = [{**row, "role/generator/grad_norm": row["adapter/shared/grad_norm"], "adapter/generator/grad_norm":
+                 row["adapter/shared/grad_norm"]} for row in shared]
+    assert [a for a in alert_history(isolated, "voting", "isolated", PAIRS)[-1][1] if a.startswith("grad_norm")] == [
+        "grad_norm_spike: generator grad norm 10 vs median 2; adapter shared grad norm 10 vs median 2"]
+
+
+def test_zero_variance_fires_when_the_share_rises_to_the_level() -> None:
+    # First (0.25 + 0.5) / 2 = 0.375 < 0.5, now 0.5 >= 0.5: fires; now (0.5 + 0.375) / 2 = 0.4375: silent.
+    assert fired(train_rows(aggregator_zero_var_share=[0.25, 0.5, 0.5, 0.5]), "zero_variance") == [4]
+    assert fired(train_rows(aggregator_zero_var_share=[0.25, 0.5, 0.5, 0.375]), "zero_variance") == []
+    # At the level from the start: nothing rose.
+    assert fired(train_rows(aggregator_zero_var_share=[0.5, 0.5, 1.0, 1.0]), "zero_variance") == []
+
+
+def test_a_run_without_a_signals_metric_keeps_it_silent() -> None:
+    # Rows from before the metric was logged (chi2 only), or holding a non-number: no series.
+    old = train_rows(generator_chi2=[0.5, 0.5, 0.5, 0.5, 0.5])
+    broken = [{**row, "role/generator/entropy": value} for row, value in zip(old, [1.0, None, float("nan"), "x", 0.0])]
+    for rows in (old, broken):
+        history = alert_history(rows, "voting", "isolated", PAIRS)
+        assert all(firings(history, signal) == [] for signal in CANDIDATES)
+    # The summary's columns for it: replayed, never fired.
+    summary = alert_summary(old, "voting", "isolated", PAIRS)
+    assert (summary["alert/entropy_collapse/fired"], summary["alert/entropy_collapse/first_step"]) == (0, None)
+
+
+def test_the_watch_runs_only_the_signals_it_is_given() -> None:
+    rows = train_rows(generator_entropy=[1.0, 1.0, 0.25, 0.25], generator_len_mean=[10.0, 10.0, 40.0, 40.0])
+    live = MechanismWatch("voting", "isolated", PAIRS, signals=LIVE_ALERTS)
+    listed = MechanismWatch("voting", "isolated", PAIRS, signals=["entropy_collapse"])
+    for row in rows:
+        quiet, heard = live.see(row), listed.see(row)
+    assert quiet == [] and heard == ["entropy_collapse: generator entropy 1->0.25"]
+    assert listed.flagged == ("gradient_amplification", "sp_role_capture", "entropy_collapse")
+    assert alert_flags(heard, listed.flagged)["alert/entropy_collapse"] == 1
+    with pytest.raises(ValueError, match="unknown alert 'entropy'"):
+        MechanismWatch("voting", "isolated", signals=["entropy"])
+    assert all(applies(signal, "single", None) for signal in CANDIDATES)

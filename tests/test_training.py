@@ -312,27 +312,34 @@ def test_skipped_non_finite_steps_show_as_an_alert(tmp_path: Path, monkeypatch) 
     assert "non_finite: 1 optimizer step skipped" in state["alerts"]
 
 
-def test_mechanism_alerts_go_to_the_train_rows_and_state(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("listed", [None, ["gradient_amplification", "grad_norm_spike"]])
+def test_mechanism_alerts_go_to_the_train_rows_and_state(tmp_path: Path, monkeypatch, listed: list[str] | None) -> None:
     # With ppl_factor 0 any known generator perplexity ratio is "amplified" (perplexity is > 0,
     # so every ratio is known): Voting-IP fires from step 1 on, and the trainer logs what a
-    # replay of its metrics.jsonl says, row by row.
-    from gridrun.seam.mechanisms import MechanismWatch, Thresholds, alert_flags
+    # replay of its metrics.jsonl says, row by row. With a 1-step window and factor 0,
+    # grad_norm_spike holds from step 2 on (a norm >= 0 x step 1's): live only where
+    # train.alert_signals lists it, so the default run neither flags nor records it.
+    from gridrun.seam.mechanisms import LIVE_ALERTS, MechanismWatch, Thresholds, alert_flags
     from gridrun.train import trainer as trainer_module
 
-    eager = Thresholds(ppl_factor=0.0)
-    monkeypatch.setattr(trainer_module, "MechanismWatch", lambda w, p, groups=None: MechanismWatch(w, p, eager, groups))
+    eager = Thresholds(ppl_factor=0.0, signal_window=1, grad_norm_factor=0.0)
+    monkeypatch.setattr(trainer_module, "MechanismWatch", lambda w, p, **kw: MechanismWatch(w, p, eager, **kw))
     cell = make_cell(tmp_path, workflow={"name": "voting"}, policy={"name": "isolated"},
-                     train={"total_steps": 2, "val_every": 1})
+                     train={"total_steps": 2, "val_every": 1, **({"alert_signals": listed} if listed else {})})
     assert run_cell(cell) == 0, RunDir(cell).read_state().to_json().get("error")
     rows = RunDir(cell).read_metrics()
-    replay = MechanismWatch("voting", "isolated", eager)
+    replay = MechanismWatch("voting", "isolated", eager, signals=listed or LIVE_ALERTS)
+    expected = {"alert/gradient_amplification": 1, "alert/sp_role_capture": 0}
     for row in rows:
         seen = replay.see(row)
         if row["split"] == "train":
-            assert {k: row[k] for k in alert_flags(seen)} == alert_flags(seen) == {
-                "alert/gradient_amplification": 1, "alert/sp_role_capture": 0}
-    fired = [a for a in RunDir(cell).read_state().to_json()["alerts"] if a.startswith("gradient_amplification: generator ")]
-    assert fired == seen
+            flags = alert_flags(seen, replay.flagged)
+            spiked = {"alert/grad_norm_spike": int(row["step"] == 2)} if listed else {}
+            assert {k: row[k] for k in flags} == flags == {**expected, **spiked}
+            assert listed or "alert/grad_norm_spike" not in row
+    alerts = RunDir(cell).read_state().to_json()["alerts"]
+    assert alerts == seen
+    assert [a.split(":")[0] for a in alerts] == ["gradient_amplification", *(["grad_norm_spike"] if listed else [])]
 
 
 WORKFLOW_ROLES = {
@@ -353,8 +360,9 @@ def test_every_workflow_and_policy_trains_two_steps(tmp_path: Path, workflow: st
     assert [r["step"] for r in train] == [1, 2]
     for role in WORKFLOW_ROLES[workflow]:
         for metric in ("tokens", "token_share", "grad_share", "grad_norm", "loss", "chi2", "ppl", "entropy",
-                       "clip_frac", "len_mean", "trunc_rate"):
+                       "clip_frac", "len_mean", "trunc_rate", "zero_var_share"):
             assert f"role/{role}/{metric}" in train[-1], (role, metric)
+        assert 0.0 <= train[-1][f"role/{role}/zero_var_share"] <= 1.0
     assert {r["step"] for r in rows if r["split"] == "val"} == {0, 2}
     state = RunDir(cell).read_state().to_json()
     assert state["state"] == "done" and state["step"] == 2 and "peak_val_acc" in state
@@ -505,7 +513,7 @@ def test_an_alert_that_acts_exports_the_peak_and_stop_ends_the_cell(tmp_path: Pa
     from gridrun.train import trainer as trainer_module
 
     eager = Thresholds(ppl_factor=0.0)
-    monkeypatch.setattr(trainer_module, "MechanismWatch", lambda w, p, groups=None: MechanismWatch(w, p, eager, groups))
+    monkeypatch.setattr(trainer_module, "MechanismWatch", lambda w, p, **kw: MechanismWatch(w, p, eager, **kw))
     if action == "stop":
         # This cell's step-1 validation does not beat step 0's; read the newest validation as
         # the peak, so the peak is a trained checkpoint (saved as a peak is) and is exported.
@@ -577,7 +585,7 @@ def test_an_alert_whose_export_fails_warns_and_the_action_goes_on(tmp_path: Path
     from gridrun.train import trainer as trainer_module
 
     eager = Thresholds(ppl_factor=0.0)
-    monkeypatch.setattr(trainer_module, "MechanismWatch", lambda w, p, groups=None: MechanismWatch(w, p, eager, groups))
+    monkeypatch.setattr(trainer_module, "MechanismWatch", lambda w, p, **kw: MechanismWatch(w, p, eager, **kw))
     monkeypatch.setattr(trainer_module, "first_peak", lambda accs: (max(accs), accs[max(accs)]) if accs else None)
 
     def unwritable(run_dir: Any, step: Any, *args: Any, **kwargs: Any) -> Path:

@@ -2,9 +2,10 @@
 
 A sweep file's `early_warning:` section (spec.EarlyWarningPlan, recorded in sweep.json when
 the sweep is planned, so before it runs) names the fit seeds, the held-out seeds and candidate
-values for `Thresholds` fields. For each mechanism, every combination of the candidates of its
-own fields (MECHANISM_FIELDS; a field not searched keeps its default) is replayed on the rows
-of the fit seeds' cells (`alert_history`), and scored as the early warning scores alerts
+values for `Thresholds` fields. For each mechanism and each candidate collapse signal
+(CALIBRATED), every combination of the candidates of its own fields (ALERT_FIELDS; a field
+not searched keeps its default) is replayed on the rows of the fit seeds' cells
+(`alert_history`), and scored as the early warning scores alerts
 (gridrun/analysis/warning.py: recall on cliff cells, warned LEAD_VALIDATIONS ahead;
 false-alarm rate on the others). The choice: the highest recall among candidates whose
 false-alarm rate is below FALSE_ALARM_CAP; then the lower false-alarm rate; then the earlier
@@ -14,7 +15,7 @@ then scored once, under the chosen thresholds and under the defaults beside them
 
 Outputs (tables, written by collect as md/csv/tex and in the report's "Early warning"):
 
-    early_warning_calibration  per mechanism: the chosen thresholds, fit and held-out recall
+    early_warning_calibration  per mechanism and candidate signal: the chosen thresholds, fit and held-out recall
                                and false alarms, the held-out ones under the defaults too
     early_warning_search       every candidate's fit scores (how the choice was made)
     mechanism_shown            per workflow x policy x variant: seeds with a cliff, seeds
@@ -23,7 +24,8 @@ Outputs (tables, written by collect as md/csv/tex and in the report's "Early war
                                its mechanism, and its natural twin less?
 
 Leaves out: significance (a held-out seed is a handful of cells), and thresholds shared
-between mechanisms (each mechanism's fields are its own).
+between alerts: each is chosen for its own alert, and the candidate signals' signal_window,
+searched for each signal alone, may come out different for each (one Thresholds holds one).
 """
 
 from __future__ import annotations
@@ -51,10 +53,17 @@ from gridrun.grid.sweepdir import SweepDir, SweepPlan
 from gridrun.seam.accuracy import val_accuracy
 from gridrun.seam.cellstate import CellState
 from gridrun.seam.mechanisms import (
+    CANDIDATES,
+    ENTROPY_COLLAPSE,
+    GRAD_NORM_SPIKE,
     GRADIENT_AMPLIFICATION,
+    LENGTH_BLOWUP,
+    LENGTH_COLLAPSE,
     MECHANISMS,
     SP_ROLE_CAPTURE,
     THRESHOLDS,
+    TRUNCATION_SPIKE,
+    ZERO_VARIANCE,
     Groups,
     Thresholds,
     alert_history,
@@ -69,11 +78,19 @@ from gridrun.seam.significance import CLIFF_PP
 
 # A calibrated alert must cry wolf on fewer than this share of the cells without a cliff.
 FALSE_ALARM_CAP = 0.10
-# The Thresholds fields each mechanism reads.
-MECHANISM_FIELDS = {
+# The Thresholds fields each calibrated alert reads.
+ALERT_FIELDS = {
     GRADIENT_AMPLIFICATION: ("chi2_factor", "ppl_factor", "chi2_floor", "ratio_window"),
     SP_ROLE_CAPTURE: ("share_window", "share_shrink", "gap_close", "terse_drop"),
+    ENTROPY_COLLAPSE: ("signal_window", "entropy_fall"),
+    LENGTH_BLOWUP: ("signal_window", "length_rise"),
+    LENGTH_COLLAPSE: ("signal_window", "length_fall"),
+    TRUNCATION_SPIKE: ("signal_window", "trunc_level"),
+    GRAD_NORM_SPIKE: ("signal_window", "grad_norm_factor"),
+    ZERO_VARIANCE: ("signal_window", "zero_var_level"),
 }
+# The alerts calibrated: the mechanisms, then the candidate collapse signals.
+CALIBRATED = (*MECHANISMS, *CANDIDATES)
 
 
 @dataclass(frozen=True)
@@ -100,7 +117,8 @@ class CellCurve:
         return applies(mechanism, self.workflow, self.policy, self.groups)
 
     def first_firing(self, mechanism: str, thresholds: Thresholds) -> int | None:
-        fired = firings(alert_history(self.rows, self.workflow, self.policy, thresholds, self.groups), mechanism)
+        fired = firings(alert_history(self.rows, self.workflow, self.policy, thresholds, self.groups, (mechanism,)),
+                        mechanism)
         return fired[0] if fired else None
 
 
@@ -155,7 +173,7 @@ def score(curves: Sequence[CellCurve], mechanism: str, thresholds: Thresholds, k
 
 def candidates(mechanism: str, search: Mapping[str, Sequence[float]]) -> list[Thresholds]:
     """Every combination of the searched values of `mechanism`'s fields, in tie-break order."""
-    fields = [f.name for f in dataclasses.fields(Thresholds) if f.name in MECHANISM_FIELDS[mechanism] and f.name in search]
+    fields = [f.name for f in dataclasses.fields(Thresholds) if f.name in ALERT_FIELDS[mechanism] and f.name in search]
     combos: list[dict[str, Any]] = [dict(zip(fields, values, strict=True))
                                     for values in itertools.product(*(search[f] for f in fields))]
     return [dataclasses.replace(THRESHOLDS, **combo) for combo in combos]
@@ -199,9 +217,9 @@ def read_curves(sweep: SweepDir, cells: pd.DataFrame, metric_rows: Mapping[str, 
 
 
 def calibrate(curves: Sequence[CellCurve], plan: EarlyWarningPlan) -> list[Calibration]:
-    """Each mechanism's thresholds chosen on the fit seeds and scored on the held-out ones."""
+    """Each calibrated alert's thresholds chosen on the fit seeds and scored on the held-out ones."""
     out = []
-    for mechanism in MECHANISMS:
+    for mechanism in CALIBRATED:
         own = [c for c in curves if c.applies(mechanism)]
         fit = [c for c in own if c.seed in plan.fit_seeds]
         held = [c for c in own if c.seed in plan.held_out_seeds]
@@ -214,7 +232,7 @@ def calibrate(curves: Sequence[CellCurve], plan: EarlyWarningPlan) -> list[Calib
 
 
 def _thresholds_text(mechanism: str, thresholds: Thresholds) -> str:
-    return ", ".join(f"{name}={getattr(thresholds, name)}" for name in MECHANISM_FIELDS[mechanism])
+    return ", ".join(f"{name}={getattr(thresholds, name)}" for name in ALERT_FIELDS[mechanism])
 
 
 def _counts(s: Score) -> tuple[str, str]:
@@ -246,9 +264,11 @@ def calibration_table(results: Sequence[Calibration], plan: EarlyWarningPlan) ->
                  f"validation pairs; its onset within {k:g} standard errors) warned {LEAD_VALIDATIONS}+ validations ahead. False alarms: cells without such a cliff where the "
                  "alert fired. Lead: the mean, over the cliff cells it fired on, of the validations from its first "
                  "firing to the fall's onset (negative: after it). The last three columns: the held-out cells under "
-                 "the default thresholds."),
+                 "the default thresholds. The candidate collapse signals (entropy, length, truncation, gradient norm, "
+                 "zero-variance groups) run live only where a run's train.alert_signals lists them: indicative until a "
+                 "study supports them."),
         columns=columns,
-        headers=["Mechanism", "Thresholds", "Fit recall", "Fit false alarms", "Held-out recall",
+        headers=["Alert", "Thresholds", "Fit recall", "Fit false alarms", "Held-out recall",
                  "Held-out false alarms", "Held-out lead", "Held-out recall (defaults)",
                  "Held-out false alarms (defaults)", "Held-out lead (defaults)"],
         rows=rows, shown=shown, left=2,
@@ -270,7 +290,7 @@ def search_table(results: Sequence[Calibration]) -> Table:
         name="early_warning_search", title="Early warning — every candidate's score on the fit seeds",
         caption="Each combination of the sweep file's early_warning.search values, replayed on the fit seeds' cells.",
         columns=["mechanism", "thresholds", "cliffs", "warned", "calm", "false", "recall", "false_rate", "chosen"],
-        headers=["Mechanism", "Thresholds", "Cliffs", "Warned", "Calm", "False", "Recall", "False-alarm rate", "Chosen"],
+        headers=["Alert", "Thresholds", "Cliffs", "Warned", "Calm", "False", "Recall", "False-alarm rate", "Chosen"],
         rows=rows, left=2,
     )
 

@@ -261,7 +261,7 @@ def early_warning_table(cells: pd.DataFrame, name: str = "early_warning") -> Tab
 
 
 # --- the figure ---------------------------------------------------------------------------------
-MARKERS = {alert: marker for alert, marker in zip(ALERTS, ("^", "s", "D", "X"), strict=True)}
+MARKERS = {alert: marker for alert, marker in zip(ALERTS, ("^", "s", "D", "X", "v", "<", ">", "P", "*", "h"), strict=True)}
 
 
 def _panels(records: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:

@@ -1,12 +1,14 @@
 """Every alert of a run, from its metric rows: the paper's two role-level failure mechanisms,
-the trajectory-side drift of a role's signature, and non-finite updates.
+the trajectory-side drift of a role's signature, non-finite updates, and the candidate
+collapse signals (entropy, length, truncation, gradient norm, zero-variance groups).
 
 Pure functions over a cell's metrics.jsonl rows (train and val splits, as the trainer writes
 them) and its coordinates (workflow, policy, response cap). The trainer feeds each row it
-writes to a `MechanismWatch` (its alerts go to state.json, so `gridrun status` shows them,
-and to the train row as `alert/<mechanism>` 0/1, so wandb plots them); `gridrun collect`
-replays the finished rows through `alert_history` with any `Thresholds`, so every threshold
-can be re-calibrated on a results folder without retraining. A seam module (standard library
+writes to a `MechanismWatch` running its `train.alert_signals` (its alerts go to state.json,
+so `gridrun status` shows them, and to the train row as `alert/<name>` 0/1 for the
+mechanisms and the listed candidates, so wandb plots them); `gridrun collect` replays the
+finished rows through `alert_history` with any `Thresholds`, so every threshold can be
+re-calibrated on a results folder without retraining. A seam module (standard library
 and the registry only): both halves import it, and gridrun/grid must never pull in torch.
 Each alert is one line "<name>: <why>", its name one of `ALERTS`.
 
@@ -51,12 +53,43 @@ role's share is then its part of that adapter's roles' summed mean shares).
 non_finite (any cell; train rows): optimizer steps skipped because the loss or the gradient
 was not finite (`train/skipped_nonfinite`, summed over the steps so far).
 
-Leaves out: smoothing beyond the windows, and Eval-Opt's evaluator idioms (code fences:
-signature_drift names them).
+The candidate collapse signals (`CANDIDATES`; any cell, train rows; indicative until a study
+supports them): each compares a series' last `signal_window` training steps' mean ("now")
+with its first `signal_window` steps' mean ("first"), once the two windows are disjoint, and
+holds while the comparison does (a later window can clear it). A role or adapter whose rows
+lack the metric (a run from before it was logged) gives no series: the signal stays silent.
+
+entropy_collapse: a role's training entropy (`role/<r>/entropy`) now is at most
+`entropy_fall` of its first (Cui et al. 2025: RL on LLMs trades entropy for reward, and the
+trade ends when entropy is spent).
+
+length_blowup / length_collapse: a role's mean response length (`role/<r>/len_mean`) now is
+at least `length_rise` times (at most `length_fall` of) its first.
+
+truncation_spike: a role's truncation rate (`role/<r>/trunc_rate`) now is above
+`trunc_level`, its first at most that.
+
+grad_norm_spike: a role's (`role/<r>/grad_norm`) or an adapter's (`adapter/<a>/grad_norm`)
+gradient norm now is at least `grad_norm_factor` times the median of all its values before
+the last window (a running baseline: a spike stands out of the run's own history, whatever
+its first steps did); an adapter named after a role (Isolated-Policy's) is that role's.
+
+zero_variance: a role's share of zero-variance groups (`role/<r>/zero_var_share`: its
+groups whose rewards are all equal, so no advantage to learn from) now is at least
+`zero_var_level`, its first below that.
+
+The trainer's live watch runs the alerts its run's `train.alert_signals` lists (default
+`LIVE_ALERTS`: all but the candidates); `alert_history` replays every alert.
+
+Leaves out: smoothing beyond the windows, Eval-Opt's evaluator idioms (code fences:
+signature_drift names them), a signal on the trainer/engine log-prob mismatch
+(`role/<r>/rollout_logp_absdiff`: meaningful with vLLM only), and per-adapter entropy,
+length and truncation (the rows log those per role).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from collections import deque
@@ -65,15 +98,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gridrun.seam import registry
-from gridrun.seam.metric_keys import VAL_ROLE, parse_role_key, role_key, val_key
+from gridrun.seam.metric_keys import ADAPTER, ROLE, VAL_ROLE, parse_adapter_key, parse_role_key, role_key, val_key
 
 GRADIENT_AMPLIFICATION = "gradient_amplification"
 SP_ROLE_CAPTURE = "sp_role_capture"
 MECHANISMS = (GRADIENT_AMPLIFICATION, SP_ROLE_CAPTURE)
 SIGNATURE_DRIFT = "signature_drift"
 NON_FINITE = "non_finite"
-# Every alert's name: the mechanisms, then the general ones.
-ALERTS = (*MECHANISMS, SIGNATURE_DRIFT, NON_FINITE)
+ENTROPY_COLLAPSE = "entropy_collapse"
+LENGTH_BLOWUP = "length_blowup"
+LENGTH_COLLAPSE = "length_collapse"
+TRUNCATION_SPIKE = "truncation_spike"
+GRAD_NORM_SPIKE = "grad_norm_spike"
+ZERO_VARIANCE = "zero_variance"
+# The candidate collapse signals: replayed by collect, live only where a run lists them.
+CANDIDATES = (ENTROPY_COLLAPSE, LENGTH_BLOWUP, LENGTH_COLLAPSE, TRUNCATION_SPIKE, GRAD_NORM_SPIKE, ZERO_VARIANCE)
+# The trainer's live alerts by default (train.alert_signals): the mechanisms, then the general ones.
+LIVE_ALERTS = (*MECHANISMS, SIGNATURE_DRIFT, NON_FINITE)
+# Every alert's name.
+ALERTS = (*LIVE_ALERTS, *CANDIDATES)
+# The training metric each candidate reads, and whether it reads adapters' too.
+SIGNAL_METRICS = {ENTROPY_COLLAPSE: "entropy", LENGTH_BLOWUP: "len_mean", LENGTH_COLLAPSE: "len_mean",
+                  TRUNCATION_SPIKE: "trunc_rate", GRAD_NORM_SPIKE: "grad_norm", ZERO_VARIANCE: "zero_var_share"}
+PER_ADAPTER = (GRAD_NORM_SPIKE,)
 # A validation row's key holding the cell's lengths.max_response_tokens.
 RESPONSE_CAP = "val/response_cap"
 
@@ -107,6 +154,14 @@ class Thresholds:
     sizing run); ratio_window 1 is Table 2's peak-over-first. The drift thresholds are the
     trainer's former fixed ones, now defined here only: a rate halving from at
     least 50%, code fences or truncation above 20%, slots' Jaccard above 0.9 from below 0.7.
+
+    The candidate signals' thresholds are round numbers set before any study: a 3-step
+    window (two disjoint ones fit in the first 6 steps of a 30-step toy run), entropy
+    halved, length doubled or halved, a fifth of the answers truncated (signature_drift's
+    level), a gradient norm 5x the run's median (an order past the step-to-step spread of
+    a clipped update), half of a role's groups without reward variance. signal_window is
+    shared by the candidates: calibration chooses it per signal, which one Thresholds holds
+    for one signal at a time.
     """
 
     chi2_factor: float = 2.0
@@ -122,6 +177,13 @@ class Thresholds:
     trunc_rate: float = 0.2
     jaccard_high: float = 0.9
     jaccard_low: float = 0.7
+    signal_window: int = 3
+    entropy_fall: float = 0.5
+    length_rise: float = 2.0
+    length_fall: float = 0.5
+    trunc_level: float = 0.2
+    grad_norm_factor: float = 5.0
+    zero_var_level: float = 0.5
 
 
 THRESHOLDS = Thresholds()
@@ -142,7 +204,7 @@ def applies(mechanism: str, workflow: str, policy: str | None, groups: Groups | 
         return policy == "isolated" and registry.workflow(workflow).parallel_role is not None
     if mechanism == SP_ROLE_CAPTURE:
         return policy == "shared" and not registry.workflow(workflow).single_agent
-    if mechanism in (SIGNATURE_DRIFT, NON_FINITE):
+    if mechanism in (SIGNATURE_DRIFT, NON_FINITE, *CANDIDATES):
         return True
     raise ValueError(f"unknown alert '{mechanism}': expected one of {', '.join(ALERTS)}")
 
@@ -184,6 +246,35 @@ class _Peak:
 
 
 @dataclass
+class _Series:
+    """A candidate signal's series: the first `window` values, the last `window`, and every
+    value before those (sorted: the running median's)."""
+
+    window: int
+    first: list[float] = field(default_factory=list)
+    recent: deque[float] = field(default_factory=deque)
+    earlier: list[float] = field(default_factory=list)
+
+    def add(self, value: float) -> None:
+        if len(self.first) < self.window:
+            self.first.append(value)
+        self.recent.append(value)
+        if len(self.recent) > self.window:
+            bisect.insort(self.earlier, self.recent.popleft())
+
+    def windows(self) -> tuple[float, float] | None:
+        """(first mean, now mean) once the two windows are disjoint; None before."""
+        if len(self.earlier) < self.window:
+            return None
+        return _mean(self.first), _mean(self.recent)
+
+    def median(self) -> float:
+        """The median of the values before the last window (`windows` is not None)."""
+        n = len(self.earlier)
+        return self.earlier[n // 2] if n % 2 else (self.earlier[n // 2 - 1] + self.earlier[n // 2]) / 2
+
+
+@dataclass
 class MechanismWatch:
     """Reads a cell's metric rows in order and says which mechanisms hold on the rows so far."""
 
@@ -192,6 +283,8 @@ class MechanismWatch:
     thresholds: Thresholds = THRESHOLDS
     # A grouping's adapters and their roles (policy grouped); None: read `policy`.
     groups: Groups | None = None
+    # The alerts it runs (the trainer's: train.alert_signals); replay runs every one.
+    signals: Sequence[str] = ALERTS
     _parallel: str | None = field(init=False, default=None)
     _peaks: dict[tuple[str, str], _Peak] = field(init=False, default_factory=dict)  # (role, metric)
     _early: dict[str, list[float]] = field(init=False, default_factory=dict)  # role -> first shares
@@ -208,10 +301,24 @@ class MechanismWatch:
     _first_signature: dict[str, float] | None = field(init=False, default=None)  # the first validation's
     _drifted: list[str] = field(init=False, default_factory=list)  # the latest validation's drift
     _skipped: int = field(init=False, default=0)  # non-finite optimizer steps so far
+    _series: dict[tuple[str, str, str], _Series] = field(init=False, default_factory=dict)  # (scope, name, metric)
+    _read: frozenset[tuple[str, str]] = field(init=False, default=frozenset())  # (scope, metric) a signal reads
+    _by_metric: dict[str, list[tuple[str, str, _Series]]] = field(init=False, default_factory=dict)  # metric -> series
 
     def __post_init__(self) -> None:
+        unknown = [s for s in self.signals if s not in ALERTS]
+        if unknown:
+            raise ValueError(f"unknown alert '{unknown[0]}': expected one of {', '.join(ALERTS)}")
         self._parallel = registry.workflow(self.workflow).parallel_role
         self._applies = {m: applies(m, self.workflow, self.policy, self.groups) for m in MECHANISMS}
+        on = [c for c in CANDIDATES if c in self.signals]
+        self._read = frozenset({(ROLE, SIGNAL_METRICS[c]) for c in on}
+                               | {(ADAPTER, SIGNAL_METRICS[c]) for c in on if c in PER_ADAPTER})
+
+    @property
+    def flagged(self) -> tuple[str, ...]:
+        """The alerts a train row flags (`alert_flags`): the mechanisms and the candidates it runs."""
+        return (*MECHANISMS, *(c for c in CANDIDATES if c in self.signals))
 
     def see(self, row: Mapping[str, Any]) -> list[str]:
         """Take one metrics row; return the alerts that hold now (one line per mechanism)."""
@@ -222,11 +329,18 @@ class MechanismWatch:
         return self.alerts()
 
     def _layout(self, row: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+        """(key, role, metric) of the row's mechanism metrics, then (key, "adapter/<a>", metric)
+        of its adapter metrics a candidate reads."""
         keys = tuple(row)
         layout = self._layouts.get(keys)
         if layout is None:
-            parts = ((key, parse_role_key(key)) for key in keys)
-            layout = [(key, p[0], p[1]) for key, p in parts if p is not None and p[1] in ("chi2", "ppl", "grad_share")]
+            layout = []
+            for key in keys:
+                if (part := parse_role_key(key)) is not None:
+                    if part[1] in ("chi2", "ppl", "grad_share") or (ROLE, part[1]) in self._read:
+                        layout.append((key, *part))
+                elif (part := parse_adapter_key(key)) is not None and (ADAPTER, part[1]) in self._read:
+                    layout.append((key, f"{ADAPTER}/{part[0]}", part[1]))
             self._layouts[keys] = layout
         return layout
 
@@ -239,6 +353,18 @@ class MechanismWatch:
         for key, role, metric in self._layout(row):
             value = row[key]
             if not _number(value):
+                continue
+            scope = ADAPTER if role.startswith(f"{ADAPTER}/") else ROLE
+            if (scope, metric) in self._read:
+                name = role.partition("/")[2] if scope == ADAPTER else role
+                series = self._series.get((scope, name, metric))
+                if series is None:
+                    series = self._series[(scope, name, metric)] = _Series(t.signal_window)
+                    # Roles then adapters, by name (a row's key order is the writer's).
+                    self._by_metric[metric] = sorted([*self._by_metric.get(metric, []), (scope, name, series)],
+                                                     key=lambda item: (item[0] != ROLE, item[1]))
+                series.add(float(value))
+            if scope == ADAPTER or metric not in ("chi2", "ppl", "grad_share"):
                 continue
             if metric != "grad_share":
                 floor = t.chi2_floor if metric == "chi2" else None
@@ -282,7 +408,39 @@ class MechanismWatch:
         found += [f"{SIGNATURE_DRIFT}: {line}" for line in self._drifted]
         if self._skipped:
             found.append(f"{NON_FINITE}: {self._skipped} optimizer step{'s' if self._skipped != 1 else ''} skipped")
+        found = [a for a in found if a.split(":", 1)[0] in self.signals]
+        for signal in CANDIDATES:
+            if signal in self.signals and (parts := self._candidate(signal)):
+                found.append(f"{signal}: {'; '.join(parts)}")
         return found
+
+    # --- the candidate signals -------------------------------------------------------------------
+    def _candidate(self, signal: str) -> list[str]:
+        """Each role's (or adapter's) reason `signal` holds now."""
+        t = self.thresholds
+        metric = SIGNAL_METRICS[signal]
+        parts = []
+        for scope, name, series in self._by_metric.get(metric, []):
+            # An adapter named after a role (Isolated-Policy's) is that role's series again.
+            if scope == ADAPTER and (signal not in PER_ADAPTER or (ROLE, name, metric) in self._series):
+                continue
+            seen = series.windows()
+            if seen is None:
+                continue
+            first, now = seen
+            who = f"adapter {name}" if scope == ADAPTER else name
+            if signal == ENTROPY_COLLAPSE and first > 0 and now <= t.entropy_fall * first:
+                parts.append(f"{who} entropy {first:.3g}->{now:.3g}")
+            elif signal in (LENGTH_BLOWUP, LENGTH_COLLAPSE) and first > 0 and (
+                    now >= t.length_rise * first if signal == LENGTH_BLOWUP else now <= t.length_fall * first):
+                parts.append(f"{who} length {first:.0f}->{now:.0f}")
+            elif signal == TRUNCATION_SPIKE and first <= t.trunc_level < now:
+                parts.append(f"{who} truncated {first:.0%}->{now:.0%}")
+            elif signal == GRAD_NORM_SPIKE and (median := series.median()) > 0 and now >= t.grad_norm_factor * median:
+                parts.append(f"{who} grad norm {now:.3g} vs median {median:.3g}")
+            elif signal == ZERO_VARIANCE and first < t.zero_var_level <= now:
+                parts.append(f"{who} zero-variance groups {first:.0%}->{now:.0%}")
+        return parts
 
     # --- gradient_amplification ---------------------------------------------------------------
     def _amplification(self) -> str | None:
@@ -390,11 +548,12 @@ def drift_alerts(
 
 def alert_history(
     rows: Iterable[Mapping[str, Any]], workflow: str, policy: str | None, thresholds: Thresholds = THRESHOLDS,
-    groups: Groups | None = None,
+    groups: Groups | None = None, signals: Sequence[str] = ALERTS,
 ) -> list[tuple[int, list[str]]]:
     """(step, alerts holding after that step's last row) for every step from the first
-    training row on, replaying the rows in order: what the trainer saw, under `thresholds`."""
-    watch = MechanismWatch(workflow, policy, thresholds, groups)
+    training row on, replaying the rows in order: what the trainer saw, under `thresholds`
+    (`signals`: the alerts replayed; each alert's history is the same whichever others run)."""
+    watch = MechanismWatch(workflow, policy, thresholds, groups, signals)
     history: list[tuple[int, list[str]]] = []
     trained = False
     for row in rows:
@@ -429,9 +588,10 @@ def firings(history: list[tuple[int, list[str]]], mechanism: str) -> list[int]:
     return [step for step, alerts in history if _names(alerts, mechanism)]
 
 
-def alert_flags(alerts: list[str]) -> dict[str, int]:
-    """`alert/<mechanism>`: 1 where one of `alerts` names it, else 0 (a train row's, for wandb)."""
-    return {f"alert/{m}": int(_names(alerts, m)) for m in MECHANISMS}
+def alert_flags(alerts: list[str], names: Sequence[str] = MECHANISMS) -> dict[str, int]:
+    """`alert/<name>` for each of `names`: 1 where one of `alerts` names it, else 0 (a train
+    row's, for wandb; the trainer's names: its watch's `flagged`)."""
+    return {f"alert/{m}": int(_names(alerts, m)) for m in names}
 
 
 def _names(alerts: list[str], mechanism: str) -> bool:

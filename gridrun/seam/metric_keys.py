@@ -20,6 +20,7 @@ VAL = "val"
 # Every validation metric of a role starts with it: `val/role/`.
 VAL_ROLE = f"{VAL}/{ROLE}/"
 _ROLE_KEY = re.compile(rf"^{ROLE}/([^/]+)/([^/]+)$")
+_ADAPTER_KEY = re.compile(rf"^{ADAPTER}/([^/]+)/([^/]+)$")
 
 
 def role_prefix(role: str) -> str:
@@ -50,4 +51,10 @@ def val_key(key: str) -> str:
 def parse_role_key(key: str) -> tuple[str, str] | None:
     """(role, metric) of a `role/<role>/<metric>` key, None for any other key."""
     match = _ROLE_KEY.match(key)
+    return (match.group(1), match.group(2)) if match else None
+
+
+def parse_adapter_key(key: str) -> tuple[str, str] | None:
+    """(adapter, metric) of an `adapter/<adapter>/<metric>` key, None for any other key."""
+    match = _ADAPTER_KEY.match(key)
     return (match.group(1), match.group(2)) if match else None

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from gridrun.seam import registry
+from gridrun.seam.mechanisms import ALERTS, LIVE_ALERTS
 
 # The seeds a run takes: every stream it derives (gridrun/train/seeds.py) stays within torch's
 # range, and vLLM seeds numpy, which takes 32 bits.
@@ -107,7 +108,7 @@ RESERVED_ADAPTER_NAMES = ("default", "merged")
 # when every key of it is listed and at its default.
 OMITTED_AT_DEFAULT: tuple[tuple[str, str, Any], ...] = (
     ("policy", "groups", {}), ("grpo", "estimator", "grpo"), ("reward", "credit", "broadcast"),
-    ("train", "val_n", 1), ("train", "on_alert", "warn"),
+    ("train", "val_n", 1), ("train", "on_alert", "warn"), ("train", "alert_signals", list(LIVE_ALERTS)),
     ("model", "arch_overrides", {}), ("train", "fall_alert", False),
 )
 # The run schema's version, recorded in each cell.json (`schema`; a cell without one is 1):
@@ -424,6 +425,10 @@ class TrainSpec:
     # over the pairs of its planned validations, paired by problem); on_alert acts on it as
     # on a mechanism alert. Off: the cliff is only collect's to find.
     fall_alert: bool = False
+    # The alerts the trainer watches live (state.json, status, the train row's alert/<name>
+    # flags); collect replays every one whatever this says. The candidate collapse signals
+    # (mechanisms.CANDIDATES) run live only when listed here.
+    alert_signals: list[str] = field(default_factory=lambda: list(LIVE_ALERTS))
 
 
 @dataclass
@@ -536,6 +541,9 @@ class RunConfig:
         if not all(math.isfinite(c) and c > 0 for c in (self.grpo.clip_low, self.grpo.clip_high)):
             raise ConfigError("grpo.clip_low and grpo.clip_high must be finite numbers > 0")
         self._check_numbers()
+        unknown = [name for name in self.train.alert_signals if name not in ALERTS]
+        if unknown:
+            raise ConfigError(f"train.alert_signals: '{unknown[0]}' is not an alert; valid: {', '.join(ALERTS)}")
         for name in ("total_steps", "batch_problems", "ppo_mini_batch", "val_every", "save_every", "val_n"):
             if getattr(self.train, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1")

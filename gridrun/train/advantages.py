@@ -23,9 +23,10 @@ term: gridrun/train/ppo.py), and the random streams' seeds (gridrun/train/seeds.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -41,6 +42,9 @@ class GroupStats:
     groups: int
     singleton: int
     zero_variance: int
+    # role -> its share of zero-variance groups (`zero_variance_shares`; turn_advantages fills
+    # it in, whatever the estimator counted).
+    role_zero_variance: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -169,20 +173,23 @@ def turn_advantages(
     dist = dist or Dist()
     name = _registered(estimator_name or spec.estimator)
     per_episode = spec.group_key == "problem" and name not in PER_TURN and all(e.turn_rewards is None for e in episodes)
-    rows: list[tuple[Row, float]]
+    # Each row with the roles whose turns train on its advantage (an episode row: all of them).
+    rows: list[tuple[Row, float, tuple[str, ...]]]
     if per_episode:
-        rows = [(Row(e.problem.id, e.problem.id, None), e.reward) for e in episodes]
+        rows = [(Row(e.problem.id, e.problem.id, None), e.reward, tuple(dict.fromkeys(str(t.role) for t in e.turns)))
+                for e in episodes]
     else:
         rows = [
             (Row(e.problem.id, e.problem.id if spec.group_key == "problem" else (e.problem.id, workflow.trajectory_name(t)),
-                 str(t.role)), reward)
+                 str(t.role)), reward, (str(t.role),))
             for e in episodes for t, reward in zip(e.turns, e.rewards_of_turns())
         ]
     everyone, mine = dist.gather(rows)
     values, stats = ESTIMATORS[name](
-        torch.tensor([r for _, r in everyone], dtype=torch.float32), [k for k, _ in everyone], spec
+        torch.tensor([r for _, r, _ in everyone], dtype=torch.float32), [k for k, _, _ in everyone], spec
     )
     _check_result(estimator_name or spec.estimator, values, len(everyone))
+    stats = dataclasses.replace(stats, role_zero_variance=zero_variance_shares(everyone))
     own = values[mine].tolist()
     if per_episode:
         return [[adv] * len(e.turns) for e, adv in zip(episodes, own)], stats
@@ -191,6 +198,28 @@ def turn_advantages(
         out.append(own[at : at + len(e.turns)])
         at += len(e.turns)
     return out, stats
+
+
+def zero_variance_shares(rows: Sequence[tuple[Row, float, Sequence[str]]]) -> dict[str, float]:
+    """Per role: of the groups (Row.group) of 2+ rows that hold its turns, the share whose
+    rewards are all equal (float32, group_advantages' rule), so whose advantages are 0: the
+    role learns nothing from them. The preset's groups, whatever groups the estimator forms."""
+    rewards: dict[Hashable, list[float]] = defaultdict(list)
+    roles: dict[Hashable, dict[str, None]] = defaultdict(dict)
+    for row, reward, row_roles in rows:
+        rewards[row.group].append(reward)
+        roles[row.group].update(dict.fromkeys(row_roles))
+    counted: dict[str, list[int]] = {}  # role -> [groups, zero-variance groups]
+    for group, values in rewards.items():
+        if len(values) < 2:
+            continue
+        flat = torch.tensor(values, dtype=torch.float32)
+        equal = int(flat.max().item() == flat.min().item())
+        for role in roles[group]:
+            count = counted.setdefault(role, [0, 0])
+            count[0] += 1
+            count[1] += equal
+    return {role: zero / groups for role, (groups, zero) in counted.items()}
 
 
 def _check_result(name: str, values: object, rows: int) -> None:

@@ -27,8 +27,8 @@ import torch
 from gridrun.export import ExportError, export
 from gridrun.seam import cellstate
 from gridrun.seam.accuracy import first_peak, val_accuracy
-from gridrun.seam.mechanisms import MECHANISMS, RESPONSE_CAP, MechanismWatch, alert_flags
-from gridrun.seam.metric_keys import VAL_ROLE
+from gridrun.seam.mechanisms import CANDIDATES, MECHANISMS, RESPONSE_CAP, MechanismWatch, alert_flags
+from gridrun.seam.metric_keys import VAL_ROLE, role_key
 from gridrun.seam.records import ValidationRecord
 from gridrun.seam.routing import adapter_lr_scales, grouping
 from gridrun.seam.runconfig import RunConfig
@@ -115,7 +115,8 @@ class Trainer:
         self.skipped_nonfinite = 0
         # Every alert (gridrun/seam/mechanisms.py) and the validation accuracies of the metric rows
         # so far (a resume replays the rows it keeps into both).
-        self.watch = MechanismWatch(config.workflow.name, config.policy.name, groups=grouping(config))
+        self.watch = MechanismWatch(config.workflow.name, config.policy.name, groups=grouping(config),
+                                    signals=config.train.alert_signals)
         self.mechanism_alerts: list[str] = []
         # Whether train.on_alert has acted (once per cell; a resume reads it from state.json).
         self.alert_acted = run_dir.read_state().alert_step is not None if self.dist.is_main else False
@@ -251,6 +252,7 @@ class Trainer:
             "adv/groups": groups.groups,
             "adv/singleton_groups": groups.singleton,
             "adv/zero_variance_groups": groups.zero_variance,
+            **{role_key(role, "zero_var_share"): share for role, share in groups.role_zero_variance.items()},
             "time/rollout_s": rolled - started,
             "time/update_s": done - rolled,
             "time/step_s": done - started,
@@ -335,15 +337,17 @@ class Trainer:
             self.run_dir.record(cellstate.progressed(skipped_nonfinite=self.skipped_nonfinite))
 
     def act_on_alerts(self, step: int) -> cellstate.Transition | None:
-        """train.on_alert's action, once, when a mechanism alert (gridrun/seam/mechanisms.py's
-        MECHANISMS: the ones the early warning calibrates) first holds after `step`:
+        """train.on_alert's action, once, when an alert that acts first holds after `step`: a
+        mechanism alert, a candidate signal run live (train.alert_signals) or the collapse
+        detector's (train.fall_alert):
         export_peak exports the peak validation's adapters and trains on; stop exports them
         and returns the transition that ends the cell. Every rank decides alike (rank 0's
         alerts, summed across ranks), so all of them leave the loop at the same step."""
         action = self.config.train.on_alert
         if action == "warn" or self.alert_acted:
             return None
-        fired = ([a for a in self.alerts() if a.split(":", 1)[0] in (*MECHANISMS, COLLAPSE)]
+        # The mechanisms, any candidate signal listed live (train.alert_signals) and the detector's.
+        fired = ([a for a in self.alerts() if a.split(":", 1)[0] in (*MECHANISMS, *CANDIDATES, COLLAPSE)]
                  if self.dist.is_main else [])
         firing = bool(fired) if self.dist.world == 1 else self.dist.all_reduce_sum([float(bool(fired))])[0] > 0
         if not firing:
@@ -441,7 +445,8 @@ class Trainer:
         alerts and the validation accuracies see it first."""
         self.mechanism_alerts = self.watch.see(row)
         self.val_acc.update(val_accuracy([row]))
-        self.metrics.write({**row, **alert_flags(self.mechanism_alerts)} if row["split"] == "train" else row)
+        self.metrics.write({**row, **alert_flags(self.mechanism_alerts, self.watch.flagged)}
+                           if row["split"] == "train" else row)
 
     def peak_step(self) -> int | None:
         """The step of the best validation so far (ties: the earliest), as Table 1's peak."""

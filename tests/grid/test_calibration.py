@@ -3,25 +3,28 @@ and the sweep file's early_warning plan: numbers worked out by hand."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import pytest
 
-from gridrun.analysis.calibration import CellCurve, Score, calibrate, candidates, choose, score
+from gridrun.analysis.calibration import CellCurve, Score, calibrate, calibration_table, candidates, choose, score
 from gridrun.grid.errors import GridError
 from gridrun.grid.spec import EarlyWarningPlan
-from gridrun.seam.mechanisms import GRADIENT_AMPLIFICATION, THRESHOLDS, Thresholds
+from gridrun.seam.mechanisms import CANDIDATES, GRADIENT_AMPLIFICATION, THRESHOLDS, Thresholds
 
 
-def curve(cell: str, seed: int, accs: dict[int, float], generator_chi2: list[float]) -> CellCurve:
-    """A Voting-IP cell: validations `accs`, train steps 1.. with the generator's chi2 (the
-    aggregator's at 0, its one mini-batch on-policy), rows in the trainer's order."""
+def curve(cell: str, seed: int, accs: dict[int, float], generator: list[float], metric: str = "chi2",
+          aggregator: float = 0.0) -> CellCurve:
+    """A Voting-IP cell: validations `accs`, train steps 1.. with the generator's `metric`
+    (the aggregator's flat at `aggregator`: a chi2 of 0, its one mini-batch on-policy), rows
+    in the trainer's order."""
     rows: list[dict[str, Any]] = []
     for step in range(max(accs) + 1):
         if step >= 1:
-            rows.append({"step": step, "split": "train", "role/generator/chi2": generator_chi2[step - 1],
-                         "role/aggregator/chi2": 0.0})
+            rows.append({"step": step, "split": "train", f"role/generator/{metric}": generator[step - 1],
+                         f"role/aggregator/{metric}": aggregator})
         if step in accs:
             rows.append({"step": step, "split": "val", "val/acc": accs[step]})
     return CellCurve(cell, seed, "voting", "isolated", "natural", rows, accs)
@@ -89,6 +92,34 @@ def test_calibrate_chooses_on_fit_seeds_and_reports_the_held_out_seed() -> None:
     assert amplification.held_out.mean_lead == 2.0
     # The defaults (2x, perplexity 1.2x) on seed 1: the same counts here.
     assert amplification.held_out_default == Score(1, 1, 1, 1, leads=(2,))
+
+
+def test_calibrate_chooses_and_reports_a_candidate_signal() -> None:
+    # Window 1: entropy_collapse compares each step with step 1's. The cliff cells' entropy
+    # falls 1 -> 0.25 at step 3, two validations (4, 6) before the onset (6); seed 0's calm
+    # cell falls 1 -> 0.375 (a false alarm at fall 0.5, silent at 0.25), seed 1's stays at 1.
+    collapse = [1.0, 1.0] + [0.25] * 6
+    curves = [curve(cell, seed, accs, entropy, "entropy", 1.0) for cell, seed, accs, entropy in (
+        ("a0", 0, FALLS, collapse), ("b0", 0, CALM, [1.0, 1.0] + [0.375] * 6), ("a1", 1, FALLS, collapse),
+        ("b1", 1, CALM, [1.0] * 8))]
+    plan = EarlyWarningPlan(fit_seeds=(0,), held_out_seeds=(1,), search={"signal_window": [1], "entropy_fall": [0.5, 0.25]})
+    results = {r.mechanism: r for r in calibrate(curves, plan)}
+    entropy = results["entropy_collapse"]
+    assert [(t.entropy_fall, s) for t, s in entropy.searched] == [
+        (0.5, Score(1, 1, 1, 1, leads=(2,))), (0.25, Score(1, 1, 1, 0, leads=(2,)))]
+    assert (entropy.chosen.signal_window, entropy.chosen.entropy_fall) == (1, 0.25)
+    assert entropy.held_out == Score(1, 1, 1, 0, leads=(2,))
+    # The defaults (window 3, fall 0.5) know the collapse only at step 6, the first step with
+    # two disjoint windows (first (1 + 1 + 0.25) / 3 = 0.75, now 0.25 <= 0.375): the onset's
+    # own step, lead 0, not warned.
+    assert entropy.held_out_default == Score(1, 0, 1, 0, leads=(0,))
+    # Every candidate signal is reported: length_blowup's signal_window is searched too (a
+    # field the candidates share), its length_rise keeps the default; no length here: silent.
+    assert set(results) == {"gradient_amplification", "sp_role_capture", *CANDIDATES}
+    assert results["length_blowup"].searched == [(dataclasses.replace(THRESHOLDS, signal_window=1), Score(1, 0, 1, 0))]
+    # The table names each alert and the thresholds it read.
+    table = calibration_table(list(results.values()), plan)
+    assert table.rows[[row[0] for row in table.rows].index("entropy_collapse")][1] == "signal_window=1, entropy_fall=0.25"
 
 
 @pytest.mark.parametrize(("data", "message"), [
