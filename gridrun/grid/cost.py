@@ -362,3 +362,18 @@ def node_days(hours: Iterable[float], nodes: int = 1) -> float:
 # The paper's budget (its section on compute): ~235 node-days over ~42 trained cells x 500 steps.
 PAPER_NODE_DAYS = 235.0
 PAPER_STEP_S = PAPER_NODE_DAYS * DAY_S / (42 * 500)
+
+
+# The collapse study's stops (scripts/ship_detector_savings.py writes it from its collect).
+SHIPPED_DETECTOR_SAVINGS = Path(__file__).with_name("detector_savings.json")
+
+
+def detector_savings(path: Path | None = None) -> dict[str, Any] | None:
+    """The measured share of training steps that train.fall_alert with on_alert=stop saved,
+    with what it rests on (cells, stops, peaks kept, its source); None where none shipped."""
+    try:
+        data = json.loads((path or SHIPPED_DETECTOR_SAVINGS).read_text())
+    except (OSError, ValueError):
+        return None
+    needed = ("steps_saved", "steps", "cells", "stopped", "peaks_kept", "source")
+    return data if isinstance(data, dict) and all(k in data for k in needed) and data["steps"] else None

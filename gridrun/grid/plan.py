@@ -604,7 +604,8 @@ def plan_table(plan: Plan, preview: Freeze, sweep: SweepDir) -> Any:
     # On a SLURM profile, each cell's segments at the time limit and its requeue budget.
     budgets = requeue_budgets([PlanEntry.from_json(pc.entry()) for pc in plan.cells], plan.cluster, plan.launcher)
     table = Table(title=f"plan of sweep {sweep.name} -> {sweep.root}",
-                  caption="\n".join([*cost_lines(plan), *requeue_lines(budgets, plan.cluster), *detectable_lines(plan)]),
+                  caption="\n".join([*cost_lines(plan), *requeue_lines(budgets, plan.cluster), *detector_lines(plan),
+                                      *detectable_lines(plan)]),
                   title_justify="left", caption_justify="left")
     numeric = ("cpus", "mem GB", "GPU GiB", "disk GB", "s/step", "hours", "segs", "requeues")
     columns = ("cell", "kind", "plan", "gpus", "partition", "cpus", "mem GB", "GPU GiB", "disk GB", "s/step", "rate",
@@ -638,6 +639,24 @@ def plan_table(plan: Plan, preview: Freeze, sweep: SweepDir) -> Any:
               ("", "") if budgets else ()),
         )
     return table
+
+
+def detector_lines(plan: Plan) -> list[str]:
+    """The collapse detector as an option: the share of training steps its stops saved in
+    the collapse study (gridrun/grid/detector_savings.json), applied to this plan's trained
+    cells' node-days. A toy rate: a sweep's own falls decide what it saves."""
+    savings = cost.detector_savings()
+    trained = [pc for pc in plan.cells if pc.total_steps() and pc.resources["gpus"]]
+    if savings is None or not trained:
+        return []
+    share = savings["steps_saved"] / savings["steps"]
+    days = cost.node_days(pc.est_hours for pc in trained)
+    chosen = all(pc.config.train.fall_alert and pc.config.train.on_alert == "stop" for pc in trained)
+    how = "chosen (train.fall_alert=true train.on_alert=stop)" if chosen else "option train.fall_alert=true train.on_alert=stop"
+    return [(f"{how}: the collapse study's stops saved {100 * share:.1f}% of its training steps ({savings['stopped']} of "
+            f"{savings['cells']} toy cells stopped, peak kept in {savings['peaks_kept']}; {savings['source']}): at that "
+            f"rate ~{share * days:,.1f} of the trained cells' ~{days:,.1f} node-days (not subtracted above: the "
+            "sweep's own falls decide)")]
 
 
 def detectable_lines(plan: Plan) -> list[str]:

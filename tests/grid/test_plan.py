@@ -412,3 +412,23 @@ def test_every_conf_key_and_defaults_entry_has_a_comment_above_it() -> None:
             if key.match(line) and not line.lstrip().startswith("#") and not documented:
                 missing.append(f"{path.relative_to(REPO_ROOT)}:{i + 1}: {line.strip()}")
     assert missing == []
+
+
+def test_the_dry_run_offers_the_detector_at_the_studys_rate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gridrun.grid import cost
+    from gridrun.grid.plan import detector_lines
+
+    composer = Composer()
+    plan = make_plan(load_spec("full_matrix", [], composer), composer)
+    measured = tmp_path / "detector_savings.json"
+    measured.write_text(json.dumps({"steps_saved": 120, "steps": 1000, "cells": 40, "stopped": 9, "peaks_kept": 8,
+                                    "source": "bench/measured/x.md"}))
+    monkeypatch.setattr(cost, "SHIPPED_DETECTOR_SAVINGS", measured)
+    (line,) = detector_lines(plan)
+    # 12% of the trained cells' node-days (base cells train nothing and save nothing).
+    days = cost.node_days(pc.est_hours for pc in plan.cells if pc.total_steps())
+    assert line.startswith("option train.fall_alert=true train.on_alert=stop: the collapse study's stops saved 12.0%")
+    assert "9 of 40 toy cells stopped, peak kept in 8; bench/measured/x.md" in line
+    assert f"~{0.12 * days:,.1f} of the trained cells' ~{days:,.1f} node-days" in line
+    monkeypatch.setattr(cost, "SHIPPED_DETECTOR_SAVINGS", tmp_path / "absent.json")
+    assert detector_lines(plan) == []
