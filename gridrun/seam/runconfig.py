@@ -184,7 +184,7 @@ class ModelSpec:
     # The toy world's recipe: present exactly when name_or_path is "toy" (scale=toy sets both).
     toy: ToySpec | None = None
     # init=random only: published sizes replaced (gridrun/arch RESHAPEABLE), e.g.
-    # {num_hidden_layers: 2, hidden_size: 256}: Qwen3's class and vocabulary at a size a CPU
+    # {num_hidden_layers: 2, hidden_size: 256}: the family's class and vocabulary at a size a CPU
     # trains in seconds (the CPU canary). Absent from config.yaml when empty.
     arch_overrides: dict[str, int] = field(default_factory=dict)
     # A system turn put before every conversation that has none; null: none (a template
