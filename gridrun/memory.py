@@ -71,7 +71,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-from gridrun.arch import lora_parameter_count, parameter_count, shaped
+from gridrun.arch import head_dim, hidden_norms, kv_bytes, lora_parameter_count, parameter_count, shaped
 from gridrun.engine_params import HFParams, VLLMParams
 from gridrun.seam.routing import adapter_groups
 from gridrun.seam.runconfig import RunConfig
@@ -88,8 +88,9 @@ RESERVE_BYTES = 0.75 * GIB
 # dtype): residual stream and norms (hidden), attention q/o (heads x head_dim), k/v
 # (kv_heads x head_dim), the MLP's gate/up/activation/product (intermediate).
 LAYER_WIDTH_COEFFS = {"hidden": 6, "q": 5, "kv": 4, "intermediate": 5}
-# Qwen3's RMSNorms compute in float32: four float32 hidden-wide temporaries per layer.
-LAYER_FP32_HIDDEN = 4
+# Qwen3's RMSNorms compute in float32: four float32 hidden-wide temporaries per layer, two
+# per norm (Gemma 3's four norms a layer: eight).
+LAYER_FP32_HIDDEN_PER_NORM = 2
 # The released code's vLLM share (it offloaded the actor during rollouts; gridrun's trainer
 # keeps its weights on the GPU, so its share comes off the top first).
 ENGINE_SHARE_CAP = 0.85
@@ -215,12 +216,12 @@ def _floor_share(share: float) -> float:
 def layer_bytes_per_token(arch: dict, dtype_bytes: int) -> float:
     widths = {
         "hidden": arch["hidden_size"],
-        "q": arch["num_attention_heads"] * arch["head_dim"],
-        "kv": arch["num_key_value_heads"] * arch["head_dim"],
+        "q": arch["num_attention_heads"] * head_dim(arch),
+        "kv": arch["num_key_value_heads"] * head_dim(arch),
         "intermediate": arch["intermediate_size"],
     }
     elements = sum(LAYER_WIDTH_COEFFS[k] * w for k, w in widths.items())
-    return elements * dtype_bytes + LAYER_FP32_HIDDEN * 4 * arch["hidden_size"]
+    return elements * dtype_bytes + LAYER_FP32_HIDDEN_PER_NORM * hidden_norms(arch) * 4 * arch["hidden_size"]
 
 
 def predict(
@@ -291,8 +292,7 @@ def engine_floor(config: RunConfig, arch: dict) -> float:
     one sequence at the cell's limits (vLLM refuses to start with less; its activations and
     CUDA graphs come on top)."""
     b = _DTYPE_BYTES[config.model.dtype]
-    kv_per_token = arch["num_hidden_layers"] * 2 * arch["num_key_value_heads"] * arch["head_dim"] * b
-    return parameter_count(arch) * b + longest_row(config) * kv_per_token
+    return parameter_count(arch) * b + kv_bytes(arch, longest_row(config), b)
 
 
 def _engine_too_small(config: RunConfig, estimate: MemoryEstimate) -> str | None:
@@ -321,5 +321,4 @@ def _rollout_bytes(config: RunConfig, arch: dict, dtype_bytes: int, usable: floa
     # An engine without a batch cap (a plugin's) is counted as generating every request at once.
     rows = min(config.engine.max_batch_size, requests) if isinstance(config.engine, HFParams) else requests
     tokens = config.lengths.max_prompt_tokens + config.lengths.max_response_tokens
-    kv_per_token = arch["num_hidden_layers"] * 2 * arch["num_key_value_heads"] * arch["head_dim"] * dtype_bytes
-    return rows * (tokens * kv_per_token + 2 * 4 * arch["vocab_size"])
+    return rows * (kv_bytes(arch, tokens, dtype_bytes) + 2 * 4 * arch["vocab_size"])

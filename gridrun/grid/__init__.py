@@ -16,6 +16,8 @@ the analysis of a finished sweep is gridrun/analysis/.
     status.py      reading every cell's state fast (stdlib only) and drawing the table
     show.py        one cell's resolved config and state
     fetch.py       models and data a sweep needs, into shared storage (on a login node)
+    templates.py   a cell's conversations against its model: context window, the family's
+                   turn rules, the fetched chat template rendered once
     preflight.py   a tiny job where the cells will run: venv, CUDA, vLLM, GPUs, sandbox, data, disk
     canary.py      the first job on a new cluster: one short real-shaped cell, go or no-go
     cost.py        the dry run's cost model: a step's seconds, node-days, measured rates

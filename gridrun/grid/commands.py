@@ -91,9 +91,12 @@ def _plan(args: argparse.Namespace) -> int:
         plan.launcher["max_parallel"] = args.max_parallel
     sweep = SweepDir(results, spec.name)
     console = make_console()
-    from gridrun.grid.fetch import check_fetched
+    from gridrun.grid.fetch import check_fetched, model_dirs_of
+    from gridrun.grid.templates import check_fetched_templates
 
     fetch_line = command_line("fetch", conf, overrides, config_dir=args.config_dir)
+    # A fetched model's own chat template renders every conversation of its cells.
+    check_fetched_templates(plan.cells, model_dirs_of(plan))
     if args.dry_run:
         console.print(plan_table(plan, check(plan, sweep, args.replace), sweep))
         try:
@@ -156,7 +159,8 @@ def _composed_plan(args: argparse.Namespace) -> Any:
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from gridrun.grid.fetch import fetch
+    from gridrun.grid.fetch import fetch, model_dirs_of
+    from gridrun.grid.templates import check_fetched_templates
 
     data_from = {}
     for line in args.data_from or []:
@@ -167,6 +171,7 @@ def _fetch(args: argparse.Namespace) -> int:
     plan = _composed_plan(args)
     console = make_console()
     done = fetch(plan, data_from, console)
+    check_fetched_templates(plan.cells, model_dirs_of(plan))
     if not done.fetched:
         console.print(f"nothing to fetch: the {len(plan.cells)} cells of '{plan.spec.name}' load "
                       + (", ".join(done.present) + ", all present" if done.present else "nothing from disk"))

@@ -52,7 +52,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from gridrun.arch import known, parameter_count, published
+from gridrun.arch import known, kv_bytes, parameter_count, published
 from gridrun.engine_params import HFParams, VLLMParams
 from gridrun.memory import ENGINE_MAX_SEQS, GIB, architecture
 from gridrun.seam.runconfig import RunConfig
@@ -242,10 +242,6 @@ def update_rate(gpu: str, arch_name: str, measured: Mapping[tuple[str, str], Rat
 
 
 # --- seconds ------------------------------------------------------------------------------------
-def _kv_bytes_per_token(arch: dict[str, Any], dtype_bytes: int) -> float:
-    return float(arch["num_hidden_layers"] * 2 * arch["num_key_value_heads"] * arch["head_dim"] * dtype_bytes)
-
-
 def _rollout_s(config: RunConfig, arch: dict[str, Any], gpu: str, memory_gib: float, episodes: float, stages: list[Call],
                temperature: float) -> float:
     """Seconds of one rank's rollout of `episodes` episodes at `temperature` (the module
@@ -254,7 +250,6 @@ def _rollout_s(config: RunConfig, arch: dict[str, Any], gpu: str, memory_gib: fl
     dtype_bytes = 2 if config.model.dtype in ("bfloat16", "float16") else 4
     n_params = parameter_count(arch)
     weights = n_params * dtype_bytes
-    kv = _kv_bytes_per_token(arch, dtype_bytes)
     bandwidth = sheet["hbm_tbs"] * 1e12 * HBM_EFFICIENCY
     flops = sheet["bf16_tflops"] * 1e12
     limit = config.lengths.max_response_tokens
@@ -268,16 +263,17 @@ def _rollout_s(config: RunConfig, arch: dict[str, Any], gpu: str, memory_gib: fl
         if isinstance(engine, VLLMParams):
             share = engine.gpu_memory_utilization or 0.0
             context = stage.prompt + stage.response / 2
-            room = max(share * memory_gib * GIB - weights, kv * context)
-            running = min(requests, room / (kv * context), ENGINE_MAX_SEQS)
+            kv = kv_bytes(arch, context, dtype_bytes)
+            room = max(share * memory_gib * GIB - weights, kv)
+            running = min(requests, room / kv, ENGINE_MAX_SEQS)
             # Greedy requests go unseeded (gridrun/train/engines/vllm.py): no per-request draw.
             sampler = running * SEEDED_SAMPLER_S if temperature > 0 else 0.0
-            iteration = (weights + running * context * kv) / bandwidth + sampler
+            iteration = (weights + running * kv) / bandwidth + sampler
             decode = max(requests * stage.response / running * iteration, limit * iteration)
         else:
             rows = min(requests, engine.max_batch_size if isinstance(engine, HFParams) else requests)
             context = stage.prompt + limit / 2
-            iteration = (weights + rows * context * kv) / bandwidth + HF_ITER_OVERHEAD_S
+            iteration = (weights + rows * kv_bytes(arch, context, dtype_bytes)) / bandwidth + HF_ITER_OVERHEAD_S
             decode = math.ceil(requests / rows) * limit * iteration
         total += prefill + decode
     return total

@@ -37,8 +37,9 @@ from typing import Any
 
 import yaml
 
+from gridrun.arch import families
 from gridrun.engine_params import VLLMParams
-from gridrun.grid import checkout, cost
+from gridrun.grid import checkout, cost, templates
 from gridrun.grid.cells import TOY_SCALE, Cell, expand
 from gridrun.grid.compose import Composer
 from gridrun.grid.console import track
@@ -176,6 +177,7 @@ def make_plan(spec: SweepSpec, composer: Composer, measured: MeasuredStep | None
             raise GridError(f"cell {cell.id}: {err}") from None
         _check_toy_pairing(cell, config)
         _check_rows(cell.id, config, root.spec)
+        _check_model(cell.id, config)
         config = _size_engine(config, root.spec.gpu)
         this_grid = {"launcher": as_dict(root.launcher), "cluster": as_dict(root.spec.cluster)}
         if grid is None:
@@ -283,6 +285,16 @@ def _check_rows(cell_id: str, config: RunConfig, grid: GridSpec) -> None:
         f"{row} tokens) exceeds train.micro_token_budget={budget} ({grid.scale} on {grid.gpu.name}) and a row is "
         f"never split: set {' or '.join(fixes)}"
     )
+
+
+def _check_model(cell_id: str, config: RunConfig) -> None:
+    """Refuse a cell its model cannot run: calls longer than its context window, a
+    conversation its family's template refuses, LoRA on a vision tower (gridrun/grid/templates.py,
+    gridrun/arch/families.py)."""
+    problem = (templates.context_problem(config) or templates.alternation_problem(config)
+               or families.lora_scope_problem(config.model.name_or_path, config.lora.target_modules))
+    if problem:
+        raise GridError(f"cell {cell_id}: {problem}")
 
 
 def _size_engine(config: RunConfig, gpu: GpuSpec) -> RunConfig:

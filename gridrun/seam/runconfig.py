@@ -111,9 +111,14 @@ OMITTED_AT_DEFAULT: tuple[tuple[str, str, Any], ...] = (
     ("train", "val_n", 1), ("train", "on_alert", "warn"), ("train", "alert_signals", list(LIVE_ALERTS)),
     ("model", "arch_overrides", {}), ("train", "fall_alert", False),
 )
+# The model family's chat conventions (gridrun/arch/families.py), added in schema 3: Qwen3's
+# defaults, so a paper cell's config.yaml and fingerprint hold none of them.
+FAMILY_KEYS: tuple[tuple[str, str, Any], ...] = (
+    ("model", "system_prompt", None), ("model", "template_kwargs", {}), ("model", "message_policy", "keep"),
+)
 # The run schema's version, recorded in each cell.json (`schema`; a cell without one is 1):
 # MIGRATIONS read an older cell's config.yaml as this version would have written it.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Keys added to the run schema, each with the value every cell planned before it ran with:
 # (version that added it, node, key, value). An older config.yaml that lacks one reads it as
 # that value, so a started cell keeps its fingerprint's meaning and resumes after an upgrade.
@@ -121,6 +126,7 @@ SCHEMA_VERSION = 2
 MIGRATIONS: tuple[tuple[int, str, str, Any], ...] = (
     (2, "optim", "role_lr_ramp", 0), (2, "grpo", "policy_loss", "vanilla"),
     *((2, node, key, default) for node, key, default in OMITTED_AT_DEFAULT),
+    *((3, node, key, default) for node, key, default in FAMILY_KEYS),
 )
 
 
@@ -173,14 +179,26 @@ class ModelSpec:
     # random weights and the toy tokenizer mapped into its vocabulary (no hub needed).
     init: Literal["pretrained", "random"] = "pretrained"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    # Qwen3's chat template flag; the paper trains with thinking disabled.
+    # Qwen3's chat template flag; the paper trains with thinking disabled. Other families'
+    # templates never see it (gridrun/arch/families.py).
     enable_thinking: bool = False
     # The toy world's recipe: present exactly when name_or_path is "toy" (scale=toy sets both).
     toy: ToySpec | None = None
     # init=random only: published sizes replaced (gridrun/arch RESHAPEABLE), e.g.
-    # {num_hidden_layers: 2, hidden_size: 256}: Qwen3's class and vocabulary at a size a CPU
+    # {num_hidden_layers: 2, hidden_size: 256}: the family's class and vocabulary at a size a CPU
     # trains in seconds (the CPU canary). Absent from config.yaml when empty.
     arch_overrides: dict[str, int] = field(default_factory=dict)
+    # A system turn put before every conversation that has none; null: none (a template
+    # that writes its own, Qwen2.5's and SmolLM2's, then does: their scale files name that
+    # text here, so the prompt is in the config). Absent from config.yaml when null.
+    system_prompt: str | None = None
+    # Extra keyword arguments of the chat template, e.g. Llama 3.2's pinned date_string (its
+    # template writes today's date otherwise). Absent from config.yaml when empty.
+    template_kwargs: dict[str, str] = field(default_factory=dict)
+    # Consecutive turns of one role (Eval-Opt's answer and critique): keep | merge |
+    # critic_as_user (the critique shown as a user turn), for templates that refuse them
+    # (Gemma 3). Absent from config.yaml at keep.
+    message_policy: Literal["keep", "merge", "critic_as_user"] = "keep"
 
     def __post_init__(self) -> None:
         if self.name_or_path == "toy" and self.toy is None:
@@ -191,7 +209,8 @@ class ModelSpec:
         if self.name_or_path != "toy" and self.toy is not None:
             raise ConfigError(
                 f"model.toy is the toy world's recipe, but model.name_or_path is '{self.name_or_path}': pick the "
-                "model with scale=<0.6b|1.7b|4b> instead of overriding model.name_or_path, or drop model.toy"
+                "model with scale= (0.6b, 1.7b, 4b, or another family's, e.g. llama3.2-1b: conf/scale/) instead of "
+                "overriding model.name_or_path, or drop model.toy"
             )
         if self.arch_overrides:
             if self.init != "random":
@@ -204,6 +223,12 @@ class ModelSpec:
                 shaped(self.name_or_path, dict(self.arch_overrides))
             except UnknownArchitecture as err:
                 raise ConfigError(str(err)) from None
+        from gridrun.arch.families import FamilyError, check_model
+
+        try:
+            check_model(self.name_or_path, self.enable_thinking, dict(self.template_kwargs))
+        except FamilyError as err:
+            raise ConfigError(str(err)) from None
 
 
 @dataclass
@@ -741,14 +766,14 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """config.yaml's tree (and the fingerprint's): model.toy only where the model is the toy
-        world, and the OMITTED_AT_DEFAULT keys only where they differ from their default."""
+        world, and the OMITTED_AT_DEFAULT and FAMILY_KEYS keys only where they differ from their default."""
         tree = self.full_tree()
         if tree["model"]["toy"] is None:
             del tree["model"]["toy"]
         tree["cell"]["kind"] = self.cell.kind.value
         if tree["cell"]["variant"] is None:
             del tree["cell"]["variant"]
-        for node, key, default in OMITTED_AT_DEFAULT:
+        for node, key, default in (*OMITTED_AT_DEFAULT, *FAMILY_KEYS):
             if tree[node][key] == default:
                 del tree[node][key]
                 if not tree[node]:

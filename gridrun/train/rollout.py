@@ -35,7 +35,9 @@ from typing import Any, TypeVar
 
 import torch
 
+from gridrun.arch import families
 from gridrun.seam.errors import UserError
+from gridrun.seam.runconfig import ModelSpec
 from gridrun.tasks.base import Messages
 from gridrun.train.episode import Episode, Turn
 from gridrun.train.seeds import request_seed
@@ -124,17 +126,31 @@ class RolloutEngine(ABC):
 
 
 class ChatEncoder:
-    """Applies the chat template (thinking disabled for Qwen3) and tokenizes prompts."""
+    """Applies the chat template and tokenizes prompts, with the model family's conventions
+    (gridrun/arch/families.py): its template keyword arguments (enable_thinking for Qwen3
+    only, Llama's pinned date), the cell's system prompt and its policy for consecutive
+    turns of one role."""
 
-    def __init__(self, tokenizer: Any, enable_thinking: bool, max_prompt_tokens: int) -> None:
+    def __init__(self, tokenizer: Any, enable_thinking: bool, max_prompt_tokens: int, *, name_or_path: str = "toy",
+                 system_prompt: str | None = None, template_kwargs: dict[str, Any] | None = None,
+                 message_policy: str = "keep") -> None:
         self.tokenizer = tokenizer
-        self.enable_thinking = enable_thinking
         self.max_prompt_tokens = max_prompt_tokens
+        self.template_kwargs = families.template_kwargs(name_or_path, enable_thinking, dict(template_kwargs or {}))
+        self.system_prompt = system_prompt
+        self.message_policy = message_policy
+
+    @classmethod
+    def for_model(cls, tokenizer: Any, spec: ModelSpec, max_prompt_tokens: int) -> ChatEncoder:
+        return cls(tokenizer, spec.enable_thinking, max_prompt_tokens, name_or_path=spec.name_or_path,
+                   system_prompt=spec.system_prompt, template_kwargs=spec.template_kwargs,
+                   message_policy=spec.message_policy)
 
     def encode(self, messages_list: Sequence[Messages]) -> list[list[int]]:
         texts = [
             self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True, enable_thinking=self.enable_thinking
+                families.prepare_messages(messages, self.system_prompt, self.message_policy),
+                tokenize=False, add_generation_prompt=True, **self.template_kwargs,
             )
             for messages in messages_list
         ]

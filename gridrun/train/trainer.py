@@ -106,7 +106,7 @@ class Trainer:
         # Where this rank runs (its engine inherits the same CUDA_VISIBLE_DEVICES): its record.
         self.rank_record: dict[str, Any] = {**device_report(self.dist), "engine": config.engine.name, "steps": []}
         self.last_stages: list[StageCost] = []
-        self.encoder = ChatEncoder(self.tokenizer, config.model.enable_thinking, config.lengths.max_prompt_tokens)
+        self.encoder = ChatEncoder.for_model(self.tokenizer, config.model, config.lengths.max_prompt_tokens)
         self.sampler = ProblemSampler(self.task.train_problems(), seed)
         self.update_rng = random.Random(derive(seed, Stream.UPDATE))
         # I6 (grpo.coherence > 0): the per-role gradient EMAs, kept in every checkpoint.

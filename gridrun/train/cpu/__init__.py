@@ -1,7 +1,7 @@
 """The CPU fast paths, behind one door: `applies(model)`.
 
 They serve only a model that `load_base` loaded on the CPU, where it installs gridrun's
-grouped-query attention (`install`); on a GPU the model keeps transformers' attention,
+grouped-query attention (`install`, Qwen3 and Qwen2.5 only); on a GPU the model keeps transformers' attention,
 `applies` is False, and nothing here runs. Each computes what the general path computes, to
 the bit or to float rounding (their tests say which), faster on a CPU:
 
@@ -25,10 +25,18 @@ from typing import Any
 
 from gridrun.train.cpu.attention import GROUPED_SDPA, use_grouped_attention
 
+# The model types whose decoder these paths were written and are tested against: full
+# attention in every layer, and a forward that takes a mask per layer type (the packed rows'
+# mapping). Llama's forward takes no mapping, and Gemma 3's sliding layers would attend past
+# their window in a packed row: those families run transformers' own attention on the CPU.
+PACKABLE_MODEL_TYPES = ("qwen3", "qwen2")
+
 
 def install(model: Any) -> None:
-    """Switch a model loaded on the CPU to gridrun's attention: from then on `applies(model)`."""
-    use_grouped_attention(model)
+    """Switch a model loaded on the CPU to gridrun's attention, where its family is one the
+    fast paths serve: from then on `applies(model)`."""
+    if getattr(model.config, "model_type", None) in PACKABLE_MODEL_TYPES:
+        use_grouped_attention(model)
 
 
 def applies(model: Any) -> bool:

@@ -44,6 +44,7 @@ import torch
 from peft.tuners.lora import LoraLayer
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
+from gridrun.arch import families
 from gridrun.train import cpu
 from gridrun.train.cpu import qwen3_decode
 from gridrun.train.cpu.lora_kernels import merged_weight, plain_float32_lora
@@ -56,10 +57,14 @@ from gridrun.train.rollout import Completion, GenRequest, RolloutEngine, Samplin
 MERGE_COPY_LIMIT_BYTES = 1 << 30
 
 
-def stop_token_ids(tokenizer: Any) -> list[int]:
-    """End-of-turn tokens: both of Qwen3's eos (<|im_end|>, <|endoftext|>; its tokenizer
-    names only the first, its generation_config both) and the tokenizer's eos."""
-    ids = {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")} | {tokenizer.eos_token_id}
+def stop_token_ids(tokenizer: Any, model: Any = None) -> list[int]:
+    """End-of-turn tokens: the tokenizer's eos and every eos of the model's generation_config
+    (Gemma 3's <end_of_turn>, Phi-4-mini's <|end|>: gridrun/arch/families.py), and ChatML's
+    two ends where the vocabulary has them (Qwen3's tokenizer names only <|im_end|>; the toy
+    world's generation_config only one of them)."""
+    generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    chatml = {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
+    ids = set(families.stop_ids(tokenizer.eos_token_id, generation_eos)) | chatml
     return sorted(i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id)
 
 
@@ -128,7 +133,7 @@ class HFEngine(RolloutEngine):
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
-        self.stop_ids = stop_token_ids(tokenizer)
+        self.stop_ids = stop_token_ids(tokenizer, model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
         self.device = next(model.parameters()).device
         self.lora_layers = [m for m in model.modules() if isinstance(m, LoraLayer)]

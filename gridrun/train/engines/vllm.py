@@ -221,7 +221,7 @@ class VLLMEngine(RolloutEngine):
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
-        self.stop_ids = stop_token_ids(tokenizer)
+        self.stop_ids = stop_token_ids(tokenizer, model)
         peft_config = getattr(model, "peft_config", {}) or {}
         self.served_names = tuple(peft_config)
         missing = [a for a in adapters if a not in peft_config]
