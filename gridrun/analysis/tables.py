@@ -298,8 +298,11 @@ def selection_bias_table(cells: pd.DataFrame) -> Table:
     columns = ["cell", "kind", "workflow", "policy", "seed", "peak_step", "peak_val", "peak_test", "test_ci95",
                "selection_bias_pp"]
     biased = _biased(cells)
-    rows = [[str(r["cell"]), str(r["kind"]), str(r.get("workflow") or ""), str(r.get("policy") or ""),
-             "" if pd.isna(r.get("seed")) else str(r.get("seed")), str(r["peak_step"]),
+    def text(value: object) -> str:
+        return "" if value is None or pd.isna(value) else str(value)  # type: ignore[call-overload]
+
+    rows = [[str(r["cell"]), str(r["kind"]), text(r.get("workflow")), text(r.get("policy")), text(r.get("seed")),
+             str(r["peak_step"]),
              number(100 * r["peak_val_acc"]), number(100 * r["peak_test_acc"]),
              number(Z95 * 100 * r["peak_test_se"]) if not pd.isna(r.get("peak_test_se")) else "",
              number(r["selection_bias_pp"], signed=True)] for _, r in biased.iterrows()]
