@@ -96,9 +96,11 @@ def _val_size(text: str) -> float | int:
 def _cmd_data(args: argparse.Namespace) -> int:
     from gridrun.tasks.data import prepare
 
-    done = prepare(args.task, args.from_path, args.out, seed=args.seed, val_size=args.val_size)
+    done = prepare(args.task, args.from_path, args.out, seed=args.seed, val_size=args.val_size,
+                   test_size=args.test_size)
     dropped = ", ".join(f"{n} {why}" for why, n in done.dropped.items()) or "none"
-    print(f"prepared {args.task}: {done.n_train} train, {done.n_val} val (dropped: {dropped}) in {done.out}")
+    print(f"prepared {args.task}: {done.n_train} train, {done.n_val} val, {done.n_test} test (held out from "
+          f"training; dropped: {dropped}) in {done.out}")
     print(f"task.data_path={done.out.resolve()}")
     return 0
 
@@ -188,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="prepare a task's data set for training")
     data_sub = data.add_subparsers(dest="action", required=True, metavar="ACTION")
     data_prepare = data_sub.add_parser(
-        "prepare", help="download (or read --from), validate and split; writes {train,val}.jsonl + meta.json")
+        "prepare", help="download (or read --from), validate and split; writes {train,val,test}.jsonl + meta.json")
     data_prepare.add_argument("task", choices=("math", "code"))
     data_prepare.add_argument("--from", dest="from_path", metavar="PATH",
                               help="a local .parquet/.jsonl file or folder instead of the hub")
@@ -196,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     data_prepare.add_argument("--seed", type=int, default=42, help="split seed (default: 42, the paper's)")
     data_prepare.add_argument("--val-size", type=_val_size, default=None,
                               help="held out: a fraction or a count (default: 0.1 math, 1000 code)")
+    data_prepare.add_argument("--test-size", type=int, default=None,
+                              help="test problems held out from training (default: as many as val holds)")
     data.set_defaults(func=_cmd_data)
 
     toy = sub.add_parser("toy", help="the toy world (scale=toy): build it ahead of time, or find it in the cache")

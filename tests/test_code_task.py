@@ -42,7 +42,7 @@ def task(data_path: Path) -> CodeTask:
 
 
 def _problem(task: CodeTask, row: int) -> Problem:
-    return next(p for p in task.train_problems() + task.val_problems() if p.id == f"code-{row:06d}")
+    return next(p for p in task.train_problems() + task.val_problems() + task.test_problems() if p.id == f"code-{row:06d}")
 
 
 # Row 0: a + b over stdin, tests (1,2) (5,7) (-1,1) (10,-3). Row 6: add(a, b) called with
@@ -54,7 +54,7 @@ EVENS = 8
 
 @needs_sandbox
 def test_loads_the_prepared_fixture(task: CodeTask) -> None:
-    assert (len(task.train_problems()), len(task.val_problems())) == (7, 3)
+    assert (len(task.train_problems()), len(task.val_problems()), len(task.test_problems())) == (4, 3, 3)
     assert task.name == "code" and isinstance(task.prompts, CodePrompts)
     assert all(p.tests for p in task.train_problems() + task.val_problems())
 
@@ -160,11 +160,11 @@ def test_released_questions_are_wrapped_in_an_instruction(data_path: Path, monke
     monkeypatch.setattr(code_module, "require", lambda config: None)
     released = CodeTask(data_path, sandbox="none")
     bare = CodeTask(data_path, sandbox="none", question="bare")
-    stdin = {p.id: p for p in released.train_problems() + released.val_problems()}[f"code-{A_PLUS_B:06d}"]
-    plain = {p.id: p for p in bare.train_problems() + bare.val_problems()}[f"code-{A_PLUS_B:06d}"]
+    stdin = {p.id: p for p in released.train_problems() + released.val_problems() + released.test_problems()}[f"code-{A_PLUS_B:06d}"]
+    plain = {p.id: p for p in bare.train_problems() + bare.val_problems() + bare.test_problems()}[f"code-{A_PLUS_B:06d}"]
     assert stdin.question.startswith("You are given a programming problem.") and plain.question in stdin.question
     assert "standard input" in stdin.question and "```python" in stdin.question
-    call = {p.id: p for p in released.train_problems() + released.val_problems()}[f"code-{ADD:06d}"]
+    call = {p.id: p for p in released.train_problems() + released.val_problems() + released.test_problems()}[f"code-{ADD:06d}"]
     assert "Write a Python function `add`" in call.question and "standard input" not in call.question
 
 

@@ -74,7 +74,9 @@ def test_a_voting_step_worked_by_hand() -> None:
     assert got.val_s > got.rollout_s
     # 500 steps and 51 validations (step 0, every 10th).
     assert config.planned_validations == 51
-    assert cost.cell_hours(config, got) == pytest.approx((500 * got.step_s + 51 * got.val_s) / 3600)
+    # and one test evaluation of the peak, on a test split of validation's size.
+    assert cost.cell_hours(config, got) == pytest.approx((500 * got.step_s + 52 * got.val_s) / 3600)
+    assert cost.test_hours(got) == pytest.approx(got.val_s / 3600)
 
 
 def test_eval_opt_rounds_go_on_for_a_share_of_the_episodes() -> None:

@@ -184,8 +184,9 @@ def test_val_size_larger_than_the_data_is_refused() -> None:
 def test_prepare_math_writes_the_format(tmp_path: Path) -> None:
     out = tmp_path / "math"
     done = prepare("math", MATH_FIXTURE, out)
-    assert (done.n_train, done.n_val) == (35, 3)
-    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.jsonl", "val.jsonl"]
+    # 38 valid problems: 3 validation, and as many test problems taken from the 35 of training.
+    assert (done.n_train, done.n_val, done.n_test) == (32, 3, 3)
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "test.jsonl", "train.jsonl", "val.jsonl"]
     meta = json.loads((out / "meta.json").read_text())
     assert meta["source"]["files"][0]["sha256"] == hashlib.sha256(MATH_FIXTURE.read_bytes()).hexdigest()
     assert meta["seed"] == 42 and meta["counts"]["dropped_total"] == 2
@@ -200,7 +201,7 @@ def test_prepare_math_writes_the_format(tmp_path: Path) -> None:
 
 def test_prepare_code_writes_the_format(tmp_path: Path) -> None:
     prepare("code", CODE_FIXTURE, tmp_path, val_size=3)
-    problems = read_split(tmp_path, "train", "code") + read_split(tmp_path, "val", "code")
+    problems = [p for split in ("train", "val", "test") for p in read_split(tmp_path, split, "code")]
     assert len(problems) == 10 and all(p.tests and p.answer == "" for p in problems)
 
 
@@ -212,7 +213,7 @@ def test_from_a_hub_snapshot_folder(tmp_path: Path) -> None:
     (snapshot / "en" / "train-00000-of-00001.parquet").write_bytes(MATH_FIXTURE.read_bytes())
     (snapshot / "cn" / "train-00000-of-00001.parquet").write_bytes(b"not read")
     done = prepare("math", snapshot, tmp_path / "out")
-    assert (done.n_train, done.n_val) == (35, 3)
+    assert (done.n_train, done.n_val) == (32, 3)
 
 
 def test_hub_rows_equal_local_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -299,7 +300,7 @@ def test_cli_prepare_prints_the_data_path(tmp_path: Path, monkeypatch: pytest.Mo
     assert main(["data", "prepare", "code", "--from", str(CODE_FIXTURE), "--val-size", "3"]) == 0
     out = capsys.readouterr().out
     assert f"task.data_path={tmp_path / 'data' / 'code'}" in out  # default out: data/<task> under the cwd
-    assert "7 train, 3 val" in out and "1 tests_not_json" in out
+    assert "4 train, 3 val, 3 test" in out and "1 tests_not_json" in out
     assert len(CodeTask(tmp_path / "data" / "code").val_problems()) == 3
 
 
@@ -340,13 +341,13 @@ def test_the_shipped_math_sample_is_the_fixture_prepared(tmp_path: Path) -> None
     # What a CPU canary trains on where no math data is prepared (gridrun/grid/canary.py): the
     # fixture's 38 valid problems, split as `gridrun data prepare math` splits them.
     ship_math_sample(tmp_path)
-    for name in ("train.jsonl", "val.jsonl"):
+    for name in ("train.jsonl", "val.jsonl", "test.jsonl"):
         assert (MATH_SAMPLE / name).read_bytes() == (tmp_path / name).read_bytes(), \
             f"{MATH_SAMPLE / name} is stale: rewrite it with `python tests/test_data.py`"
     shipped, fresh = (json.loads((folder / "meta.json").read_text()) for folder in (MATH_SAMPLE, tmp_path))
     del shipped["created"], shipped["seconds"], fresh["created"], fresh["seconds"]
     assert shipped == fresh
-    assert len(read_split(MATH_SAMPLE, "train", "math")) == 35 and len(read_split(MATH_SAMPLE, "val", "math")) == 3
+    assert [len(read_split(MATH_SAMPLE, split, "math")) for split in ("train", "val", "test")] == [32, 3, 3]
 
 
 if __name__ == "__main__":  # rewrite the math fixture from dapo_rows(), then the shipped sample from it

@@ -68,8 +68,8 @@ def peaked_cell(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
         trainer_module.validation_metrics, Trainer.validate, Trainer.train_step)
     current = {"step": 0}
 
-    def metrics(*args: Any) -> dict[str, float]:
-        return {**real_metrics(*args), "val/acc": ACC[current["step"]]}
+    def metrics(*args: Any, split: str = "val") -> dict[str, float]:
+        return {**real_metrics(*args, split=split), **({"val/acc": ACC[current["step"]]} if split == "val" else {})}
 
     def validate(self: Trainer, step: int) -> None:
         current["step"] = step

@@ -14,7 +14,7 @@ from gridrun.train.advantages import shuffle_rewards
 from gridrun.train.distributed import Dist
 from gridrun.train.episode import Episode
 from gridrun.train.sampler import ProblemSampler
-from gridrun.train.seeds import INIT_SEED, VALIDATION_SEED, Stream, derive
+from gridrun.train.seeds import INIT_SEED, TEST_SEED, VALIDATION_SEED, Stream, derive
 
 
 def test_each_stream_keeps_its_old_formula_worked_out_by_hand() -> None:
@@ -31,6 +31,8 @@ def test_each_stream_keeps_its_old_formula_worked_out_by_hand() -> None:
     # VALIDATION: the trainer's old VAL_SEED = 1234, whatever the seed; INIT: random_init's 0.
     assert derive(0, Stream.VALIDATION) == derive(9, Stream.VALIDATION) == VALIDATION_SEED == 1234
     assert derive(9, Stream.INIT) == INIT_SEED == 0
+    # TEST: its own fixed stream, so the test evaluation's draws are not validation's.
+    assert derive(0, Stream.TEST) == derive(9, Stream.TEST) == TEST_SEED == 4321
     # RANK: the first 8 bytes, little-endian, of sha256("seed:rank:step") (distributed.py);
     # a digest is not worked out by hand, so these two are pinned from the old code's output.
     assert derive(0, Stream.RANK, 1, 0) == 8657338722054433821

@@ -138,7 +138,7 @@ def base_metrics(tmp_path_factory: pytest.TempPathFactory, toy_world: Path) -> d
                          train={"val_problems": 200})
         assert run_cell(cell) == 0
         rows = RunDir(cell).read_metrics()
-        assert [(r["step"], r["split"]) for r in rows] == [(0, "val")]
+        assert [(r["step"], r["split"]) for r in rows] == [(0, "val"), (0, "test")]
         assert (RunDir(cell).samples(0)).exists()
         # Every problem's outcome, agreeing with the row's accuracy.
         records, damage = RunDir(cell).read_records("val")

@@ -565,7 +565,9 @@ def test_the_trainer_returns_its_cached_memory_between_the_update_and_the_wake(t
     # Consecutive generate calls (rollout stages; step 0's validation and step 1's rollout) read as one.
     order = [c for i, c in enumerate(calls) if c != "generate" or calls[i - 1] != "generate"]
     step = ["generate", "sleep", "update", "return_cached_memory", "wake", "refresh_proven"]
-    assert order == ["return_cached_memory", "engine starts", "refresh_proven", *step, *step, "generate"]
+    # Last, the test evaluation: the peak's adapters served, then its rollout.
+    assert order == ["return_cached_memory", "engine starts", "refresh_proven", *step, *step, "generate",
+                     "refresh_proven", "generate"]
     # Each step's record holds the GPU memory at every hand-over (None on the CPU).
     last = RunDir(cell).read_rank_records()[0]["steps"][-1]
     assert {k: last[k] for k in last if "gpu_gb" in k or k.startswith("trainer_")} == dict.fromkeys(

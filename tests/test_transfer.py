@@ -76,9 +76,9 @@ def test_a_transfer_cell_evaluates_once_and_writes_no_checkpoint(toy_world: Path
     run_dir = RunDir(cell)
     state = run_dir.read_state().to_json()
     assert (state["state"], state["total_steps"], state["peak_step"]) == ("done", 0, 0)
-    # One validation row at step 0 (n = 1 per problem, like a base cell), no training rows.
+    # One validation row at step 0 (n = 1 per problem, like a base cell) and its test, no training rows.
     rows = run_dir.read_metrics()
-    assert [(row["split"], row["step"]) for row in rows] == [("val", 0)]
+    assert [(row["split"], row["step"]) for row in rows] == [("val", 0), ("test", 0)]
     assert run_dir.latest_checkpoint() is None and run_dir.samples(0).is_file()
 
 

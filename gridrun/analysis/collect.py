@@ -12,6 +12,7 @@ Writes, under results/<sweep>/:
     metrics.parquet   every numeric metric of every cell in long form:
                       cell, split, step, metric, value
     table1 .. table6  (and table1_final) as md, csv and tex: analysis/tables.py
+    selection_bias    per cell, its val peak against the same checkpoint's test accuracy
     findings, findings_alerts   the paper's claims measured, and the mechanism alerts per
                       cell, as md, csv and tex: analysis/findings.py
     early_warning     per alert, its recall on cliff cells and false-alarm rate on the others
@@ -68,7 +69,16 @@ from gridrun.analysis.summary import (
     cell_summary,
     planned_validations,
 )
-from gridrun.analysis.tables import Table, base_mismatch_notes, flags, signature_tables, table1, table2, table3
+from gridrun.analysis.tables import (
+    Table,
+    base_mismatch_notes,
+    flags,
+    selection_bias_table,
+    signature_tables,
+    table1,
+    table2,
+    table3,
+)
 from gridrun.analysis.warning import (
     CLIFF_SE,
     alert_actions_table,
@@ -395,7 +405,8 @@ def collect(sweep: SweepDir, console: Any, tolerance_pp: float = 1.0, export_to:
         tables += [for_variant(t, variant) for t in [
             peak, table1(part, "final_val_acc"), table2(part), table3(part), *signature_tables(part, signatures),
             alerts_table(part)]]
-    tables += [findings_table(cells), early_warning_table(cells), noise_table(cells), detector_table(cells),
+    tables += [selection_bias_table(cells), findings_table(cells), early_warning_table(cells), noise_table(cells),
+               detector_table(cells),
                alert_actions_table(cells, functools.partial(twin_ran_on, sweep, cells)),
                *calibration_tables(sweep, data.plan, cells, data.rows)]
     sweep.root.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,11 @@ columns, so a cell's file is parsed once.
     val_acc_step0, peak_val_acc, peak_step,   validation accuracy at step 0, its maximum
     final_val_acc, final_step                 (first step reaching it) and its last value
     drop_from_peak                            final - peak (<= 0; the floor under the ceiling)
+    peak_test_acc, peak_test_se               the test evaluation of the peak's checkpoint (the
+                                              row `split: test` at peak_step; None without one:
+                                              a run from before the test split, or no test data)
+    selection_bias_pp                         peak_val_acc - peak_test_acc in points: what
+                                              choosing the peak on val added to its number
     cliff_drop, cliff_step                    the most negative change between consecutive
                                               validations and the step after it (0.0 and no
                                               step when accuracy never fell)
@@ -271,10 +276,21 @@ def signature_changes(columns: MetricColumns) -> dict[str, float]:
     return out
 
 
+def test_summary(columns: MetricColumns, peak_step: int | None, peak_val_acc: float | None) -> dict[str, Any]:
+    """The peak's test accuracy, its SE and the selection bias; None where the cell has no
+    test row at its peak step."""
+    test = columns.series("test", "test/acc")
+    if peak_step is None or peak_val_acc is None or peak_step not in test:
+        return dict.fromkeys(("peak_test_acc", "peak_test_se", "selection_bias_pp"))
+    return {"peak_test_acc": test[peak_step], "peak_test_se": columns.series("test", "test/acc_se").get(peak_step),
+            "selection_bias_pp": 100 * (peak_val_acc - test[peak_step])}
+
+
 def cell_summary(columns: MetricColumns) -> dict[str, Any]:
     """Every per-cell statistic of cells.parquet (see the module docstring)."""
-    return {**accuracy_summary(columns.series("val", "val/acc")), **training_summary(columns),
-            **signature_changes(columns)}
+    accuracy = accuracy_summary(columns.series("val", "val/acc"))
+    return {**accuracy, **test_summary(columns, accuracy["peak_step"], accuracy["peak_val_acc"]),
+            **training_summary(columns), **signature_changes(columns)}
 
 
 def cell_grouping(run_dir: RunDir, policy: str | None) -> dict[str, tuple[str, ...]] | None:

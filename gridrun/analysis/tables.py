@@ -1,8 +1,13 @@
 """The paper's tables from cells.parquet's frame, each written as .md, .csv and .tex.
 
     table1        peak validation accuracy (%) per (task, scale, workflow): base, SA-RL, IP,
-                  SP and the residuals IP-SA, SP-SA (the ceiling); its csv adds where the
-                  SA-RL, IP and SP peaks' checkpoints are (`peak_checkpoint`)
+                  SP and the residuals IP-SA, SP-SA (the ceiling); beside each of the four,
+                  the peak's test accuracy (`<name>_test`: the checkpoint chosen on val,
+                  measured once on the test split; "no test" for a run without one); its csv
+                  adds where the SA-RL, IP and SP peaks' checkpoints are (`peak_checkpoint`)
+    selection_bias  per cell with both, peak (val) - test at the same checkpoint (points),
+                  and its mean over trained cells and over base cells (no choice: the two
+                  splits' difference alone)
     table1_final  the same with each cell's final validation accuracy (the floor)
     table2        per-role peak-over-first-step ratios of chi2, perplexity and grad norm and
                   the chi2 peak step, on matched IP-vs-SP cells; under SP the shared adapter's
@@ -33,7 +38,7 @@ from gridrun.seam.cellstate import CellState
 from gridrun.seam.mechanisms import MECHANISMS
 from gridrun.seam.metric_keys import ADAPTER, ROLE, role_key, val_key
 from gridrun.seam.registry import single_agent_workflow
-from gridrun.seam.runconfig import CellKind
+from gridrun.seam.runconfig import TRAINED_KINDS, CellKind
 
 HEADERS = {"base": "Base", "sa_rl": "SA-RL", "ip": "IP", "sp": "SP", "ip_minus_sa": "IP−SA", "sp_minus_sa": "SP−SA"}
 # The reward controls' columns (`shuffled` cells: their twin's training with each step's rewards
@@ -42,6 +47,10 @@ SHUFFLED_HEADERS = {"sa_rl_shuffled": "SA-RL shuffled", "ip_shuffled": "IP shuff
 TABLE1_COLUMNS = ("task", "scale", "workflow", *HEADERS)
 TRAIN_POLICIES = {"isolated": "ip", "shared": "sp"}
 WORKFLOW_ORDER = ("eval_opt", "voting", "orch_workers")
+# Table 1's columns that get a test column beside them (`<name>_test`), and the two-sided 95%
+# normal quantile of one cell's test (its sampling SE; several seeds take the t-interval).
+TESTED = ("base", "sa_rl", "ip", "sp")
+Z95 = 1.96
 # The paper's short names of the policies, as every table and figure labels them.
 POLICY_LABELS = {"isolated": "IP", "shared": "SP"}
 
@@ -174,6 +183,8 @@ def table1(cells: pd.DataFrame, value: str = "peak_val_acc") -> Table:
     # The ceiling's adapters: where each peak's checkpoint is (csv only; `gridrun export`).
     trained = ("sa_rl", "ip", "sp") if value == "peak_val_acc" and "peak_checkpoint" in cells else ()
     columns += [f"{name}_peak_checkpoint" for name in trained]
+    tested = TESTED if value == "peak_val_acc" else ()
+    columns += [f"{name}_test{suffix}" for name in tested for suffix in ("", "_n", "_ci95")]
     rows, display = [], []
     for task, scale, workflow in blocks(cells, ("train", "base", "shuffled")):
         block = cells[(cells["task"] == task) & (cells["scale"] == scale)]
@@ -199,6 +210,13 @@ def table1(cells: pd.DataFrame, value: str = "peak_val_acc") -> Table:
             csv_row[name] = number(item.mean) if item.mean is not None else item.word()
             csv_row[f"{name}_n"], csv_row[f"{name}_ci95"] = str(item.n), number(item.ci95)
             shown_row.append(shown(item, several))
+            if name in tested:
+                test, ci95 = test_entry(frames[name])
+                csv_row[f"{name}_test"] = number(test.mean) if test.mean is not None else test_word(test)
+                csv_row[f"{name}_test_n"], csv_row[f"{name}_test_ci95"] = str(test.n), number(ci95)
+                shown_row.append(f"*{test_word(test)}*" if test.mean is None else number(test.mean)
+                                 + (f" ± {number(ci95)}" if not math.isnan(ci95) else "")
+                                 + (f" (n={test.n})" if several else ""))
         for policy in ("ip", "sp"):
             name = f"{policy}_minus_sa"
             diff = entries[policy].minus(entries["sa_rl"])
@@ -222,14 +240,86 @@ def table1(cells: pd.DataFrame, value: str = "peak_val_acc") -> Table:
         rows.append([csv_row[c] for c in columns])
         display.append(shown_row)
     what = "Peak" if value == "peak_val_acc" else "Final"
+    if tested:  # each tested column's val and test side by side, in the rows' order
+        headers = {key: label for name, head in headers.items() for key, label in (
+            ((name, f"{head} (val)"), (f"{name}_test", f"{head} (test)")) if name in tested else ((name, head),))}
     return Table(
         name="table1" if value == "peak_val_acc" else "table1_final",
         title=f"Table 1 — {what.lower()} validation accuracy" + ("" if value == "peak_val_acc" else " (the floor)"),
         caption=f"{what} validation accuracy (%); residuals are multi-agent minus SA-RL in points."
+        + (" (val): the paper's peak, chosen on the validation it is reported on, so biased upward; (test): that "
+           "checkpoint measured once on the held-out test split (± its sampling 95% CI with one seed)."
+           + bias_sentence(cells) if tested else "")
         + (" Shuffled: the twin cell trained on each step's rewards permuted across its episodes (the reward "
            "control)." if controls else "")
         + (" Mean ± 95% CI over finished seeds (n)." if several else ""),
         columns=columns, headers=["Task", "Scale", "Workflow", *headers.values()], rows=rows, shown=display,
+    )
+
+
+def test_entry(frame: pd.DataFrame) -> tuple[Entry, float]:
+    """The done cells' peak test accuracy (%) and its 95% half-width: over seeds (t) with
+    several, else the one cell's sampling SE."""
+    item = entry(frame, "peak_test_acc", 100)
+    if item.n != 1:
+        return item, item.ci95
+    done = frame[(frame["state"] == CellState.DONE) & frame["peak_test_acc"].notna()]
+    se = done["peak_test_se"].iloc[0] if "peak_test_se" in done else None
+    return item, math.nan if se is None or pd.isna(se) else Z95 * 100 * float(se)
+
+
+def test_word(item: Entry) -> str:
+    """What a test column says instead of a number: done cells without a test row have none."""
+    return "no test" if item.states and set(item.states) == {CellState.DONE} else item.word()
+
+
+def _biased(cells: pd.DataFrame) -> pd.DataFrame:
+    """Done cells with a selection bias (a test row at their peak)."""
+    if "selection_bias_pp" not in cells:
+        return cells.iloc[0:0]
+    return cells[(cells["state"] == CellState.DONE) & cells["selection_bias_pp"].notna()]
+
+
+def bias_sentence(cells: pd.DataFrame) -> str:
+    """Table 1's caption on the selection bias: its mean over trained cells, and how many done
+    cells have no test (run before the test split, or on data without one)."""
+    biased = _biased(cells)
+    trained = biased[biased["kind"].isin(TRAINED_KINDS)]["selection_bias_pp"]
+    untested = int(((cells["state"] == CellState.DONE) & cells.get("peak_val_acc", pd.Series(dtype=float)).notna()).sum()
+                   - len(biased))
+    text = (f" Selection bias (peak (val) − test at the same checkpoint): {number(float(trained.mean()), signed=True)} "
+            f"points on average over {len(trained)} trained cells (table `selection_bias`)." if len(trained) else "")
+    return text + (f" {untested} done cells have no test evaluation (*no test*: run before the test split, or on "
+                   "data without one); their val peaks stand unpaired." if untested else "")
+
+
+def selection_bias_table(cells: pd.DataFrame) -> Table:
+    """Per done cell with a test row at its peak: peak (val), test, and their difference."""
+    columns = ["cell", "kind", "workflow", "policy", "seed", "peak_step", "peak_val", "peak_test", "test_ci95",
+               "selection_bias_pp"]
+    biased = _biased(cells)
+    def text(value: object) -> str:
+        return "" if value is None or pd.isna(value) else str(value)  # type: ignore[call-overload]
+
+    rows = [[str(r["cell"]), str(r["kind"]), text(r.get("workflow")), text(r.get("policy")), text(r.get("seed")),
+             str(r["peak_step"]),
+             number(100 * r["peak_val_acc"]), number(100 * r["peak_test_acc"]),
+             number(Z95 * 100 * r["peak_test_se"]) if not pd.isna(r.get("peak_test_se")) else "",
+             number(r["selection_bias_pp"], signed=True)] for _, r in biased.iterrows()]
+    trains = biased["kind"].isin(TRAINED_KINDS)
+    groups = {"trained cells (the peak chosen among their validations)": biased[trains],
+              "base cells (one validation, nothing chosen: the splits' difference alone)":
+                  biased[biased["kind"] == CellKind.BASE]}
+    notes = [f"- mean over {label}: {number(float(part['selection_bias_pp'].mean()), signed=True)} points "
+             f"(n={len(part)})" for label, part in groups.items() if len(part)]
+    if not rows:
+        notes = [("No done cell has a test evaluation at its peak (a results folder from before the test split, or "
+                  "data without one): nothing to measure.")]
+    return Table(
+        name="selection_bias", title="Selection bias of the peak",
+        caption="Peak validation accuracy (%), the same checkpoint's test accuracy (%, ± its sampling 95% CI) and "
+        "their difference in points: what choosing the checkpoint on val added to the number reported on val.",
+        columns=columns, headers=columns, rows=rows, left=5, notes=notes,
     )
 
 

@@ -30,6 +30,10 @@ the batch, `train.batch_problems x grpo.n` episodes) is its rollout plus its upd
 - **Validation**: a rollout of the validation problems (`train.val_problems`, else the
   task's split: VAL_PROBLEMS) at one episode each, before training and every
   `train.val_every` steps.
+- **Test**: one evaluation per cell of the peak's checkpoint on the test split (a trained
+  cell's at its end, a base cell's at step 0), costed as a validation scaled by the test
+  split's size over validation's: 1, since every built-in task's test split holds as many
+  problems as its validation split and `train.val_problems` limits both.
 
 `gridrun canary` writes its measured step (`write_measured_step`); a plan given it
 (`read_measured_step`) takes that step, per problem, for the cells of the canary's shape
@@ -306,8 +310,18 @@ def step_cost(config: RunConfig, gpu: str, gpus: int, memory_gib: float,
     return StepCost(rollout if config.trains else 0.0, update if config.trains else 0.0, val, (rate.source, engine))
 
 
+# The test split's size over the validation split's (the module docstring's Test).
+TEST_OVER_VAL = 1.0
+
+
+def test_hours(cost: StepCost) -> float:
+    """The one test evaluation of a cell."""
+    return TEST_OVER_VAL * cost.val_s / 3600
+
+
 def cell_hours(config: RunConfig, cost: StepCost) -> float:
-    return (config.steps_to_train * cost.step_s + config.planned_validations * cost.val_s) / 3600
+    """One attempt: its training steps, its validations and its test evaluation."""
+    return (config.steps_to_train * cost.step_s + config.planned_validations * cost.val_s) / 3600 + test_hours(cost)
 
 
 # --- the canary's measured step -------------------------------------------------------------------

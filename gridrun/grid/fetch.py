@@ -207,10 +207,10 @@ def _prepare(item: FileNeed, from_path: str | None) -> str:
     except DataError as err:
         # fetch prepares with the defaults; the data command takes the split's settings too.
         raise GridError(f"{item.name} data: {err} (`gridrun data prepare {item.name} --out {shlex.quote(item.path)}` "
-                        "takes --from PATH, --val-size and --seed; gridrun fetch --data-from "
+                        "takes --from PATH, --val-size, --test-size and --seed; gridrun fetch --data-from "
                         f"{item.name}=PATH prepares with the defaults)") from None
     except ModuleNotFoundError as err:
         raise GridError(f"preparing {item.name} data from the hub needs {err.name}: in the checkout, "
                         f"`make install-cluster` (or `pip install -e '.[train]'`), or pass --data-from "
                         f"{item.name}=PATH") from None
-    return f"{done.out} ({done.n_train} train, {done.n_val} val)"
+    return f"{done.out} ({done.n_train} train, {done.n_val} val, {done.n_test} test)"

@@ -86,6 +86,8 @@ class PlannedCell:
     rate_source: str = "conf: grid.estimate"
     # Predicted disk at its worst moment (gridrun/grid/disk.py); None for an unknown architecture.
     disk: DiskEstimate | None = None
+    # The part of est_hours that is its test evaluation (one per cell).
+    est_test_hours: float = 0.0
 
     @property
     def id(self) -> str:
@@ -184,11 +186,11 @@ def make_plan(spec: SweepSpec, composer: Composer, measured: MeasuredStep | None
             grid = this_grid
         elif this_grid != grid:
             raise GridError(f"cell {cell.id} has another launcher or cluster than the sweep's first cell: set them once")
-        hours, step_s, rate_source = _cost(root.spec, config, measured)
+        hours, step_s, rate_source, test_h = _cost(root.spec, config, measured)
         cells.append(
             PlannedCell(cell, config, fingerprint(config), _resources(root.spec), hours,
                         _fits(cell.id, config, root.spec.gpu), step_s, rate_source,
-                        cell_disk(config, max(1, root.spec.gpu.gpus_per_cell)))
+                        cell_disk(config, max(1, root.spec.gpu.gpus_per_cell)), test_h)
         )
     if unused:
         raise GridError(_unused_message(min(unused), [pc.config for pc in cells], composer))
@@ -344,20 +346,22 @@ def _resources(grid: GridSpec) -> dict[str, Any]:
     }
 
 
-def _cost(grid: GridSpec, config: RunConfig, measured: MeasuredStep | None) -> tuple[float, float, str]:
-    """(hours of one attempt, seconds of a training step, the update rate's source): the cost
-    model's (gridrun/grid/cost.py) with a canary's measured step for its shape; conf's rough rates
-    (grid.estimate) where the model has nothing to go on (the toy world on CPU)."""
+def _cost(grid: GridSpec, config: RunConfig, measured: MeasuredStep | None) -> tuple[float, float, str, float]:
+    """(hours of one attempt, seconds of a training step, the update rate's source, the hours
+    of its test evaluation): the cost model's (gridrun/grid/cost.py) with a canary's measured
+    step for its shape; conf's rough rates (grid.estimate) where the model has nothing to go
+    on (the toy world on CPU)."""
     gpu = grid.gpu
     predicted = cost.step_cost(config, gpu.name, gpu.gpus_per_cell, gpu.memory_gib)
     if predicted is None:
         step_s = grid.estimate.step_s * grid.estimate.relative_cost
-        validations = config.planned_validations
-        hours = step_s * (config.steps_to_train + validations * grid.estimate.val_cost) / 3600
-        return hours, step_s, "conf: grid.estimate"
+        val_h = step_s * grid.estimate.val_cost / 3600
+        test_h = cost.TEST_OVER_VAL * val_h
+        return step_s * config.steps_to_train / 3600 + config.planned_validations * val_h + test_h, step_s, \
+            "conf: grid.estimate", test_h
     if measured is not None:
         predicted = dataclasses.replace(predicted, measured_step=measured.step_for(config, gpu.name))
-    return cost.cell_hours(config, predicted), predicted.step_s, predicted.source
+    return cost.cell_hours(config, predicted), predicted.step_s, predicted.source, cost.test_hours(predicted)
 
 
 # --- freezing --------------------------------------------------------------------------------
@@ -727,7 +731,11 @@ def cost_lines(plan: Plan) -> list[str]:
         total = f"~{cpu_hours:,.1f} CPU-hours"
     head = (f"{len(cells)} cells ({', '.join(f'{n} {kind}' for kind, n in kinds.items())}), {total} for one "
             f"attempt each, launcher={plan.launcher['name']}, cluster={plan.cluster['name']}")
-    lines = [head]
+    hours = sum(pc.est_hours for pc in cells)
+    test = sum(pc.est_test_hours for pc in cells)
+    share = (f"  of which the test evaluations (one per cell, the peak's checkpoint on the test split): "
+             f"{100 * test / hours:.1f}%")
+    lines = [head] + ([share] if hours else [])
     by_source: dict[str, list[str]] = {}
     for pc in cells:
         scale = (pc.cell.coords().get("scale") or "?") + f"/{pc.resources['gpu_class']}"

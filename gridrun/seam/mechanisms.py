@@ -558,7 +558,8 @@ def alert_history(
     trained = False
     for row in rows:
         step = row.get("step")
-        if type(step) is not int:
+        # The test row comes after training, at the peak's step: nothing the trainer watched.
+        if type(step) is not int or row.get("split") == "test":
             continue
         alerts = watch.see(row)
         trained = trained or row.get("split", "train") == "train"

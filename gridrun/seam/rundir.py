@@ -41,7 +41,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -658,10 +658,12 @@ class RunDir:
             "restore the file, or delete the damaged lines to silence this"
         )
 
-    def truncate_metrics(self, last_step: int) -> list[dict[str, Any]]:
-        """Keep rows up to `last_step` (resuming from a checkpoint replays what came after);
+    def truncate_metrics(self, last_step: int, drop_splits: Collection[str] = ()) -> list[dict[str, Any]]:
+        """Keep rows up to `last_step` (resuming from a checkpoint replays what came after),
+        and none of `drop_splits` (the test row, which training on past its step replaces);
         returns the rows kept."""
-        kept = [row for row in self.read_metrics() if row.get("step", 0) <= last_step]
+        kept = [row for row in self.read_metrics()
+                if row.get("step", 0) <= last_step and row.get("split") not in drop_splits]
         atomic_write_text(self.metrics_jsonl, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
         return kept
 
@@ -706,8 +708,9 @@ class RunDir:
             found[record.step] = record
         return found, damage
 
-    def drop_records_after(self, last_step: int) -> None:
-        """Remove the records of steps after `last_step` (a resume replays them)."""
+    def drop_records_after(self, last_step: int, drop_splits: Collection[str] = ()) -> None:
+        """Remove the records of steps after `last_step` (a resume replays them) and every
+        record of `drop_splits`."""
         if not self.records_dir.is_dir():
             return
         for path in self.records_dir.glob("*_step_*.json"):
@@ -715,7 +718,7 @@ class RunDir:
                 step = int(path.stem.rsplit("_", 1)[1])
             except ValueError:
                 continue
-            if step > last_step:
+            if step > last_step or path.stem.split("_step_", 1)[0] in drop_splits:
                 path.unlink(missing_ok=True)
 
     # --- checkpoints -------------------------------------------------------------------

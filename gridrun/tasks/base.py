@@ -72,15 +72,22 @@ class RolePrompts:
 class Task(ABC):
     name: str
     prompts: RolePrompts
-    # The fixed splits, loaded by the constructor.
+    # The fixed splits, loaded by the constructor. `test` is held out from both (the checkpoint
+    # chosen on val is measured once on it); a task without one leaves it empty and says why in
+    # `test_missing`.
     train: list[Problem]
     val: list[Problem]
+    test: list[Problem]
+    test_missing: str = "this task defines no test split"
 
     def train_problems(self) -> list[Problem]:
         return self.train
 
     def val_problems(self) -> list[Problem]:
         return self.val
+
+    def test_problems(self) -> list[Problem]:
+        return getattr(self, "test", [])  # a task of its own (a plugin) may set none
 
     @abstractmethod
     def extract_answer(self, response: str) -> str | None:

@@ -40,7 +40,7 @@ from gridrun.seam.registry import ConfigError, TaskParams, register_task
 from gridrun.tasks.answers import last_python_block
 from gridrun.tasks.base import Messages, Problem, RolePrompts, Score, Task, user_message
 from gridrun.tasks.code_reward import FLAG_NAMES, CodeLimits, CodeScore, Mode, score_code, score_code_batch
-from gridrun.tasks.prepared import read_split, require_data
+from gridrun.tasks.prepared import read_split, read_test, require_data
 from gridrun.tasks.sandbox import SandboxConfig, SandboxUnavailable, require
 
 MODES = ("pass_rate", "all_pass")
@@ -190,6 +190,8 @@ class CodeTask(Task):
         present = _with_instruction if question == "lcb_instruction" else _with_interface
         self.train = [present(p) for p in read_split(data_path, "train", "code")]
         self.val = [present(p) for p in read_split(data_path, "val", "code")]
+        test, self.test_missing = read_test(data_path, "code")
+        self.test = [present(p) for p in test]
         self.mode = mode
         self.limits = limits
         self.prompts = CodePrompts()

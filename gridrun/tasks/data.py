@@ -29,7 +29,13 @@ What it does:
 - Sources: the hub through `datasets.load_dataset` (imported only then), or a local copy given
   by `--from PATH`: one .parquet/.jsonl file, or a directory of them (a hub snapshot works: a
   subdirectory named after the config is entered, and `train*` files are preferred).
-- Output: `<out>/{train,val}.jsonl` in the prepared format (gridrun/tasks/prepared.py) and
+- Test: a slice of the training side held out for the test evaluation (the checkpoint chosen
+  on val, measured once on problems nothing chose it on): the first `test_size` training
+  problems in the split's permutation order (already a seed-42 shuffle), as many as the
+  validation split holds unless `--test-size` says otherwise. The paper's validation split is
+  untouched; training loses exactly these problems (meta.json: `test_size`, `counts.test`,
+  `test_split`). Every cell reading the folder sees the same slice.
+- Output: `<out>/{train,val,test}.jsonl` in the prepared format (gridrun/tasks/prepared.py) and
   `<out>/meta.json` (source, sha256 of every input file and of the rows read, seed, counts,
   drops by reason). Nothing is written until the data has been read and validated, and each
   file is replaced atomically, meta.json last.
@@ -65,7 +71,7 @@ from gridrun.seam.errors import UserError
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: the test slice (test.jsonl)
 DEFAULT_SEED = 42
 
 # DAPO's own answer instruction around each problem (see the module docstring).
@@ -104,6 +110,7 @@ class Prepared:
     out: Path
     n_train: int
     n_val: int
+    n_test: int
     dropped: dict[str, int]
     meta: dict[str, Any] = field(repr=False)
 
@@ -356,6 +363,17 @@ def split_problems(task: str, rows: Iterable[dict[str, Any]], seed: int = DEFAUL
     return train, val, counts
 
 
+def hold_out_test(train: list[dict[str, Any]], test_size: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, test): the first `test_size` training problems (in the split's permutation
+    order, so a seeded random sample) held out as the test split. Pure; no I/O."""
+    if test_size < 1:
+        raise DataError(f"--test-size {test_size}: the test split needs at least 1 problem")
+    if test_size >= len(train):
+        raise DataError(f"holding out {test_size} test problems of {len(train)} training problems leaves nothing "
+                        "to train on: lower --test-size")
+    return train[test_size:], train[:test_size]
+
+
 # ------------------------------------------------------------------------------------- writing
 def _write_atomic(path: Path, lines: Iterator[str]) -> str:
     """Write lines to a temp file, fsync, rename over path; returns the file's sha256. A disk
@@ -389,8 +407,9 @@ def default_out(task: str) -> Path:
 
 
 def prepare(task: str, from_path: str | Path | None = None, out: str | Path | None = None,
-            seed: int = DEFAULT_SEED, val_size: float | None = None) -> Prepared:
-    """Read the task's data (hub, or `from_path`), validate, split and write the prepared format."""
+            seed: int = DEFAULT_SEED, val_size: float | None = None, test_size: int | None = None) -> Prepared:
+    """Read the task's data (hub, or `from_path`), validate, split and write the prepared format.
+    `test_size`: the test slice taken from training (None: as many as the validation split)."""
     if task not in SOURCES:
         raise DataError(f"unknown task {task!r}: expected one of {list(SOURCES)}")
     source = SOURCES[task]
@@ -407,11 +426,16 @@ def prepare(task: str, from_path: str | Path | None = None, out: str | Path | No
         raise DataError(f"no valid {task} problems on one side of the split ({counts['dropped']} dropped): "
                         "check that --from points at the right data set")
 
+    test_size = len(val) if test_size is None else test_size
+    train, test = hold_out_test(train, test_size)
+    counts.update(train=len(train), test=len(test))
+
     out_dir.mkdir(parents=True, exist_ok=True)
     # A previous run's meta.json must not vouch for splits that are being replaced.
     (out_dir / "meta.json").unlink(missing_ok=True)
     outputs = {"train.jsonl": _write_atomic(out_dir / "train.jsonl", _jsonl(train)),
-               "val.jsonl": _write_atomic(out_dir / "val.jsonl", _jsonl(val))}
+               "val.jsonl": _write_atomic(out_dir / "val.jsonl", _jsonl(val)),
+               "test.jsonl": _write_atomic(out_dir / "test.jsonl", _jsonl(test))}
     meta = {
         "format": FORMAT_VERSION,
         "task": task,
@@ -423,11 +447,15 @@ def prepare(task: str, from_path: str | Path | None = None, out: str | Path | No
                   "ceil(val_size x rows) held out, invalid rows dropped afterwards"
                   if source.split_before_filter else
                   "invalid rows dropped, numpy default_rng(seed).permutation over the rest, first val_size held out"),
+        "test_size": test_size,
+        "test_split": (f"the first {test_size} training problems in the split's permutation order, held out "
+                       "from training for the test evaluation (the validation split is unchanged)"),
         "counts": counts,
         "outputs_sha256": outputs,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "seconds": round(time.time() - started, 1),
     }
-    # meta.json last: its presence says the two splits beside it are complete and belong together.
+    # meta.json last: its presence says the three splits beside it are complete and belong together.
     _write_atomic(out_dir / "meta.json", iter([json.dumps(meta, indent=2, ensure_ascii=False) + "\n"]))
-    return Prepared(out=out_dir, n_train=len(train), n_val=len(val), dropped=counts["dropped"], meta=meta)
+    return Prepared(out=out_dir, n_train=len(train), n_val=len(val), n_test=len(test), dropped=counts["dropped"],
+                    meta=meta)

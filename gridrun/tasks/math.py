@@ -19,7 +19,7 @@ from gridrun.seam import registry
 from gridrun.seam.registry import TaskParams, register_task
 from gridrun.tasks.answers import last_boxed, released_box
 from gridrun.tasks.base import Messages, Problem, RolePrompts, Score, Task, user_message
-from gridrun.tasks.prepared import read_split, require_data
+from gridrun.tasks.prepared import read_split, read_test, require_data
 
 if TYPE_CHECKING:
     from gridrun.tasks.math_reward import MathScore
@@ -134,6 +134,7 @@ class MathTask(BoxedAnswerTask):
         field = "prompt" if question == "dapo_prompt" else "question"
         self.train = read_split(data_path, "train", "math", field)
         self.val = read_split(data_path, "val", "math", field)
+        self.test, self.test_missing = read_test(data_path, "math", field)
         self.format_penalty = format_penalty
         self.grader = grader
         self.prompts = MathPrompts()

@@ -1,9 +1,12 @@
-"""The prepared-data format every real task reads: `<dir>/{train,val}.jsonl` + `<dir>/meta.json`.
+"""The prepared-data format every real task reads: `<dir>/{train,val,test}.jsonl` + `<dir>/meta.json`.
 
 `gridrun data prepare math|code` writes it (from the hub or a local copy); training jobs
 read only this, so compute nodes without internet work. One JSON object per line:
 `{"id": str, "question": str, "answer": str, "tests": [...]}` (tests for code only; math rows
 also hold "prompt", the problem as DAPO-Math distributes it, its format instruction included).
+test.jsonl (the slice held out from training for the test evaluation) is absent from data
+prepared before gridrun held one out: such a folder still trains and validates, and its cells
+skip the test evaluation, saying so (`read_test`).
 """
 
 from __future__ import annotations
@@ -68,3 +71,16 @@ def require_data(params: Any) -> None:
     if not getattr(params, "data_path", None):
         raise ConfigError(f"task '{params.name}' needs task.data_path: run `gridrun data prepare {params.name}` "
                           "and point task.data_path at its output")
+
+
+def read_test(data_path: str | Path, task: str, question: str = "question") -> tuple[list[Problem], str]:
+    """The test split and what to say when there is none. Data prepared before the test slice
+    existed has no test.jsonl: its cells train and validate as before and skip the test
+    evaluation (re-preparing would change the training set under a sweep already running
+    on it, so the cell does not refuse)."""
+    missing = (f"no test split in {data_path} (prepared before gridrun held one out): this cell skips its test "
+               f"evaluation; re-run `gridrun data prepare {task} --out {data_path}` for one (it moves as many "
+               "problems as val holds from train to test.jsonl: plan the sweep afresh then)")
+    if not (Path(data_path) / "test.jsonl").is_file():
+        return [], missing
+    return read_split(data_path, "test", task, question), missing

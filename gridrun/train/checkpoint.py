@@ -117,11 +117,7 @@ def load(
     CPU: a checkpoint written on a GPU resumes on another GPU layout or on the CPU, and each
     optimizer moves its state onto its parameters' device as it loads it)."""
     try:
-        for name in adapters:
-            weights = load_file(adapter_dir(checkpoint, name) / "adapter_model.safetensors")
-            result = set_peft_model_state_dict(model, weights, adapter_name=name)
-            if getattr(result, "unexpected_keys", None):
-                raise ValueError(f"unexpected keys in adapter '{name}': {result.unexpected_keys[:3]}")
+        _load_adapters(checkpoint, model, adapters)
         states = torch.load(checkpoint / "optimizers.pt", map_location="cpu", weights_only=False)
         for name, opt in optimizers.items():
             opt.load_state_dict(states[name])
@@ -131,3 +127,20 @@ def load(
             f"checkpoint {checkpoint} cannot be loaded ({err.__class__.__name__}: {err}); "
             f"move it aside (e.g. `mv {checkpoint} {checkpoint}.bad`) to resume from the previous one"
         ) from err
+
+
+def _load_adapters(checkpoint: Path, model: Any, adapters: tuple[str, ...]) -> None:
+    for name in adapters:
+        weights = load_file(adapter_dir(checkpoint, name) / "adapter_model.safetensors")
+        result = set_peft_model_state_dict(model, weights, adapter_name=name)
+        if getattr(result, "unexpected_keys", None):
+            raise ValueError(f"unexpected keys in adapter '{name}': {result.unexpected_keys[:3]}")
+
+
+def load_adapters(checkpoint: Path, model: Any, adapters: tuple[str, ...]) -> None:
+    """Restore the adapters alone (the test evaluation of the peak's checkpoint)."""
+    try:
+        _load_adapters(checkpoint, model, adapters)
+    except Exception as err:
+        raise CorruptCheckpoint(f"the adapters of checkpoint {checkpoint} cannot be loaded "
+                                f"({err.__class__.__name__}: {err})") from err

@@ -11,6 +11,7 @@ exact-resume tests depend on them; tests/test_seeds.py pins each):
     SHUFFLE     seed * 1_000_003 + step                the shuffled-reward control's permutation of a step
     UPDATE      seed + 1                               the update's Python RNG (mini-batch order)
     VALIDATION  1234, whatever the seed                torch's RNG while validating (forked, then restored)
+    TEST        4321, whatever the seed                torch's RNG during the test evaluation (forked, restored)
     RANK        first 8 bytes (little-endian) of       torch's RNG of rank > 0 after step `step` (rank 0 keeps
                 sha256(f"{seed}:{rank}:{step}")        the single-process stream)
     INIT        0, whatever the seed                   the weights of a randomly initialised base model
@@ -29,6 +30,7 @@ import hashlib
 from enum import StrEnum
 
 VALIDATION_SEED = 1234
+TEST_SEED = 4321
 INIT_SEED = 0
 
 
@@ -38,6 +40,7 @@ class Stream(StrEnum):
     SHUFFLE = "shuffle"
     UPDATE = "update"
     VALIDATION = "validation"
+    TEST = "test"
     RANK = "rank"
     INIT = "init"
 
@@ -49,6 +52,7 @@ POSITIONS: dict[Stream, tuple[str, ...]] = {
     Stream.SHUFFLE: ("step",),
     Stream.UPDATE: (),
     Stream.VALIDATION: (),
+    Stream.TEST: (),
     Stream.RANK: ("rank", "step"),
     Stream.INIT: (),
 }
@@ -70,6 +74,8 @@ def derive(seed: int, stream: Stream, *position: int) -> int:
         return seed + 1
     if stream is Stream.VALIDATION:
         return VALIDATION_SEED
+    if stream is Stream.TEST:
+        return TEST_SEED
     if stream is Stream.RANK:
         rank, step = position
         return int.from_bytes(hashlib.sha256(f"{seed}:{rank}:{step}".encode()).digest()[:8], "little")

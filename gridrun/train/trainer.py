@@ -2,7 +2,9 @@
 
 The loop reads top to bottom: rollout -> reward -> advantages -> update -> log ->
 validate -> checkpoint, each a call into a module that is tested alone. A `base` cell only
-validates at step 0. Checkpoints: every `save_every` steps and at each new validation peak;
+validates at step 0. When training ends (done, or stopped by train.on_alert), the peak
+chosen on val is measured once on the task's test split (`test_at_peak`): the row
+`split: test` at the peak's step, so Table 1's peak has a number its choice did not inflate. Checkpoints: every `save_every` steps and at each new validation peak;
 the newest `keep_checkpoints` and the peak's survive (gridrun/train/checkpoint.py). Resuming takes the newest complete checkpoint and replays from there,
 so an interrupted run ends with the same adapters and metric rows as an uninterrupted one
 (on CPU; `time/` keys aside).
@@ -125,6 +127,8 @@ class Trainer:
         self.val_se: dict[int, float] = {}
         self.val_records: dict[int, ValidationRecord] = {}
         self.fall_alert: str | None = None
+        if self.dist.is_main and not self.task.test_problems():
+            log.warning("%s", self.task.test_missing)
         self.pad_id = self.tokenizer.pad_token_id
         self.total_steps = config.steps_to_train
         self.dist.decorrelate_rng(seed, 0)
@@ -161,11 +165,13 @@ class Trainer:
                 if stop is not None:
                     if not saved:
                         self.save(step)
+                    self.test_at_peak()
                     return stop
                 if step < self.total_steps and self.dist.should_stop():
                     if not saved:
                         self.save(step)
                     raise Preempted(f"stopped after step {step} on SIGUSR2, checkpointed")
+            self.test_at_peak()
             return None
         finally:
             self.metrics.close()
@@ -431,6 +437,67 @@ class Trainer:
             self.val_se[step] = metrics["val/acc_se"]
         log.info("step %d validation: acc %.3f on %d problems", step, metrics["val/acc"], len(problems))
 
+    # --- the test evaluation --------------------------------------------------------------
+    def test_at_peak(self) -> None:
+        """The peak (chosen on val, as Table 1's) measured once on the task's test split, with
+        the validation's sampling settings and its own seed stream: records/test_step_<peak>.json
+        and the metrics row `split: test` at the peak's step (in that order, so a row means its
+        record is there). Every rank evaluates its shard; rank 0, which holds the validations,
+        decides the step and whether a resumed run already wrote the row (then nothing runs)."""
+        cfg = self.config
+        problems = self.task.test_problems()
+        if not problems:
+            return  # said when the run started (task.test_missing)
+        if cfg.train.val_problems is not None:
+            problems = problems[: cfg.train.val_problems]
+        main = self.dist.is_main
+        peak = self.peak_step() if main else None
+        skip = main and (peak is None or self.tested(peak) or not self.restorable(peak))
+        # Non-main ranks add zeros: the sums are rank 0's values.
+        shared_peak, shared_skip = self.dist.all_reduce_sum([float(peak or 0) if main else 0.0, float(skip)])
+        if shared_skip:
+            return
+        peak = int(shared_peak)
+        if self.routing.trainable:
+            self.restore_adapters(peak)
+        started = time.time()
+        with torch.random.fork_rng(devices=[self.dist.device] if self.dist.device.type == "cuda" else []):
+            torch.manual_seed(derive(cfg.cell.seed, Stream.TEST))
+            episodes = self.rollout(self.dist.shard(problems), cfg.train.val_n, cfg.sampling.val_temperature)
+        episodes, _ = self.dist.gather(episodes)
+        if not main:
+            return
+        metrics = validation_metrics(episodes, self.task, self.workflow, cfg.workflow, split="test")
+        self.run_dir.write_record(ValidationRecord.from_outcomes("test", peak, ((e.problem.id, e.scored.correct) for e in episodes)))
+        self.metrics.write({"step": peak, "split": "test", **metrics, "time/test_s": time.time() - started})
+        log.info("test at the peak (step %d): acc %.3f on %d problems (val %.3f)", peak, metrics["test/acc"],
+                 len(problems), self.val_acc[peak])
+
+    def tested(self, step: int) -> bool:
+        """Whether metrics.jsonl holds the test row of `step` (a resume after it was written)."""
+        return any(row["split"] == "test" and row["step"] == step for row in self.run_dir.read_metrics())
+
+    def restorable(self, step: int) -> bool:
+        """Whether the adapters of `step` can be had: its checkpoint (the peak's is kept) or the
+        start; a peak checkpoint deleted by hand skips the test evaluation, saying so."""
+        if not self.routing.trainable or step == 0 or step in dict(self.run_dir.complete_checkpoints()):
+            return True
+        log.warning("the peak's checkpoint (step %d) is not on disk: no test evaluation", step)
+        return False
+
+    def restore_adapters(self, step: int) -> None:
+        """The trained adapters as they were at `step`, served: its checkpoint's, or at step 0
+        the initial ones, which are the base model (LoRA's B starts at zero)."""
+        if step == 0:
+            with torch.no_grad():
+                for name in self.routing.trainable:
+                    for key, param in adapter_parameters(self.model, name).items():
+                        if ".lora_B." in key:
+                            param.zero_()
+        else:
+            checkpoint.load_adapters(self.run_dir.checkpoint(step), self.model, self.routing.trainable)
+        self.refresh_engine(step)
+
     def summarise(self, step: int, metrics: dict[str, float]) -> None:
         """Accuracy summary and the alerts into state.json, so `gridrun status` reads one file."""
         fields: dict[str, Any] = {"last_val_acc": metrics["val/acc"], **self.peak_fields()}
@@ -503,8 +570,10 @@ class Trainer:
         restore_cuda_rng(saved.get("cuda_rng"), self.dist.device)
         self.dist.decorrelate_rng(self.config.cell.seed, step)
         if self.dist.is_main:
-            kept = self.run_dir.truncate_metrics(step)
-            self.run_dir.drop_records_after(step)
+            # Training on past the test row's step replaces it (the peak may move): drop it.
+            dropped = ("test",) if step < self.total_steps else ()
+            kept = self.run_dir.truncate_metrics(step, dropped)
+            self.run_dir.drop_records_after(step, dropped)
             for row in kept:
                 self.mechanism_alerts = self.watch.see(row)
             self.val_acc = val_accuracy(kept)

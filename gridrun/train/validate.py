@@ -1,6 +1,6 @@
 """Validation: accuracy of the workflow's committed answer, of each role, and pass@k.
 
-Metrics (all under `val/`):
+Metrics (all under `val/`; the test evaluation's, the same, under `test/`):
 - acc, reward_mean, no_answer_rate: the final answer the workflow commits to.
 - acc_se: the standard error of acc over problems and samples (`accuracy_se`), and
   n_problems, n_samples: what it was measured on.
@@ -41,7 +41,8 @@ def accuracy_se(correct_by_problem: Sequence[Sequence[bool]]) -> float:
     return math.sqrt(sum((m - mean) ** 2 for m in means) / (n - 1) / n)
 
 
-def validation_metrics(episodes: list[Episode], task: Task, workflow: Workflow, params: WorkflowParams) -> dict[str, float]:
+def validation_metrics(episodes: list[Episode], task: Task, workflow: Workflow, params: WorkflowParams,
+                       split: str = "val") -> dict[str, float]:
     n = len(episodes)
     out: dict[str, float] = {
         "acc": sum(e.scored.correct for e in episodes) / n,
@@ -75,4 +76,4 @@ def validation_metrics(episodes: list[Episode], task: Task, workflow: Workflow, 
     if workflow.metrics:
         out.update(workflow.metrics(episodes, correct, params))
     out.update(role_signatures(episodes, workflow.parallel_role))
-    return {f"val/{k}": v for k, v in out.items()}
+    return {f"{split}/{k}": v for k, v in out.items()}

@@ -67,9 +67,9 @@ def test_the_refusals_advice_gpu_cpu_plans_and_runs_a_real_architecture_cell_her
     run = subprocess.run([sys.executable, "-m", "gridrun.cli", "run", str(cell.root)], capture_output=True, text=True,
                          timeout=300, check=False, cwd=REPO_ROOT)
     assert run.returncode == 0, cell.read_state().to_json().get("error") or run.stderr[-2000:]
-    (val,) = cell.read_metrics()
-    # One validation, every response at its 8-token limit (a random model never stops).
-    assert val["split"] == "val" and val["val/role/generator/len_mean"] == 8 and cell.read_state().state == "done"
+    val, test = cell.read_metrics()
+    # One validation and its test, every response at its 8-token limit (a random model never stops).
+    assert test["split"] == "test" and val["split"] == "val" and val["val/role/generator/len_mean"] == 8 and cell.read_state().state == "done"
     assert "hidden_size: 1024" not in cell.config_yaml.read_text()  # published sizes stay out, overrides in
     assert "num_hidden_layers: 2" in cell.config_yaml.read_text()
 

@@ -73,20 +73,28 @@ def test_table1_values_and_residuals(gridrun: Gridrun, hand: SweepDir) -> None:
     assert list(next(iter(rows.values()))) == [
         "task", "scale", "workflow", "base", "sa_rl", "ip", "sp", "ip_minus_sa", "sp_minus_sa",
         "sa_rl_peak_checkpoint", "ip_peak_checkpoint", "sp_peak_checkpoint",
+        *(f"{name}_test{suffix}" for name in ("base", "sa_rl", "ip", "sp") for suffix in ("", "_n", "_ci95")),
     ]
     # Peaks: IP 60, SP 52, SA-RL 50 (at step 10, not its final 45); residuals in points. No
-    # cell here kept a checkpoint of its peak (made by hand, without any).
+    # cell here kept a checkpoint of its peak (made by hand, without any), nor has a test row
+    # (a results folder from before the test split): its test columns say so.
+    untested = {f"{name}_test{suffix}": value for name in ("base", "sa_rl", "ip", "sp")
+                for suffix, value in (("", "no test"), ("_n", "0"), ("_ci95", ""))}
     assert rows["voting"] == {
         "task": "math", "scale": "1.7b", "workflow": "voting", "base": "40.0", "sa_rl": "50.0",
         "ip": "60.0", "sp": "52.0", "ip_minus_sa": "10.0", "sp_minus_sa": "2.0",
         "sa_rl_peak_checkpoint": "deleted", "ip_peak_checkpoint": "deleted", "sp_peak_checkpoint": "deleted",
+        **untested,
     }
     # No base control planned, SP still running: words, never numbers; its residual is n/a.
     assert rows["eval_opt"]["base"] == "missing"
     assert rows["eval_opt"]["sp"] == "running" and rows["eval_opt"]["sp_minus_sa"] == "n/a"
     assert rows["eval_opt"]["ip"] == "56.0" and rows["eval_opt"]["ip_minus_sa"] == "6.0"
     md = hand.table1("md").read_text()
-    assert "| math | 1.7b | voting | 40.0 | 50.0 | 60.0 | 52.0 | +10.0 | +2.0 |" in md
+    assert ("| math | 1.7b | voting | 40.0 | *no test* | 50.0 | *no test* | 60.0 | *no test* | 52.0 | *no test* "
+            "| +10.0 | +2.0 |") in md
+    assert "| Base (val) | Base (test) | SA-RL (val) |" in md and "6 done cells have no test evaluation" in md
+    assert "nothing to measure" in hand.table("selection_bias", "md").read_text()
     assert "*running*" in md and "*missing*" in md
     tex = hand.table1("tex").read_text()
     assert r"eval\_opt" in tex and r"\textit{running}" in tex and r"\begin{tabular}" in tex
@@ -300,3 +308,35 @@ def test_collect_reads_each_metrics_file_once(gridrun: Gridrun, hand: SweepDir, 
     assert reads == {cell["id"]: 1 for cell in plan["cells"]}
     card = (tmp_path / "peaks" / "hand" / "voting-ip-1.7b-math-s0-step_000020" / "README.md").read_text()
     assert "| step | 20 of " in card and "(the cell's peak) |" in card and "| validation accuracy at this step | 60.0%" in card
+
+
+def test_the_peaks_test_evaluation_goes_beside_it_with_the_selection_bias(gridrun: Gridrun, results: Path) -> None:
+    sweep = SweepDir(results, "tested")
+    data: dict = {"name": "tested", "cells": [], "plans": []}
+    add_cell(sweep, data, "voting-ip-1.7b-math-s0", "train", coords("voting", "isolated"), "done", {0: 0.40, 10: 0.60, 20: 0.55})
+    add_cell(sweep, data, "base-voting-1.7b-math", "base", coords("voting", seed=None), "done", {0: 0.40})
+    add_cell(sweep, data, "sa_rl-1.7b-math-s0", "sa_rl", coords("single"), "done", {0: 0.35, 10: 0.50})
+    sweep.write(data)
+    # The trained cell's test row is at its peak (step 10); a stale one elsewhere is not read.
+    for cell, rows in (("voting-ip-1.7b-math-s0", [(20, 0.1, 0.01), (10, 0.52, 0.02)]), ("base-voting-1.7b-math", [(0, 0.41, 0.03)])):
+        sweep.cell(cell).append_metrics([{"step": s, "split": "test", "test/acc": a, "test/acc_se": se} for s, a, se in rows])
+    result = gridrun("collect", "conf=tested")
+    assert result.code == 0, result.err
+    cells = pd.read_parquet(sweep.cells_parquet).set_index("cell")
+    ip = cells.loc["voting-ip-1.7b-math-s0"]
+    assert (ip["peak_test_acc"], ip["peak_test_se"]) == (0.52, 0.02)
+    assert ip["selection_bias_pp"] == pytest.approx(8.0)
+    assert cells.loc["base-voting-1.7b-math", "selection_bias_pp"] == pytest.approx(-1.0)
+    assert pd.isna(cells.loc["sa_rl-1.7b-math-s0", "selection_bias_pp"])
+    row = read_csv(sweep.table1("csv"))["voting"]
+    # One seed: the test's own sampling CI, 1.96 x 2 points.
+    assert (row["ip"], row["ip_test"], row["ip_test_n"], row["ip_test_ci95"]) == ("60.0", "52.0", "1", "3.9")
+    assert (row["base"], row["base_test"], row["sa_rl_test"]) == ("40.0", "41.0", "no test")
+    md = sweep.table1("md").read_text()
+    assert "| math | 1.7b | voting | 40.0 | 41.0 ± 5.9 | 50.0 | *no test* | 60.0 | 52.0 ± 3.9 |" in md
+    assert "+8.0 points on average over 1 trained cells" in md and "1 done cells have no test evaluation" in md
+    bias = sweep.table("selection_bias", "md").read_text()
+    assert "| voting-ip-1.7b-math-s0 | train | voting | isolated | 0 | 10 | 60.0 | 52.0 | 3.9 | +8.0 |" in bias
+    assert "trained cells (the peak chosen among their validations): +8.0 points (n=1)" in bias
+    assert "base cells (one validation, nothing chosen: the splits' difference alone): -1.0 points (n=1)" in bias
+    assert "Selection bias" in result.out

@@ -127,7 +127,7 @@ def test_data_fetch_cannot_split_names_the_command_that_can(gridrun: Gridrun, re
     assert refused.code == 2 and len(refused.err.strip().splitlines()) == 1
     assert "holding out 1000 of 10 valid problems leaves nothing to train on" in refused.err
     command = f"gridrun data prepare code --out {code}"
-    assert f"`{command}` takes --from PATH, --val-size and --seed" in refused.err
+    assert f"`{command}` takes --from PATH, --val-size, --test-size and --seed" in refused.err
     assert gridrun(*command.split()[1:], "--from", str(FIXTURES / "deepcoder_sample.jsonl"), "--val-size", "2").code == 0
     assert "nothing to fetch" in gridrun("fetch", *args).out
 

@@ -11,7 +11,7 @@
 #SBATCH --open-mode=append
 #SBATCH --output=<RESULTS>/full_matrix/jobs/%j/%j_0_log.out
 #SBATCH --partition=h100
-#SBATCH --signal=USR2@2161
+#SBATCH --signal=USR2@2164
 #SBATCH --time=2880
 #SBATCH --wckey=submitit
 
