@@ -128,3 +128,31 @@ def test_a_planted_ten_point_fall_is_found_at_the_toy_validation_size(fall_at: i
         accs, ses, records = run(rng, STEPS, problems, TOY_ACC, MEASURED_RHO, fall_at=fall_at, fall_pp=10.0)
         found += peak_drop(accs, ses, records=records, validations=VALIDATIONS).cliff  # type: ignore[union-attr]
     assert found / 300 >= 0.8, found
+
+
+def test_the_selection_bias_collect_reports_is_the_simulators() -> None:
+    from statistics import NormalDist
+
+    from gridrun.analysis.summary import MetricColumns, cell_summary
+
+    # Flat runs, every answer independent at 31%: the peak of 11 validations is chosen on val,
+    # then measured once on a test split of the same size. Collect's selection_bias_pp (val
+    # peak - test at that checkpoint) must average the simulator's truth: the expected maximum
+    # of 11 draws above their mean, E[max of 11 standard normals] x the validation's SE.
+    rng = np.random.default_rng(11)
+    problems, runs = 300, 400
+    se = math.sqrt(TOY_ACC * (1 - TOY_ACC) / problems)
+    # E[max of n standard normals], by integrating 1 - F(x)^n and F(x)^n over the line.
+    grid = [(i + 0.5) / 100 for i in range(-800, 800)]  # midpoints: the integrand jumps at 0
+    cdf = NormalDist().cdf
+    expected_max = sum((1 - cdf(x) ** VALIDATIONS) if x >= 0 else -(cdf(x) ** VALIDATIONS) for x in grid) / 100
+    assert expected_max == pytest.approx(1.586, abs=0.002)
+    biases = []
+    for _ in range(runs):
+        accs = rng.binomial(problems, TOY_ACC, VALIDATIONS) / problems
+        rows = [{"step": step, "split": "val", "val/acc": float(a)} for step, a in zip(STEPS, accs)]
+        peak = STEPS[int(np.argmax(accs))]
+        rows.append({"step": peak, "split": "test", "test/acc": float(rng.binomial(problems, TOY_ACC) / problems)})
+        biases.append(cell_summary(MetricColumns.from_rows(rows))["selection_bias_pp"])
+    # The mean's Monte-Carlo SE is ~0.06 of the validation's SE here (400 runs).
+    assert sum(biases) / runs == pytest.approx(100 * expected_max * se, abs=100 * 0.25 * se)
