@@ -55,7 +55,8 @@ def _trains_one_step(run_dir: RunDir) -> list[dict]:
 
     assert run_cell(run_dir.root) == 0, run_dir.read_state().to_json().get("error")
     rows = run_dir.read_metrics()
-    assert [r["split"] for r in rows] == ["val", "train", "val"]
+    # Validation at 0 and 1 around the step, then the peak's one test evaluation.
+    assert [r["split"] for r in rows] == ["val", "train", "val", "test"]
     return rows
 
 

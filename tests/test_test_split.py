@@ -10,7 +10,7 @@ import pytest
 from gridrun.cellrun import run_cell
 from gridrun.seam.accuracy import first_peak, val_accuracy
 from gridrun.seam.rundir import RunDir
-from gridrun.tasks.arith import ArithTask
+from gridrun.tasks.arith import ArithParams, ArithTask
 from gridrun.tasks.data import DataError, hold_out_test
 from gridrun.tasks.math import MathTask
 from tests.conftest import make_cell, metric_rows
@@ -22,9 +22,9 @@ def test_the_arith_test_split_is_disjoint_from_train_val_and_the_warm_start() ->
 
     task = ArithTask()
     test = task.test_problems()
-    assert len(test) == len(task.val_problems()) == 200
+    assert len(test) == len(task.val_problems()) == ArithParams().n_val
     texts = {p.question for p in test}
-    assert len(texts) == 200 and all(p.id.startswith("arith-test-") for p in test)
+    assert len(texts) == len(test) and all(p.id.startswith("arith-test-") for p in test)
     assert not texts & {p.question for p in task.train_problems() + task.val_problems()}
     warm_start, _ = make_problems(seed=0, n_train=5000, n_val=400)  # gridrun/toy/build.py's transcripts
     assert not texts & {p.question for p in warm_start}

@@ -47,8 +47,13 @@ def composer() -> Composer:
     return Composer()
 
 
+# The toy validation as it was at 78a8fde (200 problems; the default is 300 since the
+# validation sizing): with it, every other key of those cells is as it was then.
+TOY_VAL_AT_78A8FDE = "task.n_val=200"
+
+
 def test_shared_and_isolated_cells_keep_their_fingerprints(composer: Composer) -> None:
-    plan = make_plan(load_spec("smoke", [], composer), composer)
+    plan = make_plan(load_spec("smoke", [TOY_VAL_AT_78A8FDE], composer), composer)
     assert {pc.id: pc.fingerprint for pc in plan.cells} == MAIN_78A8FDE_SMOKE
     # ... because the new keys stay out of config.yaml at their defaults.
     tree = plan.cells[0].config.to_dict()
@@ -155,7 +160,7 @@ def test_the_mechanisms_are_read_per_adapter_of_a_grouping() -> None:
 
 
 def test_estimator_and_credit_are_set_by_key_and_change_the_fingerprint(composer: Composer) -> None:
-    base = ["workflow=voting", "kind=train", "policy=isolated"]
+    base = ["workflow=voting", "kind=train", "policy=isolated", TOY_VAL_AT_78A8FDE]
     plain = make_plan(load_spec("smoke", base, composer), composer).cells[0]
     chosen = make_plan(load_spec("smoke", [*base, "grpo.estimator=per_role", "reward.credit=per_role"], composer),
                        composer).cells[0]
