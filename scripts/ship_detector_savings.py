@@ -2,7 +2,10 @@
 run offers as an option, from a collected collapse study (cells.parquet's detector columns:
 gridrun/analysis/warning.py's detector_table replays train.fall_alert on every done cell).
 
-    .venv/bin/python scripts/ship_detector_savings.py results/collapse_study bench/measured/<file>.md
+    .venv/bin/python scripts/ship_detector_savings.py results/collapse_study bench/measured/<file>.md [VARIANT]
+
+VARIANT (e.g. natural) keeps that variant's cells only: a study's positive controls collapse
+on purpose, and their stops say nothing of what a sweep of the paper's settings saves.
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ from gridrun.seam.runconfig import TRAINED_KINDS
 
 
 def main() -> None:
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 4):
         sys.exit(__doc__)
     sweep, source = Path(sys.argv[1]), sys.argv[2]
     cells = pd.read_parquet(sweep / "cells.parquet")
+    if len(sys.argv) == 4:
+        cells = cells[cells["variant"] == sys.argv[3]]
+        source = f"{source}, its {sys.argv[3]} cells"
     done = cells[cells["kind"].isin(TRAINED_KINDS) & (cells["state"] == CellState.DONE) & cells["peak_drop_pp"].notna()]
     stopped = done[done["detector_step"].notna()]
     savings = {
