@@ -66,7 +66,8 @@ def test_greedy_validation_equals_hf(tmp_path: Path) -> None:
         cell = make_cell(tmp_path, engine, cell={"kind": "base"}, workflow={"name": "voting"},
                          engine={"name": engine}, sampling={"val_temperature": 0.0})
         assert run_cell(cell) == 0, RunDir(cell).read_state().to_json().get("error")
-        (rows[engine],) = ({k: v for k, v in r.items() if not k.startswith("time/")}
-                           for r in RunDir(cell).read_metrics())
-        rows[engine]["samples"] = RunDir(cell).samples(0).read_text()
+        # Its step-0 validation and the one test evaluation of that step.
+        rows[engine] = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in RunDir(cell).read_metrics()]
+        assert [r["split"] for r in rows[engine]] == ["val", "test"]
+        rows[engine].append({"samples": RunDir(cell).samples(0).read_text()})
     assert rows["vllm"] == rows["hf"]

@@ -137,9 +137,11 @@ def test_a_two_rank_cell_with_spawned_engine_cores_runs_the_step_in_order(tmp_pa
         step = [("serve", False), ("sleep", True), ("update", True), ("check", True), ("wake", False),
                 ("refresh", False)]
         # fit(): the starting adapters proven, step 0's validation served (then step 1's
-        # rollout, one serving run with it), two steps, step 2's validation, the engine closed
-        # with the trainer's world still up.
-        assert events[2:] == [("refresh", False), *step, *step, ("serve", False), ("closed", True)], rank
+        # rollout, one serving run with it), two steps, step 2's validation, then the peak's
+        # adapters loaded and served for its one test evaluation, the engine closed with the
+        # trainer's world still up.
+        assert events[2:] == [("refresh", False), *step, *step, ("serve", False), ("refresh", False), ("serve", False),
+                              ("closed", True)], rank
     # Each rank had its own engine core, a process apart from both ranks, gone with the cell.
     assert len(set(cores)) == 2 and not any(_alive(pid) for pid in cores)
 
