@@ -77,7 +77,8 @@ def test_math_trains_one_step_with_validation(tmp_path: Path) -> None:
     assert run_cell(run_dir.root) == 0, run_dir.read_state().to_json().get("error")
     print(f"voting-ip math: peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
     rows = run_dir.read_metrics()
-    assert [r["split"] for r in rows] == ["val", "train", "val"]
+    # Validations at 0 and 1 around the step, then the peak's one test evaluation.
+    assert [r["split"] for r in rows] == ["val", "train", "val", "test"]
     train = rows[1]
     # 1 problem x 2 rollouts: the generator adapter holds 3 voters' 6 turns, the aggregator's 2;
     # mini-batches of 1 x 2 sequences give it 3 optimizer steps to the aggregator's 1.

@@ -437,7 +437,8 @@ def test_a_transfer_cell_waits_for_its_sa_rl_job_a_failed_one_blocks_it_and_resu
     wait_until(lambda: state(transfer)["state"] in ("done", "failed"), "the transfer cell to finish", 300)
     assert (state(sa_rl)["state"], state(transfer)["state"]) == ("done", "done"), state(transfer).get("error")
     assert state(transfer)["started_at"] >= state(sa_rl)["finished_at"]
-    assert [(r["split"], r["step"]) for r in transfer.read_metrics()] == [("val", 0)]
+    # One evaluation, then its one test evaluation (a transfer cell trains nothing: step 0).
+    assert [(r["split"], r["step"]) for r in transfer.read_metrics()] == [("val", 0), ("test", 0)]
     assert f"runs on the adapter in {sa_rl.checkpoint(2).resolve()}" in transfer.stderr_log.read_text()
 
 
