@@ -131,7 +131,11 @@ def validate(self, step):
     seen[0] = step
     real_validate(self, step)
 trainer.Trainer.validate = validate
-trainer.validation_metrics = lambda *args: {{**real_metrics(*args), "val/acc": ACC[seen[0]]}}
+def fixed_metrics(*args, split="val"):
+    # The validations read the fixed accuracies; the peak's test evaluation is measured as it is.
+    out = real_metrics(*args, split=split)
+    return {{**out, "val/acc": ACC[seen[0]]}} if split == "val" else out
+trainer.validation_metrics = fixed_metrics
 from gridrun.cellrun import run_cell
 sys.exit(run_cell(Path(sys.argv[1])))
 """

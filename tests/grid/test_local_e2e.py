@@ -187,7 +187,7 @@ def test_transfer_cells_wait_for_their_sa_rl_a_failed_one_blocks_them_and_resubm
         state = transfer.read_state().to_json()
         # Started only after the sa_rl cell had finished, on the adapter of its final checkpoint.
         assert state["started_at"] >= finished and state["attempt"] == 2
-        assert [(row["split"], row["step"]) for row in transfer.read_metrics()] == [("val", 0)]
+        assert [(row["split"], row["step"]) for row in transfer.read_metrics()] == [("val", 0), ("test", 0)]
     adapter = f"generator runs on the adapter in {sa_rl.checkpoint(2).resolve()}/adapters/shared"
     assert all(adapter in t.stderr_log.read_text() for t in transfers[:2])
     # As in the paper, Orch-Workers has no generator: its transfer cell is the base model throughout.
