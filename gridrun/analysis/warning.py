@@ -252,7 +252,7 @@ def early_warning_table(cells: pd.DataFrame, name: str = "early_warning") -> Tab
         caption=(f"Training cells (done) each alert applies to. A cliff: a fall of at least {CLIFF_PP:.0f} points "
                  "between two validations that clears the one-sided Bonferroni bound over the pairs of the run's "
                  "planned validations (cells.parquet's peak_drop_cliff; the noise_floor table gives each test). "
-                 "Recall: cliff cells whose alert first fired at least {LEAD_VALIDATIONS} "
+                 f"Recall: cliff cells whose alert first fired at least {LEAD_VALIDATIONS} "
                  "validations before the fall showed. False alarms: cells without such a cliff (shuffled-reward "
                  "twins included) where it fired at all. Thresholds: gridrun/seam/mechanisms.py's, provisional."),
         columns=columns, headers=["Alert", "Cells", "Recall (warned / cliffs)", "False alarms (fired / calm)"],

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from gridrun.analysis.findings import HOLDS, UNSURE, claim_e, claim_verdict
-from gridrun.analysis.warning import early_warning_table, lead, peak_drop, warning_columns
+from gridrun.analysis.warning import LEAD_VALIDATIONS, early_warning_table, lead, peak_drop, warning_columns
 from gridrun.grid.sweepdir import SweepDir
 from gridrun.seam.records import ValidationRecord
 from tests.grid.conftest import Gridrun
@@ -141,6 +141,8 @@ def test_recall_and_false_alarms_by_hand() -> None:
     assert amplification[1:] == ["5", "3", "1", "0.333", "2", "1", "1", "0.500"]
     capture = next(r for r in table.rows if r[0] == "sp_role_capture")
     assert capture[1:4] == ["0", "0", "0"]  # no column for it in this frame: nothing measured
+    # The caption states the lead a warning needs as a number.
+    assert f"at least {LEAD_VALIDATIONS} validations before the fall showed" in table.caption
 
 
 def remedy_cells(natural: list[tuple[float, float]], remedy: list[tuple[float, float]]) -> pd.DataFrame:
