@@ -51,6 +51,7 @@ replayable: collect with others to compare).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from collections.abc import Callable, Mapping, Sequence
@@ -107,23 +108,29 @@ def peak_drop(val_acc: Mapping[int, float], val_se: Mapping[int, float] | None =
     standard error (paired by problem where `records` has both ends, else from `val_se`), and
     the fall judged by the cliff rule over the run's `validations` (planned; default: those
     it has); None without validations. Ties keep the earlier step (of the peak and of the drop)."""
-    steps = sorted(val_acc)
-    if not steps:
+    if not val_acc:
         return None
-    evals = Evaluations.of(val_acc, val_se, records)
-    fall = largest_fall(evals, FallRule(max(validations or 0, len(steps))))
-    best = PeakDrop(0.0, fall=fall)
+    return _peak_drop(Evaluations.of(val_acc, val_se, records), FallRule(max(validations or 0, len(val_acc))), k)
+
+
+def _peak_drop(evals: Evaluations, rule: FallRule, k: float) -> PeakDrop:
+    """peak_drop of evaluations that hold at least one. Without a pair the rule judges (none
+    falls its points), the fall reported is the largest drop itself, with its test."""
+    steps = sorted(evals.acc)
+    best, paired = PeakDrop(0.0), evals.paired
     peak = steps[0]
     for step in steps:
-        if val_acc[step] > val_acc[peak]:
+        if evals.acc[step] > evals.acc[peak]:
             peak = step
-        drop = 100 * (val_acc[peak] - val_acc[step])
+        drop = 100 * (evals.acc[peak] - evals.acc[step])
         if drop > best.drop_pp:
             near = [s for s in steps if peak <= s < step and _at_peak(evals, k, peak, s)]
             onset = next(s for s in steps if s > near[-1])
             diff = evals.difference(peak, step)
-            best = PeakDrop(drop, step, peak, onset, None if diff is None else 100 * diff.se, fall)
-    return best
+            best = PeakDrop(drop, step, peak, onset, None if diff is None else 100 * diff.se)
+            paired = diff is not None and diff.paired
+    fall = largest_fall(evals, rule) or Fall(best.drop_pp, best.peak_step, best.step, best.se_pp, paired, rule)
+    return dataclasses.replace(best, fall=fall)
 
 
 def _at_peak(evals: Evaluations, k: float, peak: int, step: int) -> bool:
@@ -177,9 +184,9 @@ def warning_columns(val_acc: Mapping[int, float], summary: Mapping[str, Any], va
     (the module docstring); `summary` holds the replayed alerts' `alert/<a>/first_step`,
     `val_se` the validations' val/acc_se, `records` their per-problem records, `validations`
     the run's planned count."""
-    drop = peak_drop(val_acc, val_se, k, records, validations)
     evals = Evaluations.of(val_acc, val_se, records)
     rule = FallRule(max(validations or 0, len(val_acc)))
+    drop = _peak_drop(evals, rule, k) if val_acc else None
     fall = None if drop is None else drop.fall
     mean_se = 100 * sum(evals.se.values()) / len(evals.se) if evals.se else None
     fall_se, floor = noise(evals, rule)

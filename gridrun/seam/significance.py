@@ -197,12 +197,9 @@ class Fall:
 
 def largest_fall(evals: Evaluations, rule: FallRule) -> Fall | None:
     """The fall a run is judged by: among the pairs (earlier, later) falling at least the
-    rule's points, the one with the largest z (a cliff if any clears the rule); without such a
-    pair, the largest fall below the running peak. None without evaluations. Ties keep the
-    earlier steps."""
+    rule's points, the one with the largest z (a cliff if any clears the rule); None without
+    such a pair (no cliff). Ties keep the earlier steps."""
     steps = sorted(evals.acc)
-    if not steps:
-        return None
     best: Fall | None = None
     for j, later in enumerate(steps):
         for earlier in steps[:j]:
@@ -214,19 +211,7 @@ def largest_fall(evals: Evaluations, rule: FallRule) -> Fall | None:
                         diff is not None and diff.paired, rule)
             if best is None or _stronger(fall, best):
                 best = fall
-    if best is not None:
-        return best
-    peak, low, drop = steps[0], None, 0.0
-    running = steps[0]
-    for step in steps:
-        if evals.acc[step] > evals.acc[running]:
-            running = step
-        if 100 * (evals.acc[running] - evals.acc[step]) > drop:
-            peak, low, drop = running, step, 100 * (evals.acc[running] - evals.acc[step])
-    if low is None:
-        return Fall(0.0, None, None, None, evals.paired, rule)
-    diff = evals.difference(peak, low)
-    return Fall(drop, peak, low, None if diff is None else 100 * diff.se, diff is not None and diff.paired, rule)
+    return best
 
 
 def first_cliff(evals: Evaluations, rule: FallRule) -> tuple[int, Fall] | None:
