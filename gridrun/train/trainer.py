@@ -430,7 +430,7 @@ class Trainer:
         self.run_dir.check_present()
         atomic_write_text(self.run_dir.samples(step), dumped)
         # Which problems it got right: what makes two validations a paired comparison.
-        record = ValidationRecord.from_outcomes("val", step, ((e.problem.id, e.scored.correct) for e in episodes))
+        record = outcome_record("val", step, episodes)
         self.run_dir.write_record(record)
         self.val_records[step] = record
         if "val/acc_se" in metrics:
@@ -468,7 +468,7 @@ class Trainer:
         if not main:
             return
         metrics = validation_metrics(episodes, self.task, self.workflow, cfg.workflow, split="test")
-        self.run_dir.write_record(ValidationRecord.from_outcomes("test", peak, ((e.problem.id, e.scored.correct) for e in episodes)))
+        self.run_dir.write_record(outcome_record("test", peak, episodes))
         self.metrics.write({"step": peak, "split": "test", **metrics, "time/test_s": time.time() - started})
         log.info("test at the peak (step %d): acc %.3f on %d problems (val %.3f)", peak, metrics["test/acc"],
                  len(problems), self.val_acc[peak])
@@ -584,6 +584,11 @@ class Trainer:
             self.run_dir.record(cellstate.progressed(**self.peak_fields()))
         log.info("resumed from %s", path)
         return step
+
+
+def outcome_record(split: str, step: int, episodes: list[Episode]) -> ValidationRecord:
+    """An evaluation's per-problem record: each answer's problem and whether it was right."""
+    return ValidationRecord.from_outcomes(split, step, ((e.problem.id, e.scored.correct) for e in episodes))
 
 
 def restore_cuda_rng(saved: Any, device: torch.device) -> None:
