@@ -366,6 +366,8 @@ def test_every_workflow_and_policy_trains_two_steps(tmp_path: Path, workflow: st
     assert {r["step"] for r in rows if r["split"] == "val"} == {0, 2}
     state = RunDir(cell).read_state().to_json()
     assert state["state"] == "done" and state["step"] == 2 and "peak_val_acc" in state
+    # `gridrun status` reads the peak's test accuracy from state.json, as its metrics row says.
+    assert [state["peak_test_acc"]] == [r["test/acc"] for r in rows if r["split"] == "test"]
     # The rollout and the trainer agree on the sampled tokens' log-probs (same weights).
     assert all(train[0][f"role/{r}/rollout_logp_absdiff"] < 1e-3 for r in WORKFLOW_ROLES[workflow])
 

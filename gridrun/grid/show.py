@@ -68,6 +68,7 @@ def show(run_dir: RunDir, console: Any) -> None:
         "state": state.state, "step": state.step, "total_steps": state.total_steps, "attempt": state.attempt,
         "launcher": state.launcher, "job_id": state.job_id, "node": state.node, "pid": state.pid,
         "last_val_acc": state.last_val_acc, "peak_val_acc": state.peak_val_acc, "peak_step": state.peak_step,
+        "peak_test_acc": state.peak_test_acc,
         "alerts": list(state.alerts) if state.raw.get("alerts") is not None else None,
     }
     for key, value in shown.items():

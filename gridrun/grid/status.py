@@ -2,8 +2,9 @@
 
 The reading side is the fast path (1000 cells well under half a second): sweep.json for the
 cell list, then one state.json per cell, which the trainer keeps current (step, last and
-peak validation accuracy, drift alerts), so no metrics file is parsed. Δ base is a cell's
-peak minus its done base control's accuracy, in points (`--sort delta` orders by it).
+peak validation accuracy, the peak's test accuracy once measured, drift alerts), so no
+metrics file is parsed. Δ base is a cell's peak minus its done base control's accuracy, in
+points (`--sort delta` orders by it).
 Standard library only until a table is drawn; rich is imported to draw. A cell reading
 running on this host whose run lock no process holds is shown `failed (lost)`, and so are
 cells whose job died without saying so as their launcher reconciles them; a cell whose
@@ -78,6 +79,7 @@ def sweep_rows(sweep: SweepDir, plan: SweepPlan | None = None,
                 "last_val_acc": state.last_val_acc,
                 "peak_val_acc": state.peak_val_acc,
                 "peak_step": state.peak_step,
+                "peak_test_acc": state.peak_test_acc,
                 "elapsed_s": elapsed,
                 "alerts": list(state.alerts),
                 # What train.on_alert did (export_peak, stop): the alert, its step, the peak's export.
@@ -178,6 +180,7 @@ def tables(rows: list[dict[str, Any]]) -> list[Any]:
             ("step", "right"),
             ("val acc %", "right"),
             ("peak %", "right"),
+            ("test %", "right"),
             ("Δ base", "right"),
             ("elapsed", "right"),
             ("attempt", "right"),
@@ -207,6 +210,7 @@ def tables(rows: list[dict[str, Any]]) -> list[Any]:
                 f"{row['step']}/{row['total_steps']}",
                 _pct(row["last_val_acc"]),
                 peak,
+                _pct(row["peak_test_acc"]),
                 "" if row["delta_pp"] is None else f"{row['delta_pp']:+.1f}",
                 _duration(row["elapsed_s"]),
                 str(row["attempt"]),

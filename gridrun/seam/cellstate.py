@@ -90,6 +90,7 @@ STATE_FIELDS: dict[str, tuple[type, ...]] = {
     "peak_export": (str,),
     "last_val_acc": _NUMBER,
     "peak_val_acc": _NUMBER,
+    "peak_test_acc": _NUMBER,
     "queued_at": _NUMBER,
     "started_at": _NUMBER,
     "finished_at": _NUMBER,
@@ -126,6 +127,8 @@ class StateRecord:
     last_val_acc: float | None = None
     peak_val_acc: float | None = None
     peak_step: int | None = None
+    # The peak's accuracy on the task's test split, measured once as the run ends.
+    peak_test_acc: float | None = None
     first_val: Mapping[str, Any] | None = None
     alerts: tuple[Any, ...] = ()
     # Earlier attempts, each with ATTEMPT_FIELDS (oldest first).

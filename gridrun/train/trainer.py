@@ -470,6 +470,7 @@ class Trainer:
         metrics = validation_metrics(episodes, self.task, self.workflow, cfg.workflow, split="test")
         self.run_dir.write_record(outcome_record("test", peak, episodes))
         self.metrics.write({"step": peak, "split": "test", **metrics, "time/test_s": time.time() - started})
+        self.run_dir.record(cellstate.progressed(peak_test_acc=metrics["test/acc"]))
         log.info("test at the peak (step %d): acc %.3f on %d problems (val %.3f)", peak, metrics["test/acc"],
                  len(problems), self.val_acc[peak])
 

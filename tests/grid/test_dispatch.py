@@ -195,7 +195,10 @@ def test_a_clock_ahead_of_this_one_never_shows_a_negative_elapsed_time(gridrun: 
     rows = {row["cell"]: row for row in json.loads(gridrun("status", "--json").out)}
     assert rows["voting-ip-toy-arith-s0"]["elapsed_s"] == 60  # its own clock's difference stands
     assert rows["voting-sp-toy-arith-s0"]["elapsed_s"] == 0
-    assert "-" not in "".join(line.split("│")[7] for line in gridrun("status").out.splitlines() if "toy-arith-s0" in line)
+    lines = gridrun("status").out.splitlines()
+    elapsed = _column(lines, "elapsed")
+    shown = [line.split("│")[elapsed] for line in lines if "│ voting-" in line]
+    assert all(column.strip() and "-" not in column for column in shown), shown
 
 
 def test_status_json_lists_every_cell_with_its_fields(gridrun: Gridrun, smoke: SweepDir) -> None:
@@ -210,8 +213,24 @@ def test_status_json_lists_every_cell_with_its_fields(gridrun: Gridrun, smoke: S
     row = next(r for r in rows if r["cell"] == "voting-ip-toy-arith-s0")
     assert (row["state"], row["step"], row["total_steps"], row["attempt"], row["job_id"]) == ("running", 12, 40, 2, "rec-1")
     assert (row["last_val_acc"], row["peak_val_acc"], row["alerts"]) == (0.41, 0.45, ["aggregator terse rate 0.12 < 0.5"])
+    assert row["peak_test_acc"] is None  # measured as the run ends
     table = gridrun("status")
     assert "12/40" in table.out and "45.0 @10" in table.out and "aggregator terse rate" in table.out
+
+
+def test_status_shows_the_peaks_test_accuracy_once_measured(gridrun: Gridrun, smoke: SweepDir) -> None:
+    put_state(smoke.cell("voting-ip-toy-arith-s0"), state="done", step=40, total_steps=40, last_val_acc=0.41,
+              peak_val_acc=0.45, peak_step=10, peak_test_acc=0.4375)
+    row = next(r for r in json.loads(gridrun("status", "--json").out) if r["cell"] == "voting-ip-toy-arith-s0")
+    assert row["peak_test_acc"] == 0.4375
+    lines = gridrun("status").out.splitlines()
+    test = _column(lines, "test %")
+    assert next(line for line in lines if "voting-ip-toy-arith-s0" in line).split("│")[test].strip() == "43.8"
+
+
+def _column(table: list[str], name: str) -> int:
+    """The index of the column `name` in a drawn status table's rows split on their rules."""
+    return [part.strip() for part in next(line for line in table if "┃" in line).split("┃")].index(name)
 
 
 def test_status_shows_each_peak_against_its_base_control_and_sorts_by_it(gridrun: Gridrun, smoke: SweepDir) -> None:

@@ -338,6 +338,8 @@ class _Pool:
         line = f"{outcome:<9} {cell_id}"
         if record.peak_val_acc is not None:
             line += f"  peak val acc {100 * record.peak_val_acc:.1f}% @ step {record.peak_step}"
+        if record.peak_test_acc is not None:
+            line += f" (test {100 * record.peak_test_acc:.1f}%)"
         if outcome == CellState.STOPPED and record.alert:
             line += f"  stopped at step {record.alert_step} by {record.alert.split(':', 1)[0]}"
         if outcome not in FINISHED_STATES and record.error:
