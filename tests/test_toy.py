@@ -13,6 +13,8 @@ from gridrun.seam.rundir import RunDir
 from tests.conftest import make_cell
 
 
+# Slow: it builds two worlds (12 s); the shipped world's own checks below stay fast.
+@pytest.mark.slow
 def test_build_is_deterministic_per_seed_and_keyed_by_recipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from gridrun.toy import build
 
@@ -148,10 +150,13 @@ def base_metrics(tmp_path_factory: pytest.TempPathFactory, toy_world: Path) -> d
     return out
 
 
+# The world's behaviour on 200 validation and 200 test problems per workflow (28 s): slow.
+@pytest.mark.slow
 def test_base_single_accuracy_is_real_but_imperfect(base_metrics: dict[str, dict]) -> None:
     assert 0.15 <= base_metrics["single"]["val/acc"] <= 0.70
 
 
+@pytest.mark.slow
 def test_every_role_keeps_its_output_shape(base_metrics: dict[str, dict]) -> None:
     m = base_metrics
     assert m["single"]["val/role/generator/box_rate"] > 0.9
