@@ -164,13 +164,20 @@ def test_scancel_shows_cancelled_and_resubmit_resumes_from_the_checkpoint(gridru
 def test_gridrun_cancel_stops_a_pending_job_and_records_it(gridrun: Gridrun) -> None:
     # An extra #SBATCH line from the profile holds the job back for an hour: it stays PENDING.
     cell_id, run_dir = gridrun.one_cell("pending", 'grid.cluster.sbatch_extra=["--begin=now+3600"]')
-    row = gridrun.rows("pending")[cell_id]
-    # status shows SLURM's reason beside PENDING: held by --begin, the reason is BeginTime.
-    assert (row["state"], row["scheduler"]) == ("queued", "PENDING (BeginTime)")
-    result = gridrun("cancel", "conf=pending")
-    assert result.returncode == 0 and f"cancelled job {row['job_id']} before it started" in result.stdout
-    assert state(run_dir)["state"] == "cancelled"
-    wait_until(lambda: "CANCELLED" in sacct_state(row["job_id"]), "sacct to show the job cancelled", 30)
+    job = state(run_dir)["job_id"]
+    try:
+        # status shows SLURM's reason beside PENDING: held by --begin, the reason is BeginTime.
+        # Until the scheduler's first pass over the job its reason is None, shown as PENDING.
+        row = wait_until(lambda: (r := gridrun.rows("pending")[cell_id])["scheduler"] != "PENDING" and r,
+                         "SLURM's reason for the held job", 60)
+        assert (row["state"], row["scheduler"]) == ("queued", "PENDING (BeginTime)")
+        result = gridrun("cancel", "conf=pending")
+        assert result.returncode == 0 and f"cancelled job {job} before it started" in result.stdout
+        assert state(run_dir)["state"] == "cancelled"
+        wait_until(lambda: "CANCELLED" in sacct_state(job), "sacct to show the job cancelled", 30)
+    finally:
+        # A job held for an hour would keep every later test's queue from emptying.
+        subprocess.run(["scancel", job], check=False, timeout=30)
 
 
 # ---------------------------------------------------------------- preemption and requeue
