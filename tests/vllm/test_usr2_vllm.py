@@ -38,6 +38,19 @@ def _descendants(pid: int) -> list[int]:
     return found + [grandchild for child in found for grandchild in _descendants(child)]
 
 
+def _engine_cores(pid: int) -> list[int]:
+    """`pid`'s descendants started by multiprocessing's spawn: vLLM's engine core (the resource
+    tracker, also a child, is started another way)."""
+    found = []
+    for child in _descendants(pid):
+        try:
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(child)
+        except OSError:
+            continue
+    return found
+
+
 def test_usr2_while_the_engine_serves_spares_it_and_requeues_cleanly(tmp_path: Path) -> None:
     cell = make_cell(tmp_path, engine={"name": "vllm"},
                      train={"total_steps": 6, "val_every": 6, "save_every": 6})
@@ -52,7 +65,7 @@ def test_usr2_while_the_engine_serves_spares_it_and_requeues_cleanly(tmp_path: P
         # Sent as soon as the engine core exists, so that it is pending there through the
         # engine's start, validation and rollouts. A toy step takes a third of a second: a
         # signal timed to land mid-rollout raced the run's end on a loaded machine.
-        engine = wait_until(lambda: _children(proc.pid), "vLLM's engine core process", 600, poll=0.05)
+        engine = wait_until(lambda: _engine_cores(proc.pid), "vLLM's engine core process", 600, poll=0.05)
         # Every process of the step, as SLURM's cgroup-wide signal reaches them (vLLM may
         # move its engine core out of the trainer's process group).
         for pid in [proc.pid, *_descendants(proc.pid)]:
