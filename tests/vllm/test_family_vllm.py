@@ -25,6 +25,8 @@ pytestmark = [pytest.mark.vllm]
 HUB = "meta-llama/Llama-3.2-1B-Instruct"
 TINY = {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
         "num_key_value_heads": 1}
+# The last names of a decoder layer's linear modules: what vLLM is handed as LoRA targets.
+LINEAR_LAST_NAMES = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +75,7 @@ def test_vllm_serves_a_llama_adapter_as_peft_does(llama_folder: Path, closing) -
     # peft kept full names here (too few modules to shorten them): vLLM is handed last names.
     (adapter,) = engine.served_names
     assert any("." in module for module in engine.model.peft_config[adapter].target_modules)
-    assert engine._lora_targets() == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+    assert engine._lora_targets() == LINEAR_LAST_NAMES
     assert off < 1e-4
 
 
@@ -89,4 +91,4 @@ def test_a_pattern_of_targets_is_handed_to_vllm_as_the_adapted_modules_last_name
     model, _, _ = trainer_model(vllm_config(lora={"target_modules": LANGUAGE_MODEL_LINEAR}))
     assert isinstance(model.peft_config["shared"].target_modules, str)
     targets = VLLMEngine._lora_targets(SimpleNamespace(model=model))  # type: ignore[arg-type]
-    assert targets == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+    assert targets == LINEAR_LAST_NAMES
